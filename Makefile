@@ -1,0 +1,54 @@
+# The two commands: `make run` (embedded mode, no PostgreSQL or Redis needed) and `make test`
+# (the whole suite against local PostgreSQL and Redis). Both set everything up on a fresh clone.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+# platform/ is a source root (settings, urls, asgi, celery_app), not a package.
+export PYTHONPATH := $(CURDIR):$(CURDIR)/platform
+export DJANGO_SETTINGS_MODULE := settings
+
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/fairlane
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+
+.PHONY: run test venv test-venv services demo-key manage worker clean
+
+$(VENV)/.installed: requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+$(VENV)/.installed-test: requirements-test.txt $(VENV)/.installed
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
+	@touch $@
+
+venv: $(VENV)/.installed
+test-venv: $(VENV)/.installed-test
+
+run: venv
+	$(PY) manage.py migrate --noinput -v0
+	$(PY) manage.py collectstatic --noinput -v0
+	$(PY) manage.py demo_setup --base-url http://$(HOST):$(PORT)
+	$(PY) -m uvicorn asgi:application --host $(HOST) --port $(PORT) --no-server-header
+
+services:
+	@DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
+		bash deploy/dev/ensure-services.sh $(PY)
+
+test: test-venv services
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
+		$(PY) -m pytest $(ARGS)
+
+demo-key: venv
+	$(PY) manage.py demo_setup --new-key --base-url http://$(HOST):$(PORT)
+
+manage: venv
+	$(PY) manage.py $(ARGS)
+
+worker: venv
+	$(PY) -m celery -A celery_app worker -l info $(ARGS)
+
+clean:
+	rm -rf $(VENV) var staticfiles .pytest_cache

@@ -1,0 +1,23 @@
+"""ASGI entry point: HTTP through Django, websockets through Channels.
+
+Serve with `uvicorn asgi:application` and PYTHONPATH=.:platform (see the Makefile).
+"""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
+django_asgi_app = get_asgi_application()  # populates the app registry before routing imports
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+
+from routing.consumers import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": AllowedHostsOriginValidator(URLRouter(websocket_urlpatterns)),
+    }
+)

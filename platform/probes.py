@@ -1,0 +1,65 @@
+"""Liveness, readiness and the Prometheus scrape endpoint."""
+
+import hmac
+
+from django.conf import settings
+from django.db import connection
+from django.http import HttpResponse, JsonResponse
+from django.views.decorators.http import require_GET
+from django_prometheus.exports import ExportToDjangoView
+
+
+@require_GET
+def healthz(request):
+    """Liveness: the process answers. Touches nothing else, so a slow database does not get
+    healthy processes restarted."""
+    return JsonResponse({"status": "ok"})
+
+
+def _check_database() -> str | None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except Exception as exc:  # readiness reports any failure, it never raises
+        return f"{type(exc).__name__}"
+    return None
+
+
+def _check_redis() -> str | None:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2,
+                                      socket_connect_timeout=2)
+        client.ping()
+        client.close()
+    except Exception as exc:  # readiness reports any failure, it never raises
+        return f"{type(exc).__name__}"
+    return None
+
+
+@require_GET
+def readyz(request):
+    """Readiness: the database answers, and Redis when one is configured."""
+    checks = {"database": _check_database()}
+    if settings.REDIS_URL:
+        checks["redis"] = _check_redis()
+    ready = all(error is None for error in checks.values())
+    body = {"status": "ok" if ready else "unavailable",
+            "checks": {name: error or "ok" for name, error in checks.items()}}
+    response = JsonResponse(body, status=200 if ready else 503)
+    if not ready:
+        response["Retry-After"] = "5"
+    return response
+
+
+@require_GET
+def metrics(request):
+    token = settings.FAIRLANE_METRICS_TOKEN
+    if token:
+        presented = request.META.get("HTTP_AUTHORIZATION", "").removeprefix("Bearer ")
+        if not hmac.compare_digest(presented.encode(), token.encode()):
+            return HttpResponse("metrics token required\n", status=401,
+                                content_type="text/plain")
+    return ExportToDjangoView(request)

@@ -1,0 +1,82 @@
+"""One mapping from errors to HTTP responses in the OpenAI error shape, for DRF views and for
+Django's own 404/500 pages under /api/ and /v1/."""
+
+from django.http import Http404, JsonResponse
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.views import defaults
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+
+from tenants import errors
+
+JSON_PREFIXES = ("/api/", "/v1/")
+
+
+def _flatten(detail, path: str = "") -> list[tuple[str, str]]:
+    if isinstance(detail, dict):
+        return [item for key, value in detail.items()
+                for item in _flatten(value, f"{path}.{key}" if path else str(key))]
+    if isinstance(detail, list):
+        if all(not isinstance(d, (dict, list)) for d in detail):
+            return [(path, " ".join(str(d) for d in detail))]
+        return [item for i, value in enumerate(detail) if value
+                for item in _flatten(value, f"{path}[{i}]")]
+    return [(path, str(detail))]
+
+
+def _from_validation(exc: drf.ValidationError) -> errors.InvalidRequest:
+    problems = _flatten(exc.detail)
+    problems = [(p if p != "non_field_errors" else "", m) for p, m in problems]
+    message = "; ".join(f"{p}: {m}" if p else m for p, m in problems) or "Invalid request."
+    return errors.InvalidRequest(message, param=next((p for p, _ in problems if p), None))
+
+
+def as_application_error(exc: Exception) -> errors.ApplicationError | None:
+    if isinstance(exc, errors.ApplicationError):
+        return exc
+    if isinstance(exc, drf.ValidationError):
+        return _from_validation(exc)
+    if isinstance(exc, drf.ParseError):
+        return errors.InvalidRequest(f"Malformed JSON body: {exc.detail}")
+    if isinstance(exc, (drf.NotAuthenticated, drf.AuthenticationFailed)):
+        return errors.AuthenticationFailed(str(exc.detail))
+    if isinstance(exc, (drf.PermissionDenied, DjangoPermissionDenied)):
+        return errors.PermissionDenied(str(getattr(exc, "detail", "")) or None)
+    if isinstance(exc, (drf.NotFound, Http404)):
+        return errors.NotFound()
+    if isinstance(exc, drf.MethodNotAllowed):
+        return errors.MethodNotAllowed(str(exc.detail))
+    if isinstance(exc, drf.UnsupportedMediaType):
+        return errors.UnsupportedMediaType(str(exc.detail))
+    if isinstance(exc, drf.Throttled):
+        return errors.RateLimited(retry_after=int(exc.wait or 1))
+    return None
+
+
+def exception_handler(exc, context) -> Response | None:
+    """DRF's EXCEPTION_HANDLER: application and DRF errors in the OpenAI error body."""
+    app_exc = as_application_error(exc)
+    if app_exc is None:
+        return None  # a bug: Django's 500 handler answers (below), and logs it
+    response = Response(errors.error_body_for(app_exc), status=app_exc.status,
+                        headers=errors.error_headers(app_exc))
+    if app_exc.status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="fairlane"'
+    return response
+
+
+def _json_error(exc: errors.ApplicationError) -> JsonResponse:
+    return JsonResponse(errors.error_body_for(exc), status=exc.status,
+                        headers=errors.error_headers(exc))
+
+
+def handler404(request, exception=None):
+    if request.path.startswith(JSON_PREFIXES):
+        return _json_error(errors.NotFound(f"No route for {request.path}."))
+    return defaults.page_not_found(request, exception)
+
+
+def handler500(request):
+    if request.path.startswith(JSON_PREFIXES):
+        return _json_error(errors.ApplicationError())
+    return defaults.server_error(request)

@@ -1,0 +1,230 @@
+"""Request and response shapes of the management API. Input is strict: unknown fields, wrong
+JSON types (a string for a number, 1 for true) and out-of-range values are 400s."""
+
+from rest_framework import serializers
+
+from tenants.models import MAX_MICROCENTS, Lane, Period, Role, Scope
+
+
+class StrictCharField(serializers.CharField):
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictSlugField(serializers.SlugField):
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+class StrictChoiceField(serializers.ChoiceField):
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid_choice", input=data)
+        return super().to_internal_value(data)
+
+
+class StrictSerializer(serializers.Serializer):
+    """Rejects fields it does not know instead of silently ignoring them."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["Expected a JSON object."]})
+        writable = {name for name, field in self.fields.items() if not field.read_only}
+        unknown = sorted(set(data) - writable)
+        if unknown:
+            raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+def _microcents_field(**kwargs) -> StrictIntegerField:
+    return StrictIntegerField(min_value=0, max_value=MAX_MICROCENTS, **kwargs)
+
+
+# --- input ---------------------------------------------------------------------------------
+
+class TenantCreateIn(StrictSerializer):
+    name = StrictCharField(max_length=200)
+    slug = StrictSlugField(max_length=63)
+    timezone = StrictCharField(max_length=64, default="UTC")
+    default_lane = StrictChoiceField(choices=Lane.choices, default=Lane.STANDARD)
+
+
+class TenantUpdateIn(StrictSerializer):
+    name = StrictCharField(max_length=200, required=False)
+    timezone = StrictCharField(max_length=64, required=False)
+    default_lane = StrictChoiceField(choices=Lane.choices, required=False)
+
+
+class MemberAddIn(StrictSerializer):
+    username = StrictCharField(max_length=150)
+    role = StrictChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+
+class MemberUpdateIn(StrictSerializer):
+    role = StrictChoiceField(choices=Role.choices)
+
+
+class AgentCreateIn(StrictSerializer):
+    name = StrictCharField(max_length=100)
+    description = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
+    allowed_models = serializers.ListField(child=StrictCharField(max_length=200), required=False,
+                                           default=list, max_length=200)
+    lane = StrictChoiceField(choices=[("", "tenant default"), *Lane.choices], required=False,
+                             default="", allow_blank=True)
+
+
+class AgentUpdateIn(StrictSerializer):
+    name = StrictCharField(max_length=100, required=False)
+    description = StrictCharField(max_length=500, required=False, allow_blank=True)
+    allowed_models = serializers.ListField(child=StrictCharField(max_length=200), required=False,
+                                           max_length=200)
+    lane = StrictChoiceField(choices=[("", "tenant default"), *Lane.choices], required=False,
+                             allow_blank=True)
+    is_active = StrictBooleanField(required=False)
+
+
+class KeyCreateIn(StrictSerializer):
+    agent = serializers.UUIDField()
+    name = StrictCharField(max_length=100, required=False, allow_blank=True, default="")
+    scopes = serializers.ListField(child=StrictChoiceField(choices=Scope.choices), required=False,
+                                   allow_empty=False, max_length=len(Scope.choices))
+    expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+
+
+class KeyRotateIn(StrictSerializer):
+    grace_seconds = StrictIntegerField(min_value=0, max_value=30 * 24 * 3600, default=3600)
+
+
+class BudgetCreateIn(StrictSerializer):
+    agent = serializers.UUIDField(required=False, allow_null=True, default=None)
+    period = StrictChoiceField(choices=Period.choices, default=Period.DAILY)
+    limit_microcents = _microcents_field()
+
+
+class BudgetUpdateIn(StrictSerializer):
+    period = StrictChoiceField(choices=Period.choices, required=False)
+    limit_microcents = _microcents_field(required=False)
+
+
+class UsageQueryIn(serializers.Serializer):
+    """Query string of the usage endpoints (limit/offset are the paginator's)."""
+
+    since = serializers.DateTimeField(required=False)
+    until = serializers.DateTimeField(required=False)
+    agent = serializers.UUIDField(required=False)
+
+
+# --- output --------------------------------------------------------------------------------
+
+class TenantOut(serializers.Serializer):
+    slug = serializers.CharField()
+    name = serializers.CharField()
+    status = serializers.CharField()
+    timezone = serializers.CharField()
+    weight = serializers.IntegerField()
+    default_lane = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    role = serializers.SerializerMethodField()
+
+    def get_role(self, tenant) -> str | None:
+        return self.context.get("roles", {}).get(tenant.pk)
+
+
+class MemberOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    username = serializers.CharField(source="user.username")
+    email = serializers.CharField(source="user.email")
+    role = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class AgentOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    description = serializers.CharField()
+    allowed_models = serializers.ListField(child=serializers.CharField())
+    lane = serializers.CharField()
+    effective_lane = serializers.CharField()
+    is_active = serializers.BooleanField()
+    created_at = serializers.DateTimeField()
+
+
+class KeyOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    prefix = serializers.CharField()
+    name = serializers.CharField()
+    agent = serializers.UUIDField(source="agent_id")
+    agent_name = serializers.CharField(source="agent.name")
+    scopes = serializers.ListField(child=serializers.CharField())
+    created_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    revoked_at = serializers.DateTimeField()
+    last_used_at = serializers.DateTimeField()
+    rotated_from = serializers.UUIDField(source="rotated_from_id")
+
+
+class KeyCreatedOut(KeyOut):
+    key = serializers.CharField(help_text="The API key. Shown once: store it now.")
+
+
+class WindowOut(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    limit_microcents = serializers.IntegerField()
+    spent_microcents = serializers.IntegerField()
+    reserved_microcents = serializers.IntegerField()
+    remaining_microcents = serializers.IntegerField()
+
+
+class BudgetOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    agent = serializers.UUIDField(source="agent_id")
+    agent_name = serializers.CharField(source="agent.name", default=None)
+    period = serializers.CharField()
+    limit_microcents = serializers.IntegerField()
+    window = WindowOut(source="current_window")
+
+
+class UsageOut(serializers.Serializer):
+    request_id = serializers.CharField()
+    agent = serializers.UUIDField(source="agent_id")
+    agent_name = serializers.CharField(source="agent.name")
+    api_key_prefix = serializers.CharField(source="api_key.prefix", default=None)
+    backend = serializers.CharField()
+    model = serializers.CharField()
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+    cost_microcents = serializers.IntegerField()
+    latency_ms = serializers.IntegerField()
+    status = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class UsageSummaryOut(serializers.Serializer):
+    agent_name = serializers.CharField(source="agent__name")
+    model = serializers.CharField()
+    requests = serializers.IntegerField()
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField()
+    cost_microcents = serializers.IntegerField()

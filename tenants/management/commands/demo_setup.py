@@ -1,0 +1,67 @@
+"""Create, where missing, what a new user needs to try Fairlane: an admin user, a demo tenant,
+an agent with a daily budget, and an API key. Secrets are printed once, when created."""
+
+import secrets
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.db import transaction
+from django.utils import timezone
+
+from tenants.models import MICROCENTS_PER_USD, Agent, ApiKey, Budget, Scope, Tenant
+from tenants.services.budgets import budget_create
+from tenants.services.keys import api_key_create
+from tenants.services.tenancy import agent_create, tenant_create
+
+DEMO_KEY_NAME = "demo (make run)"
+
+
+class Command(BaseCommand):
+    help = "Create the admin user, demo tenant, agent, budgets and API key if missing."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+        parser.add_argument("--new-key", action="store_true",
+                            help="Issue a new demo key even if one exists.")
+
+    @transaction.atomic
+    def handle(self, *args, base_url: str, new_key: bool, **options):
+        User = get_user_model()
+        lines = []
+        admin = User.objects.filter(is_superuser=True).order_by("pk").first()
+        if admin is None:
+            password = secrets.token_urlsafe(12)
+            admin = User.objects.create_superuser("admin", "admin@localhost", password)
+            lines.append(f"  Admin user:  admin / {password}   (shown once)")
+        else:
+            lines.append(f"  Admin user:  {admin.get_username()} (exists; reset with "
+                         f"`make manage ARGS='changepassword {admin.get_username()}'`)")
+
+        tenant = Tenant.objects.filter(slug="demo").first() or tenant_create(
+            name="Demo", slug="demo", owner=admin)
+        agent = Agent.objects.filter(tenant=tenant, name="demo-agent").first() or agent_create(
+            tenant=tenant, name="demo-agent", description="Created by make run")
+        if not Budget.objects.filter(tenant=tenant, agent__isnull=True).exists():
+            budget_create(tenant=tenant, agent=None, limit_microcents=50 * MICROCENTS_PER_USD)
+        if not Budget.objects.filter(tenant=tenant, agent=agent).exists():
+            budget_create(tenant=tenant, agent=agent, limit_microcents=5 * MICROCENTS_PER_USD)
+
+        usable = [k for k in ApiKey.objects.filter(agent=agent, name=DEMO_KEY_NAME)
+                  if k.is_usable_at(timezone.now())]
+        if usable and not new_key:
+            lines.append(f"  API key:     {usable[0].prefix}... (exists; keys are shown only "
+                         f"when created; `make demo-key` issues a new one)")
+            shown = "$FAIRLANE_KEY"
+        else:
+            _, plain = api_key_create(tenant=tenant, agent=agent, name=DEMO_KEY_NAME,
+                                      scopes=list(Scope.values), created_by=admin)
+            lines.append(f"  API key:     {plain}   (shown once)")
+            shown = plain
+        lines += [
+            f"  Tenant:      demo, agent demo-agent (daily budget $5, tenant $50)",
+            f"  Admin:       {base_url}/admin/",
+            f"  API docs:    {base_url}/api/docs/",
+            f"  Health:      {base_url}/healthz  {base_url}/readyz",
+            f'  Try:         curl -H "Authorization: Bearer {shown}" {base_url}/api/tenants/',
+        ]
+        self.stdout.write("Fairlane is ready.\n" + "\n".join(lines))

@@ -1,0 +1,124 @@
+"""Reads of the tenancy core. Every function is scoped by a tenant (or by the principal that
+names its tenants); an unscoped `.objects` query appears nowhere else."""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Count, QuerySet, Sum
+from django.utils import timezone
+
+from tenants.errors import NotFound
+from tenants.models import (
+    Agent, ApiKey, Budget, BudgetWindow, Membership, Tenant, UsageRecord,
+)
+from tenants.windows import window_bounds
+
+
+def tenant_list(*, user: AbstractBaseUser) -> QuerySet[Tenant]:
+    return Tenant.objects.filter(memberships__user=user).order_by("slug")
+
+
+def tenant_get(*, slug: str) -> Tenant | None:
+    return Tenant.objects.filter(slug=slug).first()
+
+
+def membership_get(*, tenant: Tenant, user: AbstractBaseUser) -> Membership | None:
+    return Membership.objects.filter(tenant=tenant, user=user).first()
+
+
+def membership_list(*, tenant: Tenant) -> QuerySet[Membership]:
+    return Membership.objects.filter(tenant=tenant).select_related("user").order_by("created_at")
+
+
+def membership_get_by_id(*, tenant: Tenant, membership_id) -> Membership:
+    membership = Membership.objects.filter(tenant=tenant, pk=membership_id).select_related(
+        "user").first()
+    if membership is None:
+        raise NotFound("No such member.")
+    return membership
+
+
+def agent_list(*, tenant: Tenant) -> QuerySet[Agent]:
+    return Agent.objects.filter(tenant=tenant).select_related("tenant").order_by("name")
+
+
+def agent_get(*, tenant: Tenant, agent_id) -> Agent:
+    agent = Agent.objects.filter(tenant=tenant, pk=agent_id).select_related("tenant").first()
+    if agent is None:
+        raise NotFound("No such agent.", param="agent")
+    return agent
+
+
+def api_key_list(*, tenant: Tenant, agent: Agent | None = None) -> QuerySet[ApiKey]:
+    keys = ApiKey.objects.filter(tenant=tenant).select_related("agent")
+    return keys.filter(agent=agent) if agent is not None else keys
+
+
+def api_key_get(*, tenant: Tenant, key_id) -> ApiKey:
+    key = ApiKey.objects.filter(tenant=tenant, pk=key_id).select_related("agent", "tenant").first()
+    if key is None:
+        raise NotFound("No such API key.")
+    return key
+
+
+def budget_list(*, tenant: Tenant) -> QuerySet[Budget]:
+    return Budget.objects.filter(tenant=tenant).select_related("agent", "tenant")
+
+
+def budget_get(*, tenant: Tenant, budget_id) -> Budget:
+    budget = Budget.objects.filter(tenant=tenant, pk=budget_id).select_related(
+        "agent", "tenant").first()
+    if budget is None:
+        raise NotFound("No such budget.")
+    return budget
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStatus:
+    start: datetime
+    end: datetime
+    limit_microcents: int
+    spent_microcents: int
+    reserved_microcents: int
+
+    @property
+    def remaining_microcents(self) -> int:
+        return max(0, self.limit_microcents - self.spent_microcents - self.reserved_microcents)
+
+
+def budget_window_status(*, budget: Budget, now: datetime | None = None) -> WindowStatus:
+    """The current window's figures; a window nobody has used yet reads as empty."""
+    start, end = window_bounds(period=budget.period, tz_name=budget.tenant.timezone,
+                               now=now or timezone.now())
+    window = BudgetWindow.objects.filter(budget=budget, start=start).first()
+    return WindowStatus(start=start, end=end, limit_microcents=budget.limit_microcents,
+                        spent_microcents=window.spent_microcents if window else 0,
+                        reserved_microcents=window.reserved_microcents if window else 0)
+
+
+def usage_list(*, tenant: Tenant, since: datetime | None = None, until: datetime | None = None,
+               agent: Agent | None = None) -> QuerySet[UsageRecord]:
+    records = UsageRecord.objects.filter(tenant=tenant).select_related("agent", "api_key")
+    if since is not None:
+        records = records.filter(created_at__gte=since)
+    if until is not None:
+        records = records.filter(created_at__lt=until)
+    if agent is not None:
+        records = records.filter(agent=agent)
+    return records.order_by("-created_at", "-pk")
+
+
+def usage_summary(*, tenant: Tenant, since: datetime | None = None,
+                  until: datetime | None = None, agent: Agent | None = None) -> list[dict]:
+    """Totals per agent and model over the range."""
+    records = usage_list(tenant=tenant, since=since, until=until, agent=agent)
+    return list(
+        records.order_by().values("agent__name", "model").annotate(
+            requests=Count("pk"),
+            prompt_tokens=Sum("prompt_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+            cached_tokens=Sum("cached_tokens"),
+            cost_microcents=Sum("cost_microcents"),
+        ).order_by("agent__name", "model")
+    )

@@ -1,0 +1,1 @@
+"""Writes and workflows of the tenancy core, split by subdomain."""

@@ -1,0 +1,99 @@
+"""Shared fixtures: two tenants (so every test can check the other one is untouched), an agent,
+a key, people with each role, and clients authenticated as them."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+
+from tenants.models import Role, Scope
+from tenants.services.keys import api_key_create
+from tenants.services.tenancy import agent_create, member_add, tenant_create
+
+
+@pytest.fixture
+def make_user(db):
+    def make(username: str, **extra):
+        return get_user_model().objects.create_user(username=username, password="pw-" + username,
+                                                    **extra)
+    return make
+
+
+@pytest.fixture
+def owner(make_user):
+    return make_user("olivia")
+
+
+@pytest.fixture
+def tenant(owner):
+    return tenant_create(name="Acme", slug="acme", owner=owner, timezone_name="Europe/Berlin")
+
+
+@pytest.fixture
+def other_owner(make_user):
+    return make_user("oscar")
+
+
+@pytest.fixture
+def other_tenant(other_owner):
+    return tenant_create(name="Globex", slug="globex", owner=other_owner)
+
+
+@pytest.fixture
+def agent(tenant):
+    return agent_create(tenant=tenant, name="support-bot")
+
+
+@pytest.fixture
+def other_agent(other_tenant):
+    return agent_create(tenant=other_tenant, name="support-bot")
+
+
+@pytest.fixture
+def api_key(tenant, agent):
+    """(key row, plain key) with every scope."""
+    return api_key_create(tenant=tenant, agent=agent, name="ci", scopes=list(Scope.values))
+
+
+@pytest.fixture
+def other_api_key(other_tenant, other_agent):
+    return api_key_create(tenant=other_tenant, agent=other_agent, scopes=list(Scope.values))
+
+
+@pytest.fixture
+def member_of(make_user):
+    """A person with the given role in the tenant."""
+    def make(tenant, role: str, username: str | None = None):
+        user = make_user(username or f"{role}-{tenant.slug}")
+        member_add(tenant=tenant, user=user, role=role, actor_role=Role.OWNER)
+        return user
+    return make
+
+
+@pytest.fixture
+def client_for():
+    """An API client signed in as a person (session) or carrying a key (bearer)."""
+    def make(user=None, key: str | None = None, csrf: bool = False):
+        client = APIClient(enforce_csrf_checks=csrf)
+        if user is not None:
+            client.force_login(user)
+        if key is not None:
+            client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+        return client
+    return make
+
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def subprocess_env(transactional_db):
+    """Environment for a child process (worker, server, script) that must see the test
+    database; tests using it commit their data (transactional_db)."""
+    import os
+
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    return {**os.environ, "DATABASE_URL": url, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
+            "DJANGO_SETTINGS_MODULE": "settings", "REDIS_URL": settings.REDIS_URL}
