@@ -31,7 +31,7 @@ run: venv
 	$(PY) manage.py migrate --noinput -v0
 	$(PY) manage.py collectstatic --noinput -v0
 	$(PY) manage.py demo_setup --base-url http://$(HOST):$(PORT)
-	$(PY) -m uvicorn asgi:application --host $(HOST) --port $(PORT) --no-server-header
+	$(PY) -m uvicorn asgi:application --host $(HOST) --port $(PORT) --no-server-header --lifespan off
 
 services:
 	@DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \

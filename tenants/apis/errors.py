@@ -12,15 +12,21 @@ from tenants import errors
 JSON_PREFIXES = ("/api/", "/v1/")
 
 
+def _join(path: str, key) -> str:
+    if isinstance(key, int):  # list items: DRF keys their errors by index
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else str(key)
+
+
 def _flatten(detail, path: str = "") -> list[tuple[str, str]]:
     if isinstance(detail, dict):
         return [item for key, value in detail.items()
-                for item in _flatten(value, f"{path}.{key}" if path else str(key))]
+                for item in _flatten(value, _join(path, key))]
     if isinstance(detail, list):
         if all(not isinstance(d, (dict, list)) for d in detail):
             return [(path, " ".join(str(d) for d in detail))]
         return [item for i, value in enumerate(detail) if value
-                for item in _flatten(value, f"{path}[{i}]")]
+                for item in _flatten(value, _join(path, i))]
     return [(path, str(detail))]
 
 

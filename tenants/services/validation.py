@@ -4,11 +4,13 @@ from django.db import IntegrityError, models, transaction
 from tenants.errors import InvalidRequest
 
 
-def invalid_from_validation_error(exc: ValidationError) -> InvalidRequest:
+def invalid_from_validation_error(exc: ValidationError,
+                                  unique_param: str | None = None) -> InvalidRequest:
     if hasattr(exc, "error_dict"):
         field, errors = next(iter(exc.error_dict.items()))
         message = " ".join(m for e in errors for m in e.messages)
-        param = None if field == NON_FIELD_ERRORS else field
+        # Unique constraints over several fields report as non-field errors.
+        param = unique_param if field == NON_FIELD_ERRORS else field
         return InvalidRequest(f"{param}: {message}" if param else message, param=param)
     return InvalidRequest(" ".join(exc.messages))
 
@@ -21,7 +23,7 @@ def save_validated(obj: models.Model, *, unique_param: str | None = None) -> mod
         with transaction.atomic():
             obj.save()
     except ValidationError as exc:
-        raise invalid_from_validation_error(exc) from None
+        raise invalid_from_validation_error(exc, unique_param) from None
     except IntegrityError:
         # A concurrent writer won the unique constraint that full_clean checked.
         raise InvalidRequest(f"{unique_param or 'object'} already exists.",

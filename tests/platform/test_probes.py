@@ -1,0 +1,39 @@
+"""Liveness, readiness and the metrics endpoint."""
+
+import pytest
+
+
+@pytest.mark.django_db
+def test_healthz_answers_without_touching_the_database(client, django_assert_num_queries):
+    with django_assert_num_queries(0):
+        response = client.get("/healthz")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
+
+
+@pytest.mark.django_db
+def test_readyz_checks_database_and_redis(client, settings):
+    assert settings.REDIS_URL  # make test runs against Redis
+    response = client.get("/readyz")
+    assert response.status_code == 200
+    assert response.json()["checks"] == {"database": "ok", "redis": "ok"}
+
+
+@pytest.mark.django_db
+def test_readyz_is_503_with_retry_after_when_redis_is_down(client, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    response = client.get("/readyz")
+    assert response.status_code == 503 and response["Retry-After"] == "5"
+    body = response.json()
+    assert body["status"] == "unavailable" and body["checks"]["database"] == "ok"
+    assert body["checks"]["redis"] != "ok"
+
+
+@pytest.mark.django_db
+def test_metrics_are_exported_and_can_require_a_token(client, settings):
+    client.get("/healthz")
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert b"django_http_requests_total_by_method_total" in response.content
+    settings.FAIRLANE_METRICS_TOKEN = "scrape-me"
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-me").status_code == 200
