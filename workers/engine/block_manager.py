@@ -1,0 +1,167 @@
+"""The KV block pool: allocation, reference counts, and the prefix cache with LRU eviction."""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+
+from workers.engine.errors import OutOfBlocks
+from workers.engine.sequence import Sequence
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "parent_hash", "token_ids", "salt")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: bytes | None = None  # set while the block is registered in the prefix cache
+        self.parent_hash: bytes | None = None
+        self.token_ids: tuple[int, ...] = ()
+        self.salt = ""
+
+    def forget(self) -> None:
+        self.hash, self.parent_hash, self.token_ids, self.salt = None, None, (), ""
+
+
+def block_hash(parent: bytes | None, token_ids: list[int] | tuple[int, ...], salt: str) -> bytes:
+    """Chained content hash: a block's identity includes every token before it and the salt."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent or b"\0" * 16)
+    encoded_salt = salt.encode()
+    h.update(len(encoded_salt).to_bytes(4, "little") + encoded_salt)
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+class BlockManager:
+    """Hands out fixed-size KV blocks.
+
+    Free blocks sit in one LRU queue (front = evicted first). A freed block that holds a full,
+    hashed block of tokens goes to the back and stays findable by its hash until reused; a
+    plain free block goes to the front. So cached prefixes survive as long as possible.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, *, is_prefix_caching_enabled: bool) -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.is_prefix_caching_enabled = is_prefix_caching_enabled
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cached: dict[bytes, int] = {}  # hash -> block_id
+        self.num_prefix_query_tokens = 0
+        self.num_prefix_hit_tokens = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return sum(1 for b in self.free_queue if self.blocks[b].hash is not None)
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # Prefix cache ------------------------------------------------------------------------
+
+    def prefix_lookup(self, seq: Sequence) -> list[int]:
+        """Block ids holding the longest cached prefix of ``seq``, verified token by token.
+
+        At least one token is always left to compute, so the last prompt token's logits exist.
+        """
+        if not self.is_prefix_caching_enabled or seq.is_embedding:
+            return []
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        for i in range(max_blocks):
+            tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
+            parent = seq.block_hashes[i - 1] if i else None
+            if i == len(seq.block_hashes):
+                seq.block_hashes.append(block_hash(parent, tokens, seq.salt))
+            block_id = self.cached.get(seq.block_hashes[i])
+            if block_id is None or not self._is_match(self.blocks[block_id], parent, tokens, seq.salt):
+                break
+            hits.append(block_id)
+        return hits
+
+    @staticmethod
+    def _is_match(block: Block, parent: bytes | None, tokens: list[int], salt: str) -> bool:
+        return block.parent_hash == parent and block.salt == salt and block.token_ids == tuple(tokens)
+
+    def prefix_record(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        self.num_prefix_query_tokens += num_query_tokens
+        self.num_prefix_hit_tokens += num_hit_tokens
+
+    # Allocation --------------------------------------------------------------------------
+
+    def num_free_after_hits(self, hits: list[int]) -> int:
+        """Free blocks left once the cached blocks in ``hits`` are taken out of the free queue."""
+        return self.num_free_blocks - sum(1 for b in hits if self.blocks[b].ref_count == 0)
+
+    def allocate(self, seq: Sequence, hits: list[int]) -> None:
+        """Give a waiting sequence its cached prefix blocks; new blocks come with ``append_slots``."""
+        assert not seq.block_table, f"{seq} already holds blocks"
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_queue[block_id]
+            block.ref_count += 1
+        seq.block_table = list(hits)
+        seq.num_committed_blocks = len(hits)
+        seq.num_computed_tokens = len(hits) * self.block_size
+
+    def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
+        return max(self.num_blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table), 0)
+
+    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.num_new_blocks(seq, num_new_tokens) <= self.num_free_blocks
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Make sure blocks exist for the next ``num_new_tokens`` tokens of ``seq``."""
+        for _ in range(self.num_new_blocks(seq, num_new_tokens)):
+            seq.block_table.append(self._take_free_block())
+
+    def _take_free_block(self) -> int:
+        if not self.free_queue:
+            raise OutOfBlocks("no free KV block")
+        block_id, _ = self.free_queue.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None:  # evict the least recently used cached block
+            if self.cached.get(block.hash) == block_id:
+                del self.cached[block.hash]
+            block.forget()
+        block.ref_count = 1
+        return block_id
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the sequence's blocks that are now full of computed tokens in the prefix cache."""
+        if not self.is_prefix_caching_enabled:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        for i in range(seq.num_committed_blocks, num_full):
+            tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
+            parent = seq.block_hashes[i - 1] if i else None
+            if i == len(seq.block_hashes):
+                seq.block_hashes.append(block_hash(parent, tokens, seq.salt))
+            block = self.blocks[seq.block_table[i]]
+            digest = seq.block_hashes[i]
+            if block.hash is None and digest not in self.cached:
+                self.cached[digest] = block.block_id
+                block.hash, block.parent_hash, block.token_ids, block.salt = digest, parent, tuple(tokens), seq.salt
+        seq.num_committed_blocks = max(seq.num_committed_blocks, num_full)
+
+    def free(self, seq: Sequence) -> None:
+        """Drop the sequence's references; blocks nobody holds return to the free queue."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            if block.ref_count == 0:
+                self.free_queue[block_id] = None
+                if block.hash is None:
+                    self.free_queue.move_to_end(block_id, last=False)
+        seq.block_table = []
+        seq.num_committed_blocks = 0
+        seq.num_computed_tokens = 0

@@ -1,0 +1,138 @@
+"""Configs: the model's shape (read from a Hugging Face config.json) and the engine's knobs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workers.engine.errors import UnsupportedModel
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(slots=True, frozen=True)
+class ModelConfig:
+    """The architecture of a LLaMA-family decoder, as its config.json describes it."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_type: str = "default"
+    # Extra keys of the RoPE variant (factor, low_freq_factor...), as a sorted tuple of pairs.
+    rope_scaling: tuple[tuple[str, Any], ...] = ()
+    tie_word_embeddings: bool = False
+    model_type: str = "llama"
+    torch_dtype: str = "float32"
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModel(f"model_type {self.model_type!r} is not a LLaMA-family decoder")
+        if self.rope_type not in SUPPORTED_ROPE_TYPES:
+            raise UnsupportedModel(f"rope_type {self.rope_type!r} is not supported")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise UnsupportedModel("num_attention_heads must be a multiple of num_key_value_heads")
+
+    @property
+    def num_queries_per_kv(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        num_heads = raw["num_attention_heads"]
+        rope = _rope_parameters(raw)
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return cls(
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_hidden_layers=raw["num_hidden_layers"],
+            num_attention_heads=num_heads,
+            num_key_value_heads=raw.get("num_key_value_heads") or num_heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope.pop("rope_theta", 10000.0)),
+            rope_type=rope.pop("rope_type", "default"),
+            rope_scaling=tuple(sorted(rope.items())),
+            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            model_type=raw.get("model_type", "llama"),
+            torch_dtype=raw.get("torch_dtype") or raw.get("dtype") or "float32",
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window", True) else None,
+        )
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> ModelConfig:
+        return cls.from_dict(json.loads((Path(path) / "config.json").read_text()))
+
+
+def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
+    """Normalise transformers 5's ``rope_parameters`` and the older ``rope_theta``/``rope_scaling``."""
+    params = dict(raw.get("rope_parameters") or {})
+    if not params:
+        params = dict(raw.get("rope_scaling") or {})
+        if "rope_theta" in raw:
+            params["rope_theta"] = raw["rope_theta"]
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params.pop("type")
+    params.pop("type", None)
+    params.setdefault("rope_type", "default")
+    return params
+
+
+@dataclass(slots=True, frozen=True)
+class EngineConfig:
+    """How the engine runs a model: where, how much KV memory, how big a step may be."""
+
+    model: str
+    device: str = "cpu"
+    # "auto": float32 on CPU, the checkpoint's dtype (bf16/fp16) on CUDA.
+    dtype: str = "auto"
+    block_size: int = 16
+    # KV pool size in blocks; None sizes it from kv_cache_memory_bytes.
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int = 1 << 30
+    max_num_seqs: int = 64
+    # Token budget of one step (prefill chunks + decodes together).
+    max_num_batched_tokens: int = 512
+    # None: the checkpoint's max_position_embeddings (capped by a sliding window, if any).
+    max_model_len: int | None = None
+    is_prefix_caching_enabled: bool = True
+    is_chunked_prefill_enabled: bool = True
+    # Fraction of the pool kept free when admitting new sequences, so running ones can grow.
+    watermark: float = 0.01
+    seed: int = 0
+    # torch intra-op threads; None leaves the process setting alone.
+    num_threads: int | None = None
+    # Decode attention groups sequences of similar length; a group stops growing once padding
+    # would exceed this fraction of the keys it reads.
+    max_group_padding: float = 0.15
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size must be a power of two")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError("num_kv_blocks must be at least 2")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be at least 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be at least 1")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError("watermark must be in [0, 1)")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"unknown dtype {self.dtype!r}")

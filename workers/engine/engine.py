@@ -1,0 +1,283 @@
+"""LLMEngine: add requests, call ``step`` in a loop, read back tokens as they are produced.
+
+``step`` = schedule, run the model, sample, update sequences, free what finished.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from workers.engine.block_manager import BlockManager
+from workers.engine.config import EngineConfig, ModelConfig
+from workers.engine.errors import InvalidRequest
+from workers.engine.model.loader import model_load, resolve_dtype
+from workers.engine.outputs import Completion, RequestOutput
+from workers.engine.params import SamplingParams
+from workers.engine.policy import FairSharePolicy, SchedulingPolicy
+from workers.engine.requests import POOLINGS, prompt_token_ids, request_check
+from workers.engine.runner import ModelRunner, StepResult
+from workers.engine.scheduler import ScheduledBatch, Scheduler
+from workers.engine.sequence import FinishReason, Sequence
+from workers.engine.stats import EngineStats
+from workers.engine.stopping import stop_check, text_update
+from workers.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+class LLMEngine:
+    """A single-threaded engine over one model. Not thread-safe: use AsyncEngine to share it."""
+
+    def __init__(self, config: EngineConfig, *, policy: SchedulingPolicy | None = None) -> None:
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model_config = ModelConfig.from_dir(config.model)
+        mc = self.model_config
+        self.dtype = resolve_dtype(config.dtype, mc, self.device)
+        num_blocks = config.num_kv_blocks or self._blocks_in_budget()
+        self.max_model_len = self._max_model_len(num_blocks)
+        model = model_load(config.model, device=self.device, dtype=self.dtype, max_positions=self.max_model_len)
+        has_tokenizer = (Path(config.model) / "tokenizer.json").exists()
+        self.tokenizer = Tokenizer(config.model) if has_tokenizer else None
+        self.eos_token_ids = mc.eos_token_ids or ((self.tokenizer.eos_token_id,) if self.tokenizer and self.tokenizer.eos_token_id is not None else ())
+        self.block_manager = BlockManager(num_blocks, config.block_size, is_prefix_caching_enabled=config.is_prefix_caching_enabled)
+        self.policy = policy or FairSharePolicy()
+        self.scheduler = Scheduler(config, self.block_manager, self.policy)
+        self.runner = ModelRunner(model, config, num_blocks, self.device, self.dtype)
+        self.runner.eos_token_ids = self.eos_token_ids
+        self.stats_counters = EngineStats()
+        self.requests: dict[str, Sequence] = {}
+        self._pending: list[RequestOutput] = []  # abort notices, delivered by the next step
+
+    def _blocks_in_budget(self) -> int:
+        mc = self.model_config
+        itemsize = torch.empty(0, dtype=self.dtype).element_size()
+        per_block = mc.num_hidden_layers * 2 * mc.num_key_value_heads * self.config.block_size * mc.head_dim * itemsize
+        return max(self.config.kv_cache_memory_bytes // per_block, 2)
+
+    def _max_model_len(self, num_blocks: int) -> int:
+        mc = self.model_config
+        limit = mc.max_position_embeddings
+        if mc.sliding_window:
+            limit = min(limit, mc.sliding_window)
+        if self.config.max_model_len is not None:
+            if self.config.max_model_len > limit:
+                raise ValueError(f"max_model_len {self.config.max_model_len} exceeds the model's {limit}")
+            limit = self.config.max_model_len
+        return min(limit, num_blocks * self.config.block_size)
+
+    # Requests -----------------------------------------------------------------------------
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, **kwargs: Any) -> str:
+        """Queue a generation request; returns its id. Raises InvalidRequest on bad input.
+
+        Keyword arguments are those of ``make_sequence``.
+        """
+        seq = self.make_sequence(prompt, params, **kwargs)
+        self.add_sequence(seq)
+        return seq.request_id
+
+    def add_embedding_request(self, prompt: str | list[int], *, pooling: str = "mean", **kwargs: Any) -> str:
+        """Queue a prompt whose pooled final hidden state (``mean`` or ``last``) is the result."""
+        seq = self.make_sequence(prompt, None, is_embedding=True, pooling=pooling, **kwargs)
+        self.add_sequence(seq)
+        return seq.request_id
+
+    def make_sequence(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        tenant: str = "default",
+        lane: str = "standard",
+        salt: str | None = None,
+        return_hidden_states: bool = False,
+        arrival_time: float | None = None,
+        is_embedding: bool = False,
+        pooling: str = "mean",
+    ) -> Sequence:
+        """Validate and tokenise a request without touching engine state (safe from any thread).
+
+        ``salt`` keys the prefix cache and defaults to the tenant, so tenants never share blocks.
+        ``params=None`` means ``SamplingParams()`` for generation.
+        """
+        if is_embedding and pooling not in POOLINGS:
+            raise InvalidRequest(f"pooling must be one of {POOLINGS}", param="pooling")
+        params = None if is_embedding else (params or SamplingParams())
+        ids = prompt_token_ids(prompt, self.tokenizer, vocab_size=self.model_config.vocab_size)
+        request_check(
+            ids, params, max_model_len=self.max_model_len, vocab_size=self.model_config.vocab_size,
+            lane=lane, lanes=getattr(self.policy, "lanes", None), tenant=tenant,
+        )
+        if salt is not None and not isinstance(salt, str):
+            raise InvalidRequest("salt must be a string", param="salt")
+        request_id = request_id if request_id is not None else uuid.uuid4().hex
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequest("request_id must be a non-empty string", param="request_id")
+        seq = Sequence(
+            request_id, ids, params or SamplingParams(max_tokens=1), tenant=tenant, lane=lane,
+            salt=tenant if salt is None else salt,
+            arrival_time=time.perf_counter() if arrival_time is None else arrival_time,
+            is_embedding=is_embedding, pooling=pooling, is_hidden_states_returned=return_hidden_states,
+        )
+        if self.tokenizer is not None and seq.params.is_detokenized and not is_embedding:
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.token_ids)
+        return seq
+
+    def add_sequence(self, seq: Sequence) -> None:
+        """Queue a sequence from ``make_sequence``."""
+        if seq.request_id in self.requests:
+            raise InvalidRequest(f"request {seq.request_id!r} is already running", param="request_id")
+        self.requests[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request and free its blocks; the next ``step`` reports it finished ("abort")."""
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, FinishReason.ABORT)
+        self._finished(seq)
+        self._pending.append(self._output(seq, [], "", None, None))
+        return True
+
+    def step_pending_clear(self) -> None:
+        """Drop undelivered abort notices (the async front tells those callers itself)."""
+        self._pending = []
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests) or bool(self._pending)
+
+    # The loop -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration over everything scheduled; return what each request gained."""
+        outputs, self._pending = self._pending, []
+        batch = self.scheduler.schedule()
+        num_sampled = 0
+        if batch.seqs:
+            result = self.runner.execute(batch)
+            for seq, n in zip(batch.seqs, batch.num_new_tokens):
+                seq.num_computed_tokens += n
+                self.block_manager.commit(seq)
+            outputs.extend(self._finish_embeddings(batch))
+            outputs.extend(self._append_tokens(result))
+            num_sampled = len(result.sampled_seqs)
+        self.stats_counters.record_step(batch, num_sampled, self.scheduler)
+        return outputs
+
+    def _append_tokens(self, result: StepResult) -> list[RequestOutput]:
+        outputs = []
+        now = time.perf_counter()
+        sample = result.sample
+        for i, seq in enumerate(result.sampled_seqs):
+            token_id = sample.token_ids[i]
+            seq.token_ids.append(token_id)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            logprobs = [sample.logprobs[i]] if sample.logprobs is not None and seq.params.logprobs is not None else None
+            top = [sample.top_logprobs[i]] if logprobs and sample.top_logprobs and sample.top_logprobs[i] else None
+            if logprobs:
+                seq.logprobs.extend(logprobs)
+                if top:
+                    seq.top_logprobs.extend(top)
+            reason = stop_check(seq, token_id, self.eos_token_ids, self.max_model_len)
+            reason = text_update(seq, reason)
+            delta = seq.text[seq.num_text_emitted : len(seq.text) - (0 if reason else _holdback(seq))]
+            seq.num_text_emitted += len(delta)
+            hidden = result.hidden_last[i : i + 1] if seq.is_hidden_states_returned else None
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                self._finished(seq)
+            outputs.append(self._output(seq, [token_id], delta, logprobs, top, hidden=hidden))
+        return outputs
+
+    def _finish_embeddings(self, batch: ScheduledBatch) -> list[RequestOutput]:
+        outputs = []
+        for seq in batch.seqs:
+            if seq.is_embedding and seq.num_computed_tokens == seq.num_tokens:
+                pooled = seq.hidden_sum / seq.num_tokens if seq.pooling == "mean" else seq.hidden_last
+                self.scheduler.finish(seq, FinishReason.STOP)
+                self._finished(seq)
+                outputs.append(self._output(seq, [], "", None, None, embedding=pooled.cpu()))
+        return outputs
+
+    def _finished(self, seq: Sequence) -> None:
+        seq.finish_time = time.perf_counter()
+        self.requests.pop(seq.request_id, None)
+        self.stats_counters.num_finished[seq.finish_reason.value] += 1
+
+    @staticmethod
+    def _output(seq, token_ids, text, logprobs, top, *, hidden=None, embedding=None) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id, new_token_ids=token_ids, new_text=text, new_logprobs=logprobs,
+            new_top_logprobs=top, finished=seq.is_finished,
+            finish_reason=seq.finish_reason.value if seq.finish_reason else None, stop_reason=seq.stop_reason,
+            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=seq.num_cached_tokens, hidden_states=hidden, embedding=embedding,
+        )
+
+    # Blocking helpers ---------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: list[str | list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        **request_kwargs: Any,
+    ) -> list[Completion]:
+        """Run ``prompts`` to completion, batched together; results in prompt order."""
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [self.add_request(p, sp, **request_kwargs) for p, sp in zip(prompts, per_prompt, strict=True)]
+        seqs = {rid: self.requests[rid] for rid in ids}
+        hidden: dict[str, list[torch.Tensor]] = {rid: [] for rid in ids}
+        while any(not s.is_finished for s in seqs.values()):
+            for out in self.step():
+                if out.hidden_states is not None and out.request_id in hidden:
+                    hidden[out.request_id].append(out.hidden_states)
+        return [_completion(seqs[rid], hidden[rid]) for rid in ids]
+
+    def embed(self, prompts: list[str | list[int]], *, pooling: str = "mean", normalize: bool = False, **kwargs: Any) -> torch.Tensor:
+        """Pooled final hidden states of ``prompts``: [len(prompts), hidden_size]."""
+        ids = [self.add_embedding_request(p, pooling=pooling, **kwargs) for p in prompts]
+        found: dict[str, torch.Tensor] = {}
+        while len(found) < len(ids):
+            for out in self.step():
+                if out.embedding is not None:
+                    found[out.request_id] = out.embedding
+        vectors = torch.stack([found[rid] for rid in ids])
+        return F.normalize(vectors, dim=-1) if normalize else vectors
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: KV blocks used/free, prefix hits, batch sizes, preemptions, tokens."""
+        return self.stats_counters.snapshot(self.block_manager, self.scheduler)
+
+
+def _holdback(seq: Sequence) -> int:
+    """Characters kept back while streaming, so a stop string is never half-sent."""
+    return max((len(s) for s in seq.params.stop), default=1) - 1
+
+
+def _completion(seq: Sequence, hidden: list[torch.Tensor]) -> Completion:
+    wants_logprobs = seq.params.logprobs is not None
+    return Completion(
+        request_id=seq.request_id, prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+        token_ids=seq.output_token_ids, text=seq.text,
+        finish_reason=seq.finish_reason.value if seq.finish_reason else None, stop_reason=seq.stop_reason,
+        logprobs=list(seq.logprobs) if wants_logprobs else None,
+        top_logprobs=list(seq.top_logprobs) if wants_logprobs and seq.params.logprobs else None,
+        num_cached_tokens=seq.num_cached_tokens,
+        hidden_states=torch.cat(hidden) if hidden else None,
+        metrics={
+            "arrival_time": seq.arrival_time,
+            "first_token_time": seq.first_token_time or 0.0,
+            "finish_time": seq.finish_time or 0.0,
+            "num_preemptions": seq.num_preemptions,
+        },
+    )

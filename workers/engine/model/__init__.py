@@ -1,0 +1,1 @@
+"""The decoder model and its paged attention."""

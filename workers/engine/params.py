@@ -1,0 +1,87 @@
+"""Per-request sampling parameters, validated where the user hands them in."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from workers.engine.errors import InvalidRequest
+
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 16
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    """How to pick tokens for one request. ``temperature=0`` is greedy.
+
+    ``top_k=0`` and ``top_p=1`` disable those filters. ``logprobs=None`` returns none, ``0`` the
+    chosen token's log-probability, ``n`` also the ``n`` most likely tokens. Log-probabilities
+    are those of the model's raw distribution (before temperature and filters), like vLLM.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    # False skips detokenisation (token ids only); stop strings then cannot match.
+    is_detokenized: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", _as_tuple(self.stop, "stop"))
+        object.__setattr__(self, "stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids"))
+        _check_int(self.max_tokens, "max_tokens", low=1)
+        _check_int(self.min_tokens, "min_tokens", low=0, high=self.max_tokens)
+        _check_int(self.top_k, "top_k", low=-1)
+        if not _is_number(self.temperature) or not 0.0 <= self.temperature <= 100.0:
+            raise InvalidRequest("temperature must be a number in [0, 100]", param="temperature")
+        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequest("top_p must be a number in (0, 1]", param="top_p")
+        if self.seed is not None:
+            _check_int(self.seed, "seed", low=0, high=MAX_SEED)
+        if self.logprobs is not None:
+            _check_int(self.logprobs, "logprobs", low=0, high=MAX_LOGPROBS)
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequest("stop strings must be non-empty strings", param="stop")
+        for token_id in self.stop_token_ids:
+            _check_int(token_id, "stop_token_ids", low=0)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_int(value: object, param: str, *, low: int, high: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidRequest(f"{param} must be an integer", param=param)
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InvalidRequest(f"{param} must be {bounds}, got {value}", param=param)
+
+
+def _as_tuple(value: object, param: str) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,) if param == "stop" else _bad(param)
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    return _bad(param)
+
+
+def _bad(param: str) -> tuple:
+    raise InvalidRequest(f"{param} must be a list", param=param)

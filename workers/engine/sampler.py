@@ -1,0 +1,106 @@
+"""Batched token sampling: greedy, temperature, top-k, top-p, per-request seeds, logprobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from workers.engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[float] | None  # of the chosen tokens, raw distribution; None if nobody asked
+    top_logprobs: list[dict[int, float] | None] | None
+
+
+class Sampler:
+    """Samples one token per row of logits, each row under its own sequence's parameters.
+
+    Random rows draw one uniform number each (from the request's seeded generator, or the
+    engine's) and invert the CDF of the filtered distribution: a token outside top-k/top-p has
+    probability exactly zero and can never be picked, and a seeded request's draws do not
+    depend on which other requests share the batch.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...]) -> SampleResult:
+        logits = logits.float().cpu()  # [num_seqs, vocab]
+        raw = logits
+        logits = self._suppress_stops(logits, seqs, eos_token_ids)
+        token_ids = logits.argmax(dim=-1)
+        random_rows = [i for i, s in enumerate(seqs) if not s.params.is_greedy]
+        if random_rows:
+            rows = torch.tensor(random_rows)
+            token_ids[rows] = self._sample(logits[rows], [seqs[i] for i in random_rows])
+        return SampleResult(token_ids.tolist(), *self._logprobs(raw, token_ids, seqs))
+
+    @staticmethod
+    def _suppress_stops(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...]) -> torch.Tensor:
+        """Before min_tokens, EOS and stop tokens cannot be chosen."""
+        rows = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
+        if not rows:
+            return logits
+        logits = logits.clone()
+        for i in rows:
+            stops = [*seqs[i].params.stop_token_ids, *([] if seqs[i].params.ignore_eos else eos_token_ids)]
+            logits[i, stops] = float("-inf")
+        return logits
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        temperature = torch.tensor([s.params.temperature for s in seqs]).unsqueeze(1)
+        logits = logits / temperature
+        top_k = [s.params.top_k for s in seqs]
+        top_p = [s.params.top_p for s in seqs]
+        is_filtered = any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p)
+        if is_filtered:
+            logits, order = logits.sort(dim=-1, descending=True)
+            logits = _filter_sorted(logits, top_k, top_p)
+        probs = torch.softmax(logits, dim=-1)
+        cdf = probs.cumsum(dim=-1)
+        u = self._uniforms(seqs) * cdf[:, -1]
+        picked = torch.searchsorted(cdf, u.unsqueeze(1), right=True).squeeze(1)
+        # A draw landing on the float rounding at the very top takes the last token still allowed.
+        last_allowed = (probs > 0).sum(dim=-1) - 1 if is_filtered else torch.full_like(picked, probs.shape[1] - 1)
+        picked = torch.minimum(picked, last_allowed)
+        return order.gather(1, picked.unsqueeze(1)).squeeze(1) if is_filtered else picked
+
+    def _uniforms(self, seqs: list[Sequence]) -> torch.Tensor:
+        shared = torch.rand(len(seqs), generator=self.generator, dtype=torch.float64)
+        own = [(i, s.generator) for i, s in enumerate(seqs) if s.generator is not None]
+        for i, gen in own:
+            shared[i] = torch.rand(1, generator=gen, dtype=torch.float64)
+        return shared.float()
+
+    @staticmethod
+    def _logprobs(raw: torch.Tensor, token_ids: torch.Tensor, seqs: list[Sequence]):
+        wanted = [s.params.logprobs for s in seqs]
+        if all(w is None for w in wanted):
+            return None, None
+        logprobs = torch.log_softmax(raw, dim=-1)
+        chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1).tolist()
+        num_top = max(w or 0 for w in wanted)
+        if num_top == 0:
+            return chosen, None
+        values, indices = logprobs.topk(num_top, dim=-1)
+        top: list[dict[int, float] | None] = []
+        for row, n in enumerate(wanted):
+            top.append(dict(zip(indices[row, :n].tolist(), values[row, :n].tolist())) if n else None)
+        return chosen, top
+
+
+def _filter_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Mask sorted (descending) logits outside each row's top-k, then outside its top-p nucleus."""
+    vocab = logits.shape[1]
+    ranks = torch.arange(vocab).unsqueeze(0)
+    k = torch.tensor([t if t > 0 else vocab for t in top_k]).unsqueeze(1)
+    logits = logits.masked_fill(ranks >= k, float("-inf"))
+    p = torch.tensor(top_p).unsqueeze(1)
+    probs = torch.softmax(logits, dim=-1)
+    # Drop a token when the tokens ranked before it already reach top_p; the first always stays.
+    mass_before = probs.cumsum(dim=-1) - probs
+    return logits.masked_fill(mass_before >= p, float("-inf"))

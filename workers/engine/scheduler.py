@@ -1,0 +1,129 @@
+"""Iteration-level scheduling: which sequences run this step, and how many tokens each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from workers.engine.block_manager import BlockManager
+from workers.engine.config import EngineConfig
+from workers.engine.policy import SchedulingPolicy
+from workers.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_preempted: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def add(self, seq: Sequence, num_tokens: int) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_tokens)
+
+
+class Scheduler:
+    """Continuous batching under a token budget, with chunked prefill and preemption by recompute.
+
+    Each step: running sequences first (decodes before prefill chunks, then by policy key),
+    growing their block tables; when the pool runs dry the lowest-priority running sequence is
+    preempted (its blocks freed, its tokens recomputed later). Then, if nothing was preempted,
+    waiting sequences are admitted in policy order while the budget, ``max_num_seqs`` and the
+    pool (minus a watermark) allow, each starting from its longest cached prefix.
+    """
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, policy: SchedulingPolicy) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.policy = policy
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self._watermark_blocks = int(config.watermark * block_manager.num_blocks)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def active_tenants(self) -> set[str]:
+        return {s.tenant for s in self.waiting} | {s.tenant for s in self.running}
+
+    def add(self, seq: Sequence) -> None:
+        self.policy.on_added(seq, self.active_tenants())
+        self.waiting.append(seq)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
+        if not batch.num_preempted:
+            self._schedule_waiting(batch, budget)
+        return batch
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        self.running.sort(key=lambda s: (s.is_prefilling, self.policy.key(s)))
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.block_manager.can_append(seq, num_tokens):
+                victim = self.running.pop()
+                self._preempt(victim)
+                batch.num_preempted += 1
+                if victim is seq:
+                    return budget
+            self.block_manager.append_slots(seq, num_tokens)
+            batch.add(seq, num_tokens)
+            self.policy.on_scheduled(seq, num_tokens)
+            budget -= num_tokens
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = min(self.waiting, key=self.policy.key)
+            hits = self.block_manager.prefix_lookup(seq)
+            num_tokens = seq.num_tokens - len(hits) * self.block_manager.block_size
+            # Without chunking a prompt runs whole; one longer than the budget runs alone.
+            if num_tokens > budget:
+                if not self.config.is_chunked_prefill_enabled and batch.seqs:
+                    return
+                if self.config.is_chunked_prefill_enabled:
+                    num_tokens = budget
+            num_cached = len(hits) * self.block_manager.block_size
+            num_new_blocks = self.block_manager.num_blocks_for(num_cached + num_tokens) - len(hits)
+            if self.block_manager.num_free_after_hits(hits) - num_new_blocks < self._watermark_blocks:
+                return
+            self.waiting.remove(seq)
+            self._admit(seq, hits, num_tokens)
+            batch.add(seq, num_tokens)
+            self.policy.on_scheduled(seq, num_tokens)
+            budget -= num_tokens
+
+    def _admit(self, seq: Sequence, hits: list[int], num_tokens: int) -> None:
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = len(hits) * self.block_manager.block_size
+            self.block_manager.prefix_record(seq.num_tokens, seq.num_cached_tokens)
+        self.block_manager.allocate(seq, hits)
+        self.block_manager.append_slots(seq, num_tokens)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.append(seq)
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Retire a sequence (finished or aborted) and give its blocks back."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
