@@ -38,6 +38,7 @@ services:
 		bash deploy/dev/ensure-services.sh $(PY)
 
 test: test-venv services
+	$(PY) manage.py collectstatic --noinput -v0
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
 		$(PY) -m pytest $(ARGS)
 

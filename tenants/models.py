@@ -4,6 +4,7 @@ Money is integer micro-cents everywhere (1 USD = 100 cents = 100,000,000 micro-c
 floats: a price of $0.15 per million tokens is 15 micro-cents per token.
 """
 
+import functools
 import uuid
 import zoneinfo
 
@@ -24,8 +25,13 @@ name_validator = RegexValidator(
 )
 
 
+@functools.cache
+def _timezone_names() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones())  # scans tzdata: once per process
+
+
 def validate_timezone(value: str) -> None:
-    if value not in zoneinfo.available_timezones():
+    if value not in _timezone_names():
         raise ValidationError(f"Unknown IANA time zone {value!r}.")
 
 
