@@ -6,18 +6,21 @@ from rest_framework import serializers
 from tenants.models import MAX_MICROCENTS, Lane, Period, Role, Scope
 
 
-class StrictCharField(serializers.CharField):
+class _TextOnly:
+    """JSON strings only: DRF would otherwise turn 123 into "123"."""
+
     def to_internal_value(self, data):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
 
 
-class StrictSlugField(serializers.SlugField):
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
+class StrictCharField(_TextOnly, serializers.CharField):
+    pass
+
+
+class StrictSlugField(_TextOnly, serializers.SlugField):
+    pass
 
 
 class StrictIntegerField(serializers.IntegerField):
