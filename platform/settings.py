@@ -84,7 +84,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "middleware.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -151,6 +151,10 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "default"
+# An unacked task (its worker died) is delivered again after this long; the run lock keeps a
+# still-running request from starting twice when a generation outlives it.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env_int("FAIRLANE_TASK_VISIBILITY_TIMEOUT_SECONDS", 600)}
 CELERY_BEAT_SCHEDULE = {
     "budget-reservations-expire": {
         "task": "tenants.tasks.budget_reservations_expire",
@@ -227,6 +231,32 @@ FAIRLANE_KEY_LAST_USED_RESOLUTION_SECONDS = env_int("FAIRLANE_KEY_LAST_USED_RESO
 FAIRLANE_METRICS_TOKEN = os.environ.get("FAIRLANE_METRICS_TOKEN", "")
 # Whether any signed-in user may create a tenant through the API (they become its owner).
 FAIRLANE_SELF_SERVICE_TENANTS = env_bool("FAIRLANE_SELF_SERVICE_TENANTS", True)
+
+# --- serving ----------------------------------------------------------------------------------
+# embedded: engines run in the API process (a thread pool); celery: on GPU workers (-Q gpu).
+FAIRLANE_ENGINE_MODE = os.environ.get("FAIRLANE_ENGINE_MODE") or ("celery" if REDIS_URL
+                                                                  else "embedded")
+if FAIRLANE_ENGINE_MODE not in {"embedded", "celery"}:
+    raise ImproperlyConfigured("FAIRLANE_ENGINE_MODE must be 'embedded' or 'celery'")
+FAIRLANE_GPU_QUEUE = os.environ.get("FAIRLANE_GPU_QUEUE", "gpu")
+# Where presets are generated and model directories live.
+FAIRLANE_MODEL_DIR = Path(os.environ.get("FAIRLANE_MODEL_DIR", DATA_DIR / "models"))
+# Models a GPU worker loads at start (comma-separated names; empty: every enabled model).
+FAIRLANE_WORKER_MODELS = env_list("FAIRLANE_WORKER_MODELS", "")
+FAIRLANE_ENGINE_DEVICE = os.environ.get("FAIRLANE_ENGINE_DEVICE", "cpu")
+FAIRLANE_ENGINE_KV_CACHE_MB = env_int("FAIRLANE_ENGINE_KV_CACHE_MB", 256)
+FAIRLANE_ENGINE_MAX_NUM_SEQS = env_int("FAIRLANE_ENGINE_MAX_NUM_SEQS", 64)
+FAIRLANE_ENGINE_THREADS = env_int("FAIRLANE_ENGINE_THREADS", 0) or None
+# Cap on any model's context (0: the checkpoint's own).
+FAIRLANE_MAX_MODEL_LEN = env_int("FAIRLANE_MAX_MODEL_LEN", 0) or None
+# Requests one process runs at once (embedded thread pool; a worker's advertised capacity).
+FAIRLANE_MAX_INFLIGHT = env_int("FAIRLANE_MAX_INFLIGHT", 256)
+FAIRLANE_HEARTBEAT_SECONDS = env_int("FAIRLANE_HEARTBEAT_SECONDS", 2)
+FAIRLANE_HEARTBEAT_TTL_SECONDS = env_int("FAIRLANE_HEARTBEAT_TTL_SECONDS", 10)
+# The API gives up on a request (504, or an error event) when no worker started it within the
+# first timeout, or a started one went silent for the idle timeout.
+FAIRLANE_FIRST_EVENT_TIMEOUT_SECONDS = env_int("FAIRLANE_FIRST_EVENT_TIMEOUT_SECONDS", 300)
+FAIRLANE_STREAM_IDLE_TIMEOUT_SECONDS = env_int("FAIRLANE_STREAM_IDLE_TIMEOUT_SECONDS", 60)
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 LOGGING = {

@@ -17,6 +17,7 @@ urlpatterns = [
                                                      permission_classes=[AllowAny]),
          name="api-docs"),
     path("api/", include("tenants.apis.urls")),
+    path("v1/", include("routing.urls")),
 ]
 
 handler404 = "tenants.apis.errors.handler404"

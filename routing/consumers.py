@@ -1,3 +1,155 @@
-"""Websocket consumers of the public API (the serving issue adds /ws/v1/chat here)."""
+"""Websocket streaming of the /v1 API at /ws/v1/chat: several requests at once per socket,
+told apart by client-chosen ids.
 
-websocket_urlpatterns: list = []
+Client frames (JSON text):
+  {"type": "auth", "api_key": "fl-..."}     unless the handshake sent Authorization: Bearer
+  {"type": "chat.completions", "id": "a1", "body": {...same body as POST /v1/chat/completions}}
+  {"type": "completions", "id": "b1", "body": {...same body as POST /v1/completions}}
+  {"type": "cancel", "id": "a1"}
+Server frames:
+  {"type": "auth.ok", "tenant": ..., "agent": ...}
+  {"type": "chunk", "id": "a1", "data": <the SSE chunk object>}
+  {"type": "done", "id": "a1", "usage": {...}}
+  {"type": "error", "id": "a1" | null, "error": {"message", "type", "code", "param"}}
+A bad frame gets an error frame and the socket stays open; failed authentication closes it
+with code 4001 after the error frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from asgiref.sync import sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.urls import path
+
+from routing import services
+from routing.admission import caller_authenticate
+from tenants.errors import (
+    ApplicationError, AuthenticationFailed, InvalidRequest, RateLimited, error_body_for,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_REQUESTS_PER_SOCKET = 32
+AUTH_TIMEOUT_SECONDS = 10
+CLOSE_AUTH_FAILED = 4001
+KINDS = {"chat.completions": "chat", "completions": "completion"}
+
+
+class CompletionConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        self.caller = None
+        self.runs: dict[str, asyncio.Task] = {}
+        headers = dict(self.scope.get("headers", []))
+        authorization = headers.get(b"authorization", b"").decode("latin1")
+        await self.accept()
+        if authorization:
+            await self._authenticate(authorization)
+        else:
+            self.auth_timer = asyncio.get_running_loop().call_later(
+                AUTH_TIMEOUT_SECONDS, lambda: asyncio.ensure_future(self._auth_timeout()))
+
+    async def _auth_timeout(self) -> None:
+        if self.caller is None:
+            await self._send_error(None, AuthenticationFailed("No auth frame in time."))
+            await self.close(code=CLOSE_AUTH_FAILED)
+
+    async def _authenticate(self, authorization: str) -> None:
+        try:
+            self.caller = await sync_to_async(caller_authenticate)(authorization=authorization)
+        except ApplicationError as exc:
+            await self._send_error(None, exc)
+            await self.close(code=CLOSE_AUTH_FAILED)
+            return
+        await self._send({"type": "auth.ok", "tenant": self.caller.tenant.slug,
+                          "agent": self.caller.agent.name})
+
+    async def disconnect(self, code) -> None:
+        if getattr(self, "auth_timer", None) is not None:
+            self.auth_timer.cancel()
+        for task in self.runs.values():
+            task.cancel()  # each run's stream closes, which aborts it in the engine
+
+    async def receive(self, text_data=None, bytes_data=None) -> None:
+        try:
+            frame = json.loads(text_data if text_data is not None else bytes_data)
+        except (ValueError, TypeError, UnicodeDecodeError):
+            await self._send_error(None, InvalidRequest("Frames must be JSON objects."))
+            return
+        if not isinstance(frame, dict):
+            await self._send_error(None, InvalidRequest("Frames must be JSON objects."))
+            return
+        kind, frame_id = frame.get("type"), frame.get("id")
+        if kind == "auth":
+            if self.caller is None:
+                await self._authenticate(f"Bearer {frame.get('api_key') or ''}")
+            return
+        if self.caller is None:
+            await self._send_error(frame_id, AuthenticationFailed("Authenticate first."))
+            await self.close(code=CLOSE_AUTH_FAILED)
+            return
+        if kind == "cancel":
+            task = self.runs.get(frame_id) if isinstance(frame_id, str) else None
+            if task is None:
+                await self._send_error(frame_id, InvalidRequest("No such request in flight.",
+                                                                param="id"))
+            else:
+                task.cancel()
+            return
+        if kind not in KINDS:
+            await self._send_error(frame_id, InvalidRequest(
+                f"Unknown frame type {kind!r}; use auth, {', '.join(KINDS)} or cancel.",
+                param="type"))
+            return
+        if not isinstance(frame_id, str) or not 0 < len(frame_id) <= 64 or frame_id in self.runs:
+            await self._send_error(frame_id, InvalidRequest(
+                "Each request needs a new string id of up to 64 characters.", param="id"))
+            return
+        if len(self.runs) >= MAX_REQUESTS_PER_SOCKET:
+            await self._send_error(frame_id, RateLimited(
+                f"At most {MAX_REQUESTS_PER_SOCKET} requests in flight per socket.",
+                retry_after=1))
+            return
+        body = frame.get("body")
+        if isinstance(body, dict):
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        task = asyncio.create_task(self._run(frame_id, KINDS[kind], body))
+        self.runs[frame_id] = task
+        task.add_done_callback(lambda _t, i=frame_id: self.runs.pop(i, None))
+
+    async def _run(self, frame_id: str, kind: str, body) -> None:
+        try:
+            started = await services.generation_start(caller=self.caller, kind=kind, body=body)
+            async for chunk in services.started_chunks(started):
+                if "error" in chunk:
+                    await self._send({"type": "error", "id": frame_id, **chunk})
+                elif chunk.get("usage") and not chunk["choices"]:
+                    await self._send({"type": "done", "id": frame_id, "usage": chunk["usage"]})
+                else:
+                    await self._send({"type": "chunk", "id": frame_id, "data": chunk})
+        except ApplicationError as exc:
+            await self._send_error(frame_id, exc)
+        except asyncio.CancelledError:
+            await self._send({"type": "done", "id": frame_id, "cancelled": True})
+            raise
+        except Exception:  # a consumer task is a process boundary: log, tell the client
+            logger.exception("websocket request %s failed", frame_id)
+            await self._send_error(frame_id, ApplicationError())
+
+    async def _send(self, frame: dict) -> None:
+        try:
+            await self.send(text_data=json.dumps(frame, separators=(",", ":")))
+        except Exception:  # the socket is gone; the run is being cancelled anyway
+            pass
+
+    async def _send_error(self, frame_id, exc: ApplicationError) -> None:
+        await self._send({"type": "error", "id": frame_id, **error_body_for(exc)})
+
+
+# API-key authenticated, so no Origin check: a cross-site page cannot ride a cookie here.
+websocket_urlpatterns = [
+    path("ws/v1/chat", CompletionConsumer.as_asgi()),
+]

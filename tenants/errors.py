@@ -111,3 +111,21 @@ class MethodNotAllowed(InvalidRequest):
 class UnsupportedMediaType(InvalidRequest):
     code, status = "unsupported_media_type", 415
     default_message = "Send a JSON body with Content-Type: application/json."
+
+
+class ModelNotFound(NotFound):
+    # OpenAI's code, which clients match on.
+    code = "model_not_found"
+    default_message = "The model does not exist or you do not have access to it."
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    return [cls, *(s for sub in cls.__subclasses__() for s in _all_subclasses(sub))]
+
+
+def error_from_code(code: str, message: str | None = None, *, param: str | None = None,
+                    retry_after: int | None = None) -> ApplicationError:
+    """Rebuild an error that crossed a process boundary as its code (engine, worker, stream)."""
+    by_code = {cls.code: cls for cls in _all_subclasses(ApplicationError)}
+    cls = by_code.get(code, ApplicationError)
+    return cls(message, param=param, retry_after=retry_after)

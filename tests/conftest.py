@@ -85,10 +85,9 @@ def client_for():
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def subprocess_env(transactional_db):
-    """Environment for a child process (worker, server, script) that must see the test
-    database; tests using it commit their data (transactional_db)."""
+def child_env(**overrides) -> dict:
+    """Environment for a child process (worker, server, script) that must use the test
+    database; the test database exists once django_db_setup has run."""
     import os
 
     from django.conf import settings
@@ -96,4 +95,10 @@ def subprocess_env(transactional_db):
     db = settings.DATABASES["default"]
     url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
     return {**os.environ, "DATABASE_URL": url, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
-            "DJANGO_SETTINGS_MODULE": "settings", "REDIS_URL": settings.REDIS_URL}
+            "DJANGO_SETTINGS_MODULE": "settings", "REDIS_URL": settings.REDIS_URL, **overrides}
+
+
+@pytest.fixture
+def subprocess_env(transactional_db):
+    """Tests using a child process commit their data (transactional_db) so it can see it."""
+    return child_env()

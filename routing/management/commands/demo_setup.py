@@ -1,5 +1,6 @@
 """Create, where missing, what a new user needs to try Fairlane: an admin user, a demo tenant,
-an agent with a daily budget, and an API key. Secrets are printed once, when created."""
+an agent with a daily budget, an API key, and the `tiny` model (a seeded preset). Secrets are
+printed once, when created."""
 
 import secrets
 
@@ -12,8 +13,13 @@ from tenants.models import MICROCENTS_PER_USD, Agent, ApiKey, Budget, Scope, Ten
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
 from tenants.services.tenancy import agent_create, tenant_create
+from workers.models import ServedModel
+from workers.registry import model_register
 
 DEMO_KEY_NAME = "demo (make run)"
+# The demo model's prices: $0.10 / $0.40 / $0.05 per million input / output / cached tokens.
+DEMO_PRICES = {"price_input_per_mtok": 10_000_000, "price_output_per_mtok": 40_000_000,
+               "price_cached_per_mtok": 5_000_000}
 
 
 class Command(BaseCommand):
@@ -46,6 +52,10 @@ class Command(BaseCommand):
         if not Budget.objects.filter(tenant=tenant, agent=agent).exists():
             budget_create(tenant=tenant, agent=agent, limit_microcents=5 * MICROCENTS_PER_USD)
 
+        if not ServedModel.objects.filter(name="tiny").exists():
+            model_register(name="tiny", source="preset:tiny",
+                           description="Seeded random weights: fast, and gibberish.", **DEMO_PRICES)
+
         usable = [k for k in ApiKey.objects.filter(agent=agent, name=DEMO_KEY_NAME)
                   if k.is_usable_at(timezone.now())]
         if usable and not new_key:
@@ -58,10 +68,14 @@ class Command(BaseCommand):
             lines.append(f"  API key:     {plain}   (shown once)")
             shown = plain
         lines += [
-            f"  Tenant:      demo, agent demo-agent (daily budget $5, tenant $50)",
+            "  Tenant:      demo, agent demo-agent (daily budget $5, tenant $50)",
+            "  Model:       tiny (preset; see README for loading your own checkpoint)",
             f"  Admin:       {base_url}/admin/",
             f"  API docs:    {base_url}/api/docs/",
             f"  Health:      {base_url}/healthz  {base_url}/readyz",
-            f'  Try:         curl -H "Authorization: Bearer {shown}" {base_url}/api/tenants/',
+            f'  Try:         curl -H "Authorization: Bearer {shown}" {base_url}/v1/models',
+            f'               curl -N {base_url}/v1/chat/completions -H "Authorization: Bearer '
+            f'{shown}" -H "Content-Type: application/json" -d \'{{"model": "tiny", "messages": '
+            '[{"role": "user", "content": "Hello"}], "max_tokens": 32, "stream": true}\'',
         ]
         self.stdout.write("Fairlane is ready.\n" + "\n".join(lines))

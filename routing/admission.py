@@ -1,0 +1,94 @@
+"""Admission on the request path: who is calling (key, tenant, agent), may they use this model,
+does the prompt fit, and the worst-case cost reserved against their budgets before anything
+is sent."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from tenants.errors import AuthenticationFailed, ContextLengthExceeded, ModelNotFound, PermissionDenied
+from tenants.models import Agent, ApiKey, Scope, Tenant
+from tenants.services.budgets import budget_reserve
+from tenants.services.keys import api_key_authenticate
+from workers.generation import GenerationJob
+from workers.registry import ModelInfo, model_context_length, model_get, usage_cost
+
+ENGINE_MAX_SEED = 2**63
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    api_key: ApiKey
+    tenant: Tenant
+    agent: Agent
+
+
+def caller_authenticate(*, authorization: str | None) -> Caller:
+    """The caller behind `Authorization: Bearer <key>`, if the key may use the /v1 API."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthenticationFailed("You didn't provide an API key. Send it as "
+                                   "'Authorization: Bearer <key>'.")
+    key = api_key_authenticate(plain=token.strip())
+    if Scope.INFERENCE not in key.scopes:
+        raise PermissionDenied("This API key lacks the inference scope.")
+    return Caller(api_key=key, tenant=key.tenant, agent=key.agent)
+
+
+def model_for(*, caller: Caller, name: str) -> ModelInfo:
+    """The model, if it exists and the agent may use it (both failures read alike)."""
+    info = model_get(name=name)
+    if info is None or not caller.agent.may_use_model(name):
+        raise ModelNotFound(f"The model '{name}' does not exist or you do not have access to "
+                            "it.", param="model")
+    return info
+
+
+def models_for(*, caller: Caller, available: list[ModelInfo]) -> list[ModelInfo]:
+    return [m for m in available if caller.agent.may_use_model(m.name)]
+
+
+def max_tokens_resolve(*, info: ModelInfo, prompts: list[list[int]],
+                       max_tokens: int | None) -> int:
+    """max_tokens, defaulting (like OpenAI's API) to what the context leaves; the prompt and
+    the completion must fit the context together."""
+    context = model_context_length(info)
+    longest = max(len(p) for p in prompts)
+    if longest >= context:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {context} tokens. However, your prompt "
+            f"is {longest} tokens long.", param="messages")
+    if max_tokens is None:
+        return context - longest
+    if longest + max_tokens > context:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{longest + max_tokens} tokens ({longest} in the prompt, {max_tokens} for the "
+            "completion). Please reduce the prompt or max_tokens.", param="max_tokens")
+    return max_tokens
+
+
+def engine_sampling(sampling, max_tokens: int) -> dict:
+    """OpenAI's sampling parameters as the engine's SamplingParams keywords."""
+    return {"max_tokens": max_tokens, "temperature": sampling.temperature,
+            "top_p": sampling.top_p, "top_k": max(sampling.top_k, 0),
+            "seed": None if sampling.seed is None else sampling.seed % ENGINE_MAX_SEED,
+            "stop": list(sampling.stop), "logprobs": sampling.logprobs,
+            "min_tokens": min(sampling.min_tokens, max_tokens),
+            "ignore_eos": sampling.ignore_eos}
+
+
+def generation_admit(*, caller: Caller, info: ModelInfo, prompts: list[list[int]],
+                     kind: str, n: int = 1, sampling: dict | None = None) -> GenerationJob:
+    """Reserve the request's worst-case cost (every prompt in full, every choice at
+    max_tokens) against the agent's and tenant's budgets, and describe it for a worker."""
+    max_tokens = (sampling or {}).get("max_tokens", 0)
+    estimate = sum(usage_cost(info, prompt_tokens=len(p), completion_tokens=n * max_tokens)
+                   for p in prompts)
+    request_id = uuid.uuid4().hex
+    budget_reserve(tenant=caller.tenant, agent=caller.agent, amount_microcents=estimate,
+                   request_id=request_id, api_key=caller.api_key)
+    return GenerationJob(request_id=request_id, kind=kind, model=info.to_dict(), prompts=prompts,
+                         n=n, sampling=sampling or {}, tenant_id=caller.tenant.pk,
+                         agent_id=str(caller.agent.pk), lane=caller.agent.effective_lane)

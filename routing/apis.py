@@ -1,0 +1,121 @@
+"""The OpenAI-compatible /v1 API: async views that authenticate, call one service and render
+JSON or an SSE stream. Errors have OpenAI's body and status, so client libraries raise their
+proper exception classes."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from routing import services
+from routing.admission import caller_authenticate
+from routing.openai.responses import SSE_DONE, model_object, sse
+from tenants.errors import (
+    ApplicationError, InvalidRequest, MethodNotAllowed, ModelNotFound, error_body_for,
+    error_from_code, error_headers,
+)
+from workers.engine import EngineError
+
+logger = logging.getLogger(__name__)
+
+
+def _error_response(exc: ApplicationError) -> JsonResponse:
+    response = JsonResponse(error_body_for(exc), status=exc.status, headers=error_headers(exc))
+    if exc.status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="fairlane"'
+    return response
+
+
+def openai_view(method: str):
+    """API-key auth (no cookies, so no CSRF), one method, errors in OpenAI's shape."""
+
+    def decorate(view):
+        @csrf_exempt
+        @functools.wraps(view)
+        async def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            try:
+                if request.method != method:
+                    raise MethodNotAllowed(f"Use {method} for {request.path}.")
+                caller = await sync_to_async(caller_authenticate)(
+                    authorization=request.headers.get("Authorization"))
+                return await view(request, caller, *args, **kwargs)
+            except ApplicationError as exc:
+                return _error_response(exc)
+            except EngineError as exc:  # the engine refused the input (e.g. a token id)
+                return _error_response(error_from_code(exc.code, exc.message, param=exc.param))
+
+        return wrapper
+
+    return decorate
+
+
+def _json_body(request: HttpRequest):
+    if request.content_type != "application/json":
+        raise InvalidRequest("Send a JSON body with Content-Type: application/json.")
+    try:
+        return json.loads(request.body)
+    except RequestDataTooBig:
+        raise InvalidRequest("The request body is too large.") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from None
+
+
+async def _sse(started: services.Started):
+    async for chunk in services.started_chunks(started):
+        yield sse(chunk)
+    yield SSE_DONE
+
+
+async def _answer(started: services.Started) -> HttpResponse:
+    headers = {"x-request-id": started.job.request_id}
+    if started.stream:
+        return StreamingHttpResponse(
+            _sse(started), content_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return JsonResponse(await services.started_collect(started), headers=headers)
+
+
+@openai_view("POST")
+async def chat_completions(request, caller):
+    started = await services.generation_start(caller=caller, kind="chat",
+                                              body=_json_body(request))
+    return await _answer(started)
+
+
+@openai_view("POST")
+async def completions(request, caller):
+    started = await services.generation_start(caller=caller, kind="completion",
+                                              body=_json_body(request))
+    return await _answer(started)
+
+
+@openai_view("POST")
+async def embeddings(request, caller):
+    return JsonResponse(await services.embeddings_create(caller=caller, body=_json_body(request)))
+
+
+_created = int(time.time())
+
+
+@openai_view("GET")
+async def models(request, caller):
+    available = await sync_to_async(services.models_available)(caller=caller)
+    return JsonResponse({"object": "list",
+                         "data": [model_object(m.name, _created) for m in available]})
+
+
+@openai_view("GET")
+async def model_detail(request, caller, model_id: str):
+    available = await sync_to_async(services.models_available)(caller=caller)
+    for info in available:
+        if info.name == model_id:
+            return JsonResponse(model_object(info.name, _created))
+    raise ModelNotFound(f"The model '{model_id}' does not exist or you do not have access to it.",
+                        param="model")

@@ -1,0 +1,350 @@
+"""Parse and validate OpenAI request bodies into typed requests.
+
+Like OpenAI's own API, an argument we do not recognise is a 400 (silently ignoring a
+parameter would return something the client did not ask for), and so is a recognised one set
+to a value we cannot honour (tools, non-zero penalties, JSON mode). Every refusal names the
+parameter in `param`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from tenants.errors import InvalidRequest
+
+MAX_N = 16
+MAX_STOP = 4
+MAX_TOP_LOGPROBS = 20
+MAX_LEGACY_LOGPROBS = 5
+MAX_SEED = 2**63 - 1
+MAX_BATCH_INPUTS = 256
+CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """What every generation request shares."""
+
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    top_k: int
+    n: int
+    stop: tuple[str, ...]
+    seed: int | None
+    logprobs: int | None  # None: none; 0: the chosen token's; k: also the top k
+    min_tokens: int = 0
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    model: str
+    messages: list[dict[str, str]]
+    sampling: Sampling
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    model: str
+    prompts: list[str | list[int]]
+    sampling: Sampling
+    stream: bool
+    include_usage: bool
+    echo: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingRequest:
+    model: str
+    inputs: list[str | list[int]]
+    encoding_format: str = "float"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --- primitive checks --------------------------------------------------------------------------
+
+def _type_name(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
+
+
+def _int(body: dict, name: str, *, low: int, high: int, default: int | None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        # 2.0 is a float in JSON terms but an integer in value; OpenAI accepts it, so do we.
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise InvalidRequest(f"'{name}' must be an integer, got {_type_name(value)}.",
+                                 param=name)
+    if not low <= value <= high:
+        raise InvalidRequest(f"'{name}' must be between {low} and {high}, got {value}.",
+                             param=name)
+    return value
+
+
+def _number(body: dict, name: str, *, low: float, high: float, default: float,
+            low_open: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequest(f"'{name}' must be a number.", param=name)
+    if value > high or value < low or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise InvalidRequest(f"'{name}' must be in {bracket}{low}, {high}], got {value}.",
+                             param=name)
+    return float(value)
+
+
+def _bool(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"'{name}' must be a boolean.", param=name)
+    return value
+
+
+def _str(body: dict, name: str, *, required: bool = False) -> str | None:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise InvalidRequest(f"Missing required parameter: '{name}'.", param=name)
+        return None
+    if not isinstance(value, str) or (required and not value):
+        raise InvalidRequest(f"'{name}' must be a non-empty string.", param=name)
+    return value
+
+
+def _unsupported_unless(body: dict, name: str, allowed) -> None:
+    """A parameter we accept only at its neutral value(s)."""
+    if name in body and body[name] is not None and body[name] not in allowed:
+        raise InvalidRequest(f"'{name}' is not supported by this server.", param=name)
+
+
+def _reject_unknown(body: dict, known: set[str]) -> None:
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise InvalidRequest(f"Unrecognized request argument supplied: {unknown[0]}",
+                             param=unknown[0])
+
+
+def _object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    return body
+
+
+# --- shared sampling ------------------------------------------------------------------------------
+
+COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "n", "stop", "seed",
+          "user", "presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_tokens",
+          "ignore_eos", "repetition_penalty", "metadata", "store", "service_tier"}
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if (not isinstance(stop, list) or len(stop) > MAX_STOP
+            or not all(isinstance(s, str) and s for s in stop)):
+        raise InvalidRequest(f"'stop' must be a non-empty string or an array of up to {MAX_STOP} "
+                             "non-empty strings.", param="stop")
+    return tuple(stop)
+
+
+def _stream(body: dict) -> tuple[bool, bool]:
+    stream = _bool(body, "stream", False)
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise InvalidRequest("'stream_options' is only allowed when 'stream' is true.",
+                             param="stream_options")
+    if not isinstance(options, dict) or set(options) - {"include_usage",
+                                                        "continuous_usage_stats"}:
+        raise InvalidRequest("'stream_options' must be an object with 'include_usage'.",
+                             param="stream_options")
+    return stream, _bool(options, "include_usage", False)
+
+
+def _sampling(body: dict, *, max_tokens: int | None, logprobs: int | None) -> Sampling:
+    for name in ("presence_penalty", "frequency_penalty"):
+        _number(body, name, low=-2.0, high=2.0, default=0.0)
+        _unsupported_unless(body, name, {0, 0.0})
+    _unsupported_unless(body, "repetition_penalty", {1, 1.0})
+    if body.get("logit_bias") not in (None, {}):
+        raise InvalidRequest("'logit_bias' is not supported by this server.", param="logit_bias")
+    if body.get("user") is not None:
+        _str(body, "user")
+    _unsupported_unless(body, "service_tier", {"auto", "default"})
+    n = _int(body, "n", low=1, high=MAX_N, default=1)
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", low=0.0, high=2.0, default=1.0),
+        top_p=_number(body, "top_p", low=0.0, high=1.0, default=1.0, low_open=True),
+        top_k=_int(body, "top_k", low=-1, high=1_000_000, default=0),
+        n=n, stop=_stop(body),
+        seed=_int(body, "seed", low=-(2**63), high=MAX_SEED, default=None),
+        logprobs=logprobs,
+        min_tokens=_int(body, "min_tokens", low=0, high=1_000_000, default=0),
+        ignore_eos=_bool(body, "ignore_eos", False),
+    )
+
+
+# --- chat -------------------------------------------------------------------------------------------
+
+CHAT_KNOWN = COMMON | {"messages", "max_tokens", "max_completion_tokens", "logprobs",
+                       "top_logprobs", "response_format", "tools", "tool_choice", "functions",
+                       "function_call", "parallel_tool_calls", "modalities", "reasoning_effort",
+                       "prediction", "audio", "web_search_options"}
+
+
+def _message_text(content: Any, index: int) -> str:
+    param = f"messages[{index}].content"
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
+                    part.get("text"), str):
+                raise InvalidRequest("Only text content parts are supported.", param=param)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise InvalidRequest("Message content must be a string or an array of text parts.",
+                         param=param)
+
+
+def _messages(body: dict) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty array.", param="messages")
+    parsed = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequest("Each message must be an object.", param=f"messages[{i}]")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise InvalidRequest(f"Invalid role {role!r}; use one of {sorted(CHAT_ROLES)}.",
+                                 param=f"messages[{i}].role")
+        if message.get("tool_calls") or message.get("function_call"):
+            raise InvalidRequest("Tool calls are not supported by this server.",
+                                 param=f"messages[{i}].tool_calls")
+        if "content" not in message or message["content"] is None:
+            raise InvalidRequest("Message content is required.", param=f"messages[{i}].content")
+        parsed.append({"role": role, "content": _message_text(message["content"], i)})
+    return parsed
+
+
+def chat_request_parse(body: Any) -> ChatRequest:
+    body = _object(body)
+    _reject_unknown(body, CHAT_KNOWN)
+    model = _str(body, "model", required=True)
+    messages = _messages(body)
+    if body.get("tools") or body.get("functions"):
+        raise InvalidRequest("Tools and function calling are not supported by this server.",
+                             param="tools" if body.get("tools") else "functions")
+    _unsupported_unless(body, "tool_choice", {"none", "auto"})
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise InvalidRequest("Only response_format {'type': 'text'} is supported.",
+                             param="response_format")
+    for name in ("modalities", "audio", "prediction", "web_search_options", "reasoning_effort"):
+        _unsupported_unless(body, name, {None, ("text",), "text"} if name != "modalities" else
+                            {None})
+    max_tokens = _int(body, "max_completion_tokens", low=1, high=10_000_000, default=None)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", low=1, high=10_000_000, default=None)
+    logprobs = None
+    if _bool(body, "logprobs", False):
+        logprobs = _int(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS, default=0)
+    elif body.get("top_logprobs") is not None:
+        raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true.",
+                             param="top_logprobs")
+    stream, include_usage = _stream(body)
+    return ChatRequest(model=model, messages=messages,
+                       sampling=_sampling(body, max_tokens=max_tokens, logprobs=logprobs),
+                       stream=stream, include_usage=include_usage)
+
+
+# --- completions -------------------------------------------------------------------------------
+
+COMPLETION_KNOWN = COMMON | {"prompt", "max_tokens", "logprobs", "echo", "suffix", "best_of"}
+
+
+def _token_list(value: Any) -> bool:
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value))
+
+
+def _inputs(value: Any, param: str) -> list[str | list[int]]:
+    """A string, an array of strings, an array of token ids, or an array of those arrays."""
+    if isinstance(value, str):
+        items = [value]
+    elif _token_list(value):
+        items = [value]
+    elif isinstance(value, list) and value and all(
+            isinstance(v, str) or _token_list(v) for v in value):
+        items = value
+    else:
+        raise InvalidRequest(f"'{param}' must be a string, an array of strings, or token ids.",
+                             param=param)
+    if len(items) > MAX_BATCH_INPUTS:
+        raise InvalidRequest(f"At most {MAX_BATCH_INPUTS} inputs per request.", param=param)
+    if any(item == "" for item in items):
+        raise InvalidRequest(f"'{param}' must not be empty.", param=param)
+    return items
+
+
+def completion_request_parse(body: Any) -> CompletionRequest:
+    body = _object(body)
+    _reject_unknown(body, COMPLETION_KNOWN)
+    model = _str(body, "model", required=True)
+    if "prompt" not in body:
+        raise InvalidRequest("Missing required parameter: 'prompt'.", param="prompt")
+    prompts = _inputs(body["prompt"], "prompt")
+    if body.get("suffix"):
+        raise InvalidRequest("'suffix' is not supported by this server.", param="suffix")
+    n = _int(body, "n", low=1, high=MAX_N, default=1)
+    _int(body, "best_of", low=n, high=n, default=n)  # best_of > n would need hidden samples
+    logprobs = _int(body, "logprobs", low=0, high=MAX_LEGACY_LOGPROBS, default=None)
+    stream, include_usage = _stream(body)
+    max_tokens = _int(body, "max_tokens", low=1, high=10_000_000, default=16)
+    return CompletionRequest(model=model, prompts=prompts,
+                             sampling=_sampling(body, max_tokens=max_tokens, logprobs=logprobs),
+                             stream=stream, include_usage=include_usage,
+                             echo=_bool(body, "echo", False))
+
+
+# --- embeddings --------------------------------------------------------------------------------
+
+EMBEDDING_KNOWN = {"model", "input", "encoding_format", "dimensions", "user"}
+
+
+def embedding_request_parse(body: Any) -> EmbeddingRequest:
+    body = _object(body)
+    _reject_unknown(body, EMBEDDING_KNOWN)
+    model = _str(body, "model", required=True)
+    if "input" not in body:
+        raise InvalidRequest("Missing required parameter: 'input'.", param="input")
+    inputs = _inputs(body["input"], "input")
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in {"float", "base64"}:
+        raise InvalidRequest("'encoding_format' must be 'float' or 'base64'.",
+                             param="encoding_format")
+    dimensions = _int(body, "dimensions", low=1, high=1_000_000, default=None)
+    if body.get("user") is not None:
+        _str(body, "user")
+    return EmbeddingRequest(model=model, inputs=inputs, encoding_format=encoding,
+                            extra={"dimensions": dimensions} if dimensions else {})

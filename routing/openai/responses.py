@@ -1,0 +1,206 @@
+"""Engine events rendered in OpenAI's wire format: chat.completion(.chunk), text_completion,
+embeddings, models, and the SSE framing around them."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def usage_body(usage: dict) -> dict:
+    return {"prompt_tokens": usage["prompt_tokens"],
+            "completion_tokens": usage["completion_tokens"],
+            "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+            "prompt_tokens_details": {"cached_tokens": usage.get("cached_tokens", 0)}}
+
+
+def _piece(tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _chat_logprob_entries(tokenizer, event: dict) -> list[dict]:
+    entries = []
+    tops = event.get("top_logprobs") or [None] * len(event["token_ids"])
+    for token_id, logprob, top in zip(event["token_ids"], event["logprobs"] or [], tops):
+        piece = _piece(tokenizer, token_id)
+        entries.append({
+            "token": piece, "logprob": logprob, "bytes": list(piece.encode()),
+            "top_logprobs": [{"token": (p := _piece(tokenizer, int(tid))), "logprob": lp,
+                              "bytes": list(p.encode())}
+                             for tid, lp in (top or {}).items()],
+        })
+    return entries
+
+
+@dataclass
+class Choice:
+    """What one choice has produced so far."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprob_entries: list[dict] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+def _finish_reason(reason: str | None) -> str | None:
+    # An aborted sequence (client gone, or server shutdown) has no OpenAI reason; "stop" is
+    # what vLLM reports for it too.
+    return "stop" if reason == "abort" else reason
+
+
+class ChatFormat:
+    object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
+
+    def __init__(self, *, request_id: str, model: str, num_choices: int, tokenizer,
+                 wants_logprobs: bool, prompt_texts: list[str] | None = None) -> None:
+        self.id = self.id_prefix + request_id
+        self.created = int(time.time())
+        self.model = model
+        self.tokenizer = tokenizer
+        self.wants_logprobs = wants_logprobs
+        self.choices = [Choice() for _ in range(num_choices)]
+
+    def _chunk(self, choices: list[dict], usage: dict | None = None,
+               include_usage: bool = False) -> dict:
+        body = {"id": self.id, "object": self.chunk_object, "created": self.created,
+                "model": self.model, "system_fingerprint": None, "choices": choices}
+        if include_usage:
+            body["usage"] = usage
+        return body
+
+    # streaming
+    def opening(self, include_usage: bool) -> list[dict]:
+        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}],
+                            include_usage=include_usage) for i in range(len(self.choices))]
+
+    def token_chunk(self, event: dict, include_usage: bool) -> dict:
+        choice = self.choices[event["choice"]]
+        choice.text += event["text"]
+        choice.token_ids += event["token_ids"]
+        logprobs = None
+        if self.wants_logprobs:
+            entries = _chat_logprob_entries(self.tokenizer, event)
+            choice.logprob_entries += entries
+            logprobs = {"content": entries, "refusal": None}
+        return self._chunk([{"index": event["choice"], "delta": {"content": event["text"]},
+                             "logprobs": logprobs, "finish_reason": None}],
+                           include_usage=include_usage)
+
+    def finish_chunk(self, event: dict, include_usage: bool) -> dict:
+        reason = _finish_reason(event["reason"])
+        self.choices[event["choice"]].finish_reason = reason
+        return self._chunk([{"index": event["choice"], "delta": {}, "logprobs": None,
+                             "finish_reason": reason}], include_usage=include_usage)
+
+    def usage_chunk(self, usage: dict) -> dict:
+        return self._chunk([], usage=usage_body(usage), include_usage=True)
+
+    # not streaming
+    def absorb(self, event: dict) -> None:
+        if event["type"] == "token":
+            self.token_chunk(event, False)
+        elif event["type"] == "finish":
+            self.finish_chunk(event, False)
+
+    def response(self, usage: dict) -> dict:
+        return {"id": self.id, "object": self.object, "created": self.created,
+                "model": self.model, "system_fingerprint": None, "service_tier": None,
+                "choices": [{"index": i, "message": {"role": "assistant", "content": c.text,
+                                                     "refusal": None, "annotations": []},
+                             "logprobs": {"content": c.logprob_entries, "refusal": None}
+                             if self.wants_logprobs else None,
+                             "finish_reason": c.finish_reason or "stop"}
+                            for i, c in enumerate(self.choices)],
+                "usage": usage_body(usage)}
+
+
+class CompletionFormat(ChatFormat):
+    """Legacy /v1/completions: `text_completion` objects, `logprobs` as parallel arrays."""
+
+    object, chunk_object, id_prefix = "text_completion", "text_completion", "cmpl-"
+
+    def __init__(self, *, prompt_texts: list[str] | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        # echo: each choice starts with its prompt.
+        self.echo = prompt_texts or []
+        self.offsets = [0] * len(self.choices)
+
+    def opening(self, include_usage: bool) -> list[dict]:
+        return [self._chunk([{"index": i, "text": text, "logprobs": None, "finish_reason": None}],
+                            include_usage=include_usage)
+                for i, text in enumerate(self.echo) if text]
+
+    def _legacy_logprobs(self, index: int, event: dict) -> dict:
+        tokens, offsets = [], []
+        tops = event.get("top_logprobs") or [None] * len(event["token_ids"])
+        for token_id in event["token_ids"]:
+            piece = _piece(self.tokenizer, token_id)
+            tokens.append(piece)
+            offsets.append(self.offsets[index])
+            self.offsets[index] += len(piece)
+        return {"tokens": tokens, "token_logprobs": event["logprobs"] or [],
+                "top_logprobs": [{_piece(self.tokenizer, int(t)): lp for t, lp in (top or {}).items()}
+                                 for top in tops] if event.get("top_logprobs") else None,
+                "text_offset": offsets}
+
+    def token_chunk(self, event: dict, include_usage: bool) -> dict:
+        index = event["choice"]
+        choice = self.choices[index]
+        choice.text += event["text"]
+        choice.token_ids += event["token_ids"]
+        logprobs = self._legacy_logprobs(index, event) if self.wants_logprobs else None
+        if logprobs:
+            choice.logprob_entries.append(logprobs)
+        return self._chunk([{"index": index, "text": event["text"], "logprobs": logprobs,
+                             "finish_reason": None}], include_usage=include_usage)
+
+    def finish_chunk(self, event: dict, include_usage: bool) -> dict:
+        reason = _finish_reason(event["reason"])
+        self.choices[event["choice"]].finish_reason = reason
+        return self._chunk([{"index": event["choice"], "text": "", "logprobs": None,
+                             "finish_reason": reason}], include_usage=include_usage)
+
+    def response(self, usage: dict) -> dict:
+        choices = []
+        for i, c in enumerate(self.choices):
+            logprobs = None
+            if self.wants_logprobs:
+                logprobs = {key: [v for part in c.logprob_entries for v in (part[key] or [])]
+                            for key in ("tokens", "token_logprobs", "text_offset")}
+                logprobs["top_logprobs"] = ([v for part in c.logprob_entries
+                                             for v in (part["top_logprobs"] or [])] or None)
+            choices.append({"index": i, "text": (self.echo[i] if i < len(self.echo) else "")
+                            + c.text, "logprobs": logprobs,
+                            "finish_reason": c.finish_reason or "stop"})
+        return {"id": self.id, "object": self.object, "created": self.created,
+                "model": self.model, "system_fingerprint": None, "choices": choices,
+                "usage": usage_body(usage)}
+
+
+def embeddings_response(*, model: str, vectors: dict[int, str], usage: dict,
+                        encoding_format: str) -> dict:
+    """`vectors` maps input index to base64 float32 (the transport's form)."""
+    data = []
+    for index in sorted(vectors):
+        raw = vectors[index]
+        embedding = raw if encoding_format == "base64" else np.frombuffer(
+            base64.b64decode(raw), dtype=np.float32).tolist()
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": usage["prompt_tokens"],
+                      "total_tokens": usage["prompt_tokens"]}}
+
+
+def model_object(name: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "fairlane"}

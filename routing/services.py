@@ -1,0 +1,208 @@
+"""The /v1 request path shared by HTTP (JSON and SSE) and websockets: parse, admit, dispatch,
+and turn the run's events into OpenAI objects."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+
+from routing.admission import (
+    Caller, engine_sampling, generation_admit, max_tokens_resolve, model_for, models_for,
+)
+from routing.openai import requests as openai_requests
+from routing.openai.responses import ChatFormat, CompletionFormat, embeddings_response
+from tenants.errors import ApplicationError, InvalidRequest, error_body_for, error_from_code
+from tenants.models import UsageRecord
+from workers.generation import GenerationJob, generation_settle_partial
+from workers.registry import ModelInfo, model_list_enabled, model_tokenizer
+from workers.transport import StreamTimeout, dispatcher_get
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Started:
+    """A request the engine has accepted, with the formatter for its answer."""
+
+    job: GenerationJob
+    format: ChatFormat
+    events: AsyncIterator[dict]
+    stream: bool
+    include_usage: bool
+
+
+def _error(event: dict) -> ApplicationError:
+    return error_from_code(event["code"], event["message"], param=event.get("param"))
+
+
+async def _dispatch(job: GenerationJob) -> AsyncIterator[dict]:
+    """The run's events after `accepted`; a refusal before it raises here, as a 4xx/5xx."""
+    events = dispatcher_get().events(job)
+    first = await anext(events)
+    if first["type"] == "error":
+        await events.aclose()
+        raise _error(first)
+    return events
+
+
+def _chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
+    if not tokenizer.chat_template:
+        raise InvalidRequest("This model has no chat template; use /v1/completions.",
+                             param="model")
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except Exception as exc:  # a template that refuses these messages (e.g. role order)
+        raise InvalidRequest(f"The model's chat template rejected the messages: {exc}",
+                             param="messages") from None
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _completion_prompts(tokenizer, prompts: list) -> list[list[int]]:
+    return [p if isinstance(p, list) else tokenizer.encode(p) for p in prompts]
+
+
+def _admit_generation(caller: Caller, kind: str, body) -> tuple[GenerationJob, ChatFormat, bool,
+                                                                bool]:
+    """Everything before dispatch (synchronous: database and tokenizer work)."""
+    if kind == "chat":
+        request = openai_requests.chat_request_parse(body)
+    else:
+        request = openai_requests.completion_request_parse(body)
+    info = model_for(caller=caller, name=request.model)
+    tokenizer = model_tokenizer(info)
+    if kind == "chat":
+        prompts = [_chat_prompt(tokenizer, request.messages)]
+    else:
+        prompts = _completion_prompts(tokenizer, request.prompts)
+    sampling = request.sampling
+    max_tokens = max_tokens_resolve(info=info, prompts=prompts, max_tokens=sampling.max_tokens)
+    job = generation_admit(caller=caller, info=info, prompts=prompts, kind="generate",
+                           n=sampling.n, sampling=engine_sampling(sampling, max_tokens))
+    num_choices = len(prompts) * sampling.n
+    common = {"request_id": job.request_id, "model": info.name, "num_choices": num_choices,
+              "tokenizer": tokenizer, "wants_logprobs": sampling.logprobs is not None}
+    if kind == "chat":
+        formatter = ChatFormat(**common)
+    else:
+        echo = None
+        if request.echo:
+            texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in request.prompts]
+            echo = [texts[i // sampling.n] for i in range(num_choices)]
+        formatter = CompletionFormat(prompt_texts=echo, **common)
+    return job, formatter, request.stream, request.include_usage
+
+
+async def generation_start(*, caller: Caller, kind: str, body) -> Started:
+    job, formatter, stream, include_usage = await sync_to_async(_admit_generation)(
+        caller, kind, body)
+    events = await _dispatch(job)
+    return Started(job=job, format=formatter, events=events, stream=stream,
+                   include_usage=include_usage)
+
+
+async def _events_to_end(started: Started) -> AsyncIterator[dict]:
+    """The run's events; if its worker goes silent, end it here with an error, charging what
+    was streamed (settlement is idempotent, so a late worker cannot charge twice)."""
+    seen: list[dict] = []
+    try:
+        async for event in started.events:
+            seen.append(event)
+            yield event
+    except StreamTimeout as exc:
+        logger.warning("request %s: %s", started.job.request_id, exc.message)
+        closing: list[dict] = []
+        await sync_to_async(generation_settle_partial)(started.job, seen, backend="api",
+                                                       emit=closing.append)
+        for event in closing:
+            if event["type"] == "error":
+                event.update(code=exc.code, message=exc.message)
+            yield event
+
+
+async def started_chunks(started: Started) -> AsyncIterator[dict]:
+    """Chunk objects for a streamed answer; an error after the first token ends the stream
+    with an `{"error": ...}` object (never a splice from elsewhere)."""
+    fmt, usage_too = started.format, started.include_usage
+    for chunk in fmt.opening(usage_too):
+        yield chunk
+    async for event in _events_to_end(started):
+        kind = event["type"]
+        if kind == "token":
+            # Tokens that end mid-character carry no text yet; skip them unless their
+            # logprobs were asked for (the text follows with the next token).
+            if event["text"] or fmt.wants_logprobs:
+                yield fmt.token_chunk(event, usage_too)
+            else:
+                fmt.choices[event["choice"]].token_ids += event["token_ids"]
+        elif kind == "finish":
+            yield fmt.finish_chunk(event, usage_too)
+        elif kind == "error":
+            yield error_body_for(_error(event))
+        elif kind == "done" and usage_too:
+            yield fmt.usage_chunk(event["usage"])
+
+
+async def started_collect(started: Started) -> dict:
+    """The whole answer as one object, or the run's error."""
+    error = None
+    async for event in _events_to_end(started):
+        if event["type"] == "error":
+            error = _error(event)
+        elif event["type"] == "done":
+            if error is not None:
+                raise error
+            if event["status"] == UsageRecord.Status.CANCELLED:
+                raise ApplicationError("The request was cancelled.")
+            return started.format.response(event["usage"])
+        else:
+            started.format.absorb(event)
+    raise ApplicationError("The request ended without a result.")
+
+
+def _admit_embedding(caller: Caller, body) -> tuple[GenerationJob, str, str]:
+    request = openai_requests.embedding_request_parse(body)
+    info = model_for(caller=caller, name=request.model)
+    tokenizer = model_tokenizer(info)
+    if request.extra.get("dimensions"):
+        raise InvalidRequest("'dimensions' is not supported: this model's embeddings have a "
+                             "fixed size.", param="dimensions")
+    prompts = _completion_prompts(tokenizer, request.inputs)
+    max_tokens_resolve(info=info, prompts=prompts, max_tokens=0)
+    job = generation_admit(caller=caller, info=info, prompts=prompts, kind="embed")
+    return job, info.name, request.encoding_format
+
+
+async def embeddings_create(*, caller: Caller, body) -> dict:
+    job, model, encoding = await sync_to_async(_admit_embedding)(caller, body)
+    events = await _dispatch(job)
+    started = Started(job=job, format=None, events=events, stream=False, include_usage=False)
+    vectors: dict[int, str] = {}
+    error = None
+    async for event in _events_to_end(started):
+        if event["type"] == "embedding":
+            vectors[event["index"]] = event["b64"]
+        elif event["type"] == "error":
+            error = _error(event)
+        elif event["type"] == "done":
+            if error is not None:
+                raise error
+            return embeddings_response(model=model, vectors=vectors, usage=event["usage"],
+                                       encoding_format=encoding)
+    raise ApplicationError("The request ended without a result.")
+
+
+def models_available(*, caller: Caller) -> list[ModelInfo]:
+    """Enabled models the agent may use and something can serve now: the embedded engines, or
+    a live GPU worker that advertises the model."""
+    from django.conf import settings
+
+    enabled = model_list_enabled()
+    if settings.FAIRLANE_ENGINE_MODE == "celery":
+        from workers.worker import workers_live
+
+        hosted = {name for beat in workers_live() for name in beat["models"]}
+        enabled = [m for m in enabled if m.name in hosted]
+    return models_for(caller=caller, available=enabled)

@@ -1,0 +1,36 @@
+import pytest
+
+from tenants.models import Scope
+from tenants.services.budgets import budget_create
+from tenants.services.keys import api_key_create
+from tests.conftest import child_env
+from tests.servers import AsgiServer
+from workers.registry import model_register
+
+PRICES = {"price_input_per_mtok": 10_000_000, "price_output_per_mtok": 40_000_000,
+          "price_cached_per_mtok": 5_000_000}
+
+
+@pytest.fixture
+def tiny(db):
+    """The `tiny` preset, priced like the demo: 10 / 40 / 5 micro-cents per token."""
+    return model_register(name="tiny", source="preset:tiny", **PRICES)
+
+
+@pytest.fixture
+def key(tenant, agent, tiny):
+    """A plain inference key for `agent` (Acme's support-bot)."""
+    return api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])[1]
+
+
+@pytest.fixture
+def budget(tenant, agent):
+    return budget_create(tenant=tenant, agent=agent, limit_microcents=10**9)
+
+
+@pytest.fixture(scope="module")
+def embedded_server(django_db_setup, django_db_blocker):
+    """uvicorn serving the platform with its engines in-process (the embedded mode)."""
+    server = AsgiServer(child_env(FAIRLANE_ENGINE_MODE="embedded"))
+    yield server
+    server.stop()

@@ -1,0 +1,133 @@
+"""The official `openai` client, unmodified, against a live server in the embedded mode."""
+
+import base64
+
+import numpy as np
+import openai
+import pytest
+
+from tenants.models import Reservation, UsageRecord
+from tenants.services.budgets import budget_create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def client(embedded_server, key):
+    return openai.OpenAI(api_key=key, base_url=embedded_server.url + "/v1", max_retries=0)
+
+
+def test_models_list(client):
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    assert client.models.retrieve("tiny").owned_by == "fairlane"
+
+
+def test_chat_completion_non_streaming_is_metered_once(client, budget):
+    reply = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hello there"}], max_tokens=12,
+        temperature=0)
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.finish_reason in {"stop", "length"}
+    assert reply.usage.completion_tokens <= 12 and reply.usage.prompt_tokens > 0
+    record = UsageRecord.objects.get(request_id=reply.id.removeprefix("chatcmpl-"))
+    assert (record.prompt_tokens, record.completion_tokens) == (
+        reply.usage.prompt_tokens, reply.usage.completion_tokens)
+    uncached = record.prompt_tokens - record.cached_tokens
+    assert record.cost_microcents == -(-(uncached * 10_000_000 + record.cached_tokens * 5_000_000
+                                         + record.completion_tokens * 40_000_000) // 1_000_000)
+    assert Reservation.objects.get(request_id=record.request_id).status == "settled"
+
+
+def test_chat_completion_streaming_with_usage(client):
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Stream, please"}], max_tokens=20,
+        stream=True, stream_options={"include_usage": True}, temperature=0)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == ["length"] or finals == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens <= 20
+    # Greedy decoding: the stream says what the non-streamed answer says.
+    whole = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Stream, please"}], max_tokens=20,
+        temperature=0)
+    assert whole.choices[0].message.content == text
+    assert whole.usage.completion_tokens == chunks[-1].usage.completion_tokens
+
+
+def test_completions_streaming_and_not(client):
+    reply = client.completions.create(model="tiny", prompt=["one", "two"], max_tokens=5, n=2,
+                                      temperature=0.8, seed=7, logprobs=2)
+    assert sorted(c.index for c in reply.choices) == [0, 1, 2, 3]
+    assert all(len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) for c in reply.choices)
+    assert reply.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in reply.choices)
+    again = client.completions.create(model="tiny", prompt=["one", "two"], max_tokens=5, n=2,
+                                      temperature=0.8, seed=7, logprobs=2)
+    assert [c.text for c in again.choices] == [c.text for c in reply.choices]  # seeded
+
+    streamed = list(client.completions.create(model="tiny", prompt="count:", max_tokens=8,
+                                              stream=True, echo=True, temperature=0))
+    text = "".join(c.choices[0].text for c in streamed if c.choices)
+    assert text.startswith("count:")
+
+
+def test_embeddings_base64_default_and_float(client):
+    reply = client.embeddings.create(model="tiny", input=["hello", "world!"])
+    vectors = [np.array(d.embedding) for d in reply.data]
+    assert [d.index for d in reply.data] == [0, 1] and len(vectors[0]) == 64
+    assert np.allclose([np.linalg.norm(v) for v in vectors], 1.0, atol=1e-5)
+    raw = client.embeddings.create(model="tiny", input="hello", encoding_format="float")
+    assert np.allclose(raw.data[0].embedding, vectors[0], atol=1e-6)
+    assert reply.usage.prompt_tokens == len("hello") + len("world!")  # byte tokenizer
+    b64 = client.with_raw_response.embeddings.create(model="tiny", input="hello",
+                                                     encoding_format="base64")
+    payload = b64.http_response.json()["data"][0]["embedding"]
+    assert np.allclose(np.frombuffer(base64.b64decode(payload), dtype=np.float32), vectors[0],
+                       atol=1e-6)
+
+
+def test_a_bad_key_raises_authentication_error(embedded_server, key):
+    bad = openai.OpenAI(api_key=key[:-3] + "xyz", base_url=embedded_server.url + "/v1",
+                        max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+@pytest.mark.parametrize("kwargs,param", [
+    ({"temperature": 5}, "temperature"), ({"max_tokens": 0}, "max_tokens"),
+    ({"n": 100}, "n"), ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"extra_body": {"frobnicate": True}}, "frobnicate"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+])
+def test_bad_requests_raise_bad_request_error_and_charge_nothing(client, kwargs, param):
+    args = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **kwargs}
+    with pytest.raises(openai.BadRequestError) as exc_info:
+        client.chat.completions.create(**args)
+    assert exc_info.value.body["param"] == param
+    assert not Reservation.objects.exists() and not UsageRecord.objects.exists()
+
+
+def test_context_length_exceeded(client):
+    with pytest.raises(openai.BadRequestError) as exc_info:
+        client.completions.create(model="tiny", prompt="x" * 1000, max_tokens=100)
+    assert exc_info.value.code == "context_length_exceeded"
+
+
+def test_unknown_model_raises_not_found(client):
+    with pytest.raises(openai.NotFoundError) as exc_info:
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
+    assert exc_info.value.code == "model_not_found"
+
+
+def test_exhausted_budget_raises_rate_limit_error_without_retrying(embedded_server, key, tenant,
+                                                                   agent):
+    budget_create(tenant=tenant, agent=agent, limit_microcents=1000)
+    client = openai.OpenAI(api_key=key, base_url=embedded_server.url + "/v1", max_retries=2)
+    with pytest.raises(openai.RateLimitError) as exc_info:
+        client.chat.completions.create(model="tiny", max_tokens=100,
+                                       messages=[{"role": "user", "content": "expensive"}])
+    assert exc_info.value.code == "budget_exhausted"
+    assert exc_info.value.response.headers["x-should-retry"] == "false"
+    assert int(exc_info.value.response.headers["retry-after"]) > 0
+    assert not Reservation.objects.exists()

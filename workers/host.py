@@ -1,0 +1,67 @@
+"""The engines this process hosts: one AsyncEngine per model, all requests on a model sharing
+its continuous batches. The embedded mode hosts them in the ASGI process, a GPU worker in its
+Celery process."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.conf import settings
+
+from workers.engine import AsyncEngine, EngineConfig
+from workers.registry import ModelInfo, model_dir
+
+logger = logging.getLogger(__name__)
+
+
+class EngineHost:
+    def __init__(self) -> None:
+        self._engines: dict[str, AsyncEngine] = {}
+        self._lock = threading.Lock()
+
+    def engine(self, info: ModelInfo) -> AsyncEngine:
+        """The running engine for a model, loaded on first use."""
+        with self._lock:
+            engine = self._engines.get(info.name)
+            if engine is None or not engine.is_running:
+                config = EngineConfig(
+                    model=str(model_dir(info.source)),
+                    device=settings.FAIRLANE_ENGINE_DEVICE,
+                    kv_cache_memory_bytes=settings.FAIRLANE_ENGINE_KV_CACHE_MB << 20,
+                    max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS,
+                    max_model_len=settings.FAIRLANE_MAX_MODEL_LEN,
+                    num_threads=settings.FAIRLANE_ENGINE_THREADS,
+                )
+                logger.info("loading model %s from %s", info.name, config.model)
+                engine = AsyncEngine.from_config(config).start()
+                self._engines[info.name] = engine
+            return engine
+
+    def hosted(self) -> list[str]:
+        with self._lock:
+            return [name for name, engine in self._engines.items() if engine.is_running]
+
+    def stats(self) -> dict[str, dict]:
+        with self._lock:
+            engines = dict(self._engines)
+        return {name: engine.stats() for name, engine in engines.items() if engine.is_running}
+
+    def shutdown(self) -> None:
+        with self._lock:
+            engines, self._engines = self._engines, {}
+        for engine in engines.values():
+            engine.shutdown()
+
+
+_host: EngineHost | None = None
+_host_lock = threading.Lock()
+
+
+def host_get() -> EngineHost:
+    """This process's engine host."""
+    global _host
+    with _host_lock:
+        if _host is None:
+            _host = EngineHost()
+        return _host

@@ -1,0 +1,115 @@
+"""Reads and writes of the model registry, and what the serving path needs to know about a
+model without loading its weights: where it lives, its tokenizer, its context, its prices."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from tenants.errors import InvalidRequest
+from tenants.services.validation import save_validated
+from workers.engine import Tokenizer, ensure_preset
+from workers.engine.presets import PRESETS
+from workers.models import ServedModel
+
+PRESET_PREFIX = "preset:"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """A registry row, detached from the ORM so it can travel to a worker as JSON."""
+
+    name: str
+    source: str
+    price_input_per_mtok: int = 0
+    price_output_per_mtok: int = 0
+    price_cached_per_mtok: int = 0
+
+    @classmethod
+    def of(cls, row: ServedModel) -> ModelInfo:
+        return cls(name=row.name, source=row.source,
+                   price_input_per_mtok=row.price_input_per_mtok,
+                   price_output_per_mtok=row.price_output_per_mtok,
+                   price_cached_per_mtok=row.price_cached_per_mtok)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def model_source_check(source: str) -> None:
+    if source.startswith(PRESET_PREFIX):
+        preset = source.removeprefix(PRESET_PREFIX).split("@")[0]
+        if preset not in PRESETS:
+            raise InvalidRequest(f"Unknown preset {preset!r}; presets: {sorted(PRESETS)}.",
+                                 param="source")
+        return
+    path = Path(source)
+    if not path.is_absolute() or not (path / "config.json").exists():
+        raise InvalidRequest("source must be preset:<name>[@seed] or an absolute path to a "
+                             "directory with config.json, *.safetensors and tokenizer.json.",
+                             param="source")
+
+
+def model_dir(source: str) -> Path:
+    """The local directory of a model; presets are generated (from their seed) on first use."""
+    if source.startswith(PRESET_PREFIX):
+        preset, _, seed = source.removeprefix(PRESET_PREFIX).partition("@")
+        return ensure_preset(preset, settings.FAIRLANE_MODEL_DIR, seed=int(seed or 0))
+    return Path(source)
+
+
+@functools.lru_cache(maxsize=32)
+def _tokenizer_at(path: str) -> Tokenizer:
+    return Tokenizer(path)
+
+
+def model_tokenizer(info: ModelInfo) -> Tokenizer:
+    return _tokenizer_at(str(model_dir(info.source)))
+
+
+@functools.lru_cache(maxsize=32)
+def _context_at(path: str) -> int:
+    config = json.loads((Path(path) / "config.json").read_text())
+    limit = config.get("max_position_embeddings", 2048)
+    return min(limit, config["sliding_window"]) if config.get("sliding_window") else limit
+
+
+def model_context_length(info: ModelInfo) -> int:
+    """The checkpoint's context; FAIRLANE_MAX_MODEL_LEN caps it (the engine uses the same cap)."""
+    limit = _context_at(str(model_dir(info.source)))
+    return min(limit, settings.FAIRLANE_MAX_MODEL_LEN) if settings.FAIRLANE_MAX_MODEL_LEN else limit
+
+
+def model_list_enabled() -> list[ModelInfo]:
+    return [ModelInfo.of(row) for row in ServedModel.objects.filter(is_enabled=True)]
+
+
+def model_get(*, name: str) -> ModelInfo | None:
+    row = ServedModel.objects.filter(name=name, is_enabled=True).first()
+    return ModelInfo.of(row) if row else None
+
+
+def model_register(*, name: str, source: str, description: str = "",
+                   price_input_per_mtok: int = 0, price_output_per_mtok: int = 0,
+                   price_cached_per_mtok: int = 0) -> ServedModel:
+    """Add a model to the registry, or update the one with that name."""
+    model_source_check(source)
+    row = ServedModel.objects.filter(name=name).first() or ServedModel(name=name)
+    row.source, row.description = source, description
+    row.price_input_per_mtok = price_input_per_mtok
+    row.price_output_per_mtok = price_output_per_mtok
+    row.price_cached_per_mtok = price_cached_per_mtok
+    return save_validated(row, unique_param="name")
+
+
+def usage_cost(info: ModelInfo, *, prompt_tokens: int, completion_tokens: int,
+               cached_tokens: int = 0) -> int:
+    """Micro-cents, rounded up: an estimate never undercharges what settlement will charge."""
+    uncached = max(prompt_tokens - cached_tokens, 0)
+    total = (uncached * info.price_input_per_mtok + cached_tokens * info.price_cached_per_mtok
+             + completion_tokens * info.price_output_per_mtok)
+    return -(-total // 1_000_000)

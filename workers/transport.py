@@ -1,0 +1,172 @@
+"""Getting a request's events from wherever it runs to the API process that streams them.
+
+Distributed: the worker appends events to a per-request Redis stream (`fl:gen:<id>`); the API
+reads it from its last id, so events written before it started reading are not lost (unlike
+pub/sub). Cancellation goes the other way: a key the worker checks before starting, and a
+pub/sub message that reaches the worker already running it.
+
+Embedded: the run happens on a thread pool of the ASGI process; events come back through an
+asyncio queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+import redis
+import redis.asyncio
+from django.conf import settings
+
+from tenants.errors import Timeout
+from workers.generation import GenerationJob, GenerationRun, generation_cancel
+from workers.host import host_get
+
+logger = logging.getLogger(__name__)
+
+CANCEL_CHANNEL = "fl:cancel"
+STREAM_TTL_SECONDS = 3600
+TERMINAL = "done"
+
+
+def stream_key(request_id: str) -> str:
+    return f"fl:gen:{request_id}"
+
+
+def cancel_key(request_id: str) -> str:
+    return f"fl:cancel:{request_id}"
+
+
+def redis_sync() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+class RedisStreamEmit:
+    """Worker side: append each event to the request's stream."""
+
+    def __init__(self, client: redis.Redis, request_id: str) -> None:
+        self.client = client
+        self.key = stream_key(request_id)
+
+    def __call__(self, event: dict) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(self.key, {"e": json.dumps(event)})
+        pipe.expire(self.key, STREAM_TTL_SECONDS)
+        pipe.execute()
+
+    def existing(self) -> list[dict]:
+        """Events an earlier attempt at this request already wrote (a redelivered task)."""
+        return [json.loads(fields[b"e"]) for _, fields in self.client.xrange(self.key)]
+
+
+def cancel_request(client: redis.Redis, request_id: str) -> None:
+    """Ask whichever worker has (or will get) this request to abort it."""
+    client.set(cancel_key(request_id), 1, ex=STREAM_TTL_SECONDS)
+    client.publish(CANCEL_CHANNEL, request_id)
+
+
+def is_cancel_requested(client: redis.Redis, request_id: str) -> bool:
+    return bool(client.exists(cancel_key(request_id)))
+
+
+class StreamTimeout(Timeout):
+    pass
+
+
+async def redis_stream_events(client: redis.asyncio.Redis, request_id: str) -> AsyncIterator[dict]:
+    """API side: the request's events in order until the terminal one. Raises StreamTimeout if
+    no event comes for too long (no worker took it, or the worker died)."""
+    key, last_id = stream_key(request_id), "0-0"
+    first_deadline = settings.FAIRLANE_FIRST_EVENT_TIMEOUT_SECONDS
+    idle_deadline = settings.FAIRLANE_STREAM_IDLE_TIMEOUT_SECONDS
+    last_event, has_started = time.monotonic(), False
+    while True:
+        reply = await client.xread({key: last_id}, block=1000, count=256)
+        if not reply:
+            limit = idle_deadline if has_started else first_deadline
+            if time.monotonic() - last_event > limit:
+                raise StreamTimeout("No worker answered in time." if not has_started
+                                    else "The worker stopped sending tokens.")
+            continue
+        last_event = time.monotonic()
+        for entry_id, fields in reply[0][1]:
+            last_id = entry_id
+            event = json.loads(fields[b"e"])
+            has_started = has_started or event["type"] in {"token", "embedding", "error"}
+            yield event
+            if event["type"] == TERMINAL:
+                return
+
+
+class EmbeddedDispatcher:
+    """Runs requests on this process's engines, each on a thread of a bounded pool."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=settings.FAIRLANE_MAX_INFLIGHT,
+                                       thread_name_prefix="generation")
+
+    async def events(self, job: GenerationJob) -> AsyncIterator[dict]:
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue = asyncio.Queue()
+
+        def emit(event: dict) -> None:
+            loop.call_soon_threadsafe(inbox.put_nowait, event)
+
+        engine = await asyncio.to_thread(host_get().engine, job.model_info)
+        run = GenerationRun(job, engine, emit, backend="embedded")
+        loop.run_in_executor(self.pool, run.run)
+        is_done = False
+        try:
+            while not is_done:
+                event = await inbox.get()
+                is_done = event["type"] == TERMINAL
+                yield event
+        finally:
+            if not is_done:
+                run.cancel()  # the client left: abort; the run settles what was generated
+
+    def cancel(self, request_id: str) -> None:
+        generation_cancel(request_id)
+
+
+class CeleryDispatcher:
+    """Sends requests to the GPU workers' queue and reads their events back from Redis."""
+
+    def __init__(self) -> None:
+        self.sync_client = redis_sync()
+
+    async def events(self, job: GenerationJob) -> AsyncIterator[dict]:
+        from workers.tasks import generate
+
+        await asyncio.to_thread(generate.apply_async, args=[job.to_dict()],
+                                queue=settings.FAIRLANE_GPU_QUEUE, task_id=job.request_id)
+        # A client per request: asyncio connections belong to the loop that made them.
+        client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+        is_done = False
+        try:
+            async for event in redis_stream_events(client, job.request_id):
+                is_done = event["type"] == TERMINAL
+                yield event
+        finally:
+            if not is_done:
+                self.cancel(job.request_id)
+            await client.aclose()
+
+    def cancel(self, request_id: str) -> None:
+        cancel_request(self.sync_client, request_id)
+
+
+_dispatcher = None
+
+
+def dispatcher_get() -> EmbeddedDispatcher | CeleryDispatcher:
+    """The embedded mode runs requests in this process; the distributed one on GPU workers."""
+    global _dispatcher
+    if _dispatcher is None:
+        embedded = settings.FAIRLANE_ENGINE_MODE == "embedded"
+        _dispatcher = EmbeddedDispatcher() if embedded else CeleryDispatcher()
+    return _dispatcher
