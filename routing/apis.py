@@ -16,7 +16,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from routing import services
 from routing.admission import caller_authenticate
-from routing.openai.responses import SSE_DONE, model_object, sse
+from routing.wire.render import SSE_DONE, model_object, sse
 from tenants.errors import (
     ApplicationError, InvalidRequest, MethodNotAllowed, ModelNotFound, error_body_for,
     error_from_code, error_headers,

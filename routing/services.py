@@ -12,8 +12,8 @@ from asgiref.sync import sync_to_async
 from routing.admission import (
     Caller, engine_sampling, generation_admit, max_tokens_resolve, model_for, models_for,
 )
-from routing.openai import requests as openai_requests
-from routing.openai.responses import ChatFormat, CompletionFormat, embeddings_response
+from routing.wire import parse
+from routing.wire.render import ChatFormat, CompletionFormat, embeddings_response
 from tenants.errors import ApplicationError, InvalidRequest, error_body_for, error_from_code
 from tenants.models import UsageRecord
 from workers.generation import GenerationJob, generation_settle_partial
@@ -68,9 +68,9 @@ def _admit_generation(caller: Caller, kind: str, body) -> tuple[GenerationJob, C
                                                                 bool]:
     """Everything before dispatch (synchronous: database and tokenizer work)."""
     if kind == "chat":
-        request = openai_requests.chat_request_parse(body)
+        request = parse.chat_request_parse(body)
     else:
-        request = openai_requests.completion_request_parse(body)
+        request = parse.completion_request_parse(body)
     info = model_for(caller=caller, name=request.model)
     tokenizer = model_tokenizer(info)
     if kind == "chat":
@@ -163,7 +163,7 @@ async def started_collect(started: Started) -> dict:
 
 
 def _admit_embedding(caller: Caller, body) -> tuple[GenerationJob, str, str]:
-    request = openai_requests.embedding_request_parse(body)
+    request = parse.embedding_request_parse(body)
     info = model_for(caller=caller, name=request.model)
     tokenizer = model_tokenizer(info)
     if request.extra.get("dimensions"):

@@ -1,0 +1,1 @@
+"""OpenAI's wire format: request parsing and response rendering."""
