@@ -16,6 +16,8 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
     from django.core.management import execute_from_command_line
 
+    import celery_app  # noqa: F401  (the current app for tasks sent from commands)
+
     execute_from_command_line(sys.argv)
 
 

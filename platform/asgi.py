@@ -10,6 +10,10 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
 django_asgi_app = get_asgi_application()  # populates the app registry before routing imports
 
+# The Celery app must be the current app before any shared task is sent, or tasks go to
+# Celery's default broker instead of ours.
+import celery_app  # noqa: E402, F401
+
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from routing.consumers import websocket_urlpatterns  # noqa: E402

@@ -2,6 +2,8 @@
 a key, people with each role, and clients authenticated as them."""
 
 import pytest
+
+import celery_app  # noqa: F401  (tasks sent from tests go to the configured broker)
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 

@@ -160,13 +160,12 @@ class CeleryDispatcher:
         cancel_request(self.sync_client, request_id)
 
 
-_dispatcher = None
+_dispatchers: dict[str, EmbeddedDispatcher | CeleryDispatcher] = {}
 
 
 def dispatcher_get() -> EmbeddedDispatcher | CeleryDispatcher:
     """The embedded mode runs requests in this process; the distributed one on GPU workers."""
-    global _dispatcher
-    if _dispatcher is None:
-        embedded = settings.FAIRLANE_ENGINE_MODE == "embedded"
-        _dispatcher = EmbeddedDispatcher() if embedded else CeleryDispatcher()
-    return _dispatcher
+    mode = settings.FAIRLANE_ENGINE_MODE
+    if mode not in _dispatchers:
+        _dispatchers[mode] = EmbeddedDispatcher() if mode == "embedded" else CeleryDispatcher()
+    return _dispatchers[mode]

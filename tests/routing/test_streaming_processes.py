@@ -1,0 +1,139 @@
+"""Streaming through real processes: uvicorn with in-process engines (embedded), and uvicorn in
+front of a real Celery GPU worker on Redis and PostgreSQL (distributed)."""
+
+import asyncio
+import json
+import re
+import time
+
+import httpx
+import pytest
+
+from tenants.models import UsageRecord
+from tests.conftest import child_env
+from tests.routing.conftest import PRICES
+from tests.servers import AsgiServer, CeleryWorker
+from workers.worker import workers_live
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LONG = {"model": "tiny", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 900,
+        "ignore_eos": True, "stream": True, "temperature": 0.7}
+
+
+@pytest.fixture(scope="module")
+def distributed(django_db_setup, django_db_blocker):
+    """A GPU worker process and an API process that sends it work through Redis."""
+    import celery_app
+
+    celery_app.app.control.purge()
+    env = child_env(FAIRLANE_ENGINE_MODE="celery", FAIRLANE_HEARTBEAT_SECONDS="1")
+    worker = CeleryWorker(env, concurrency=32)
+    server = AsgiServer(env)
+    yield server, worker
+    server.stop()
+    worker.stop()
+
+
+def expected_cost(record) -> int:
+    uncached = record.prompt_tokens - record.cached_tokens
+    total = (uncached * PRICES["price_input_per_mtok"]
+             + record.cached_tokens * PRICES["price_cached_per_mtok"]
+             + record.completion_tokens * PRICES["price_output_per_mtok"])
+    return -(-total // 1_000_000)
+
+
+async def stream_chat(client: httpx.AsyncClient, key: str, body: dict) -> list[dict]:
+    chunks = []
+    async with client.stream("POST", "/v1/chat/completions", json=body,
+                             headers={"Authorization": f"Bearer {key}"}) as response:
+        assert response.status_code == 200, await response.aread()
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                payload = line.removeprefix("data: ")
+                if payload == "[DONE]":
+                    return chunks
+                chunks.append(json.loads(payload))
+    raise AssertionError("stream ended without [DONE]")
+
+
+async def disconnect_after_first_tokens(base_url: str, key: str) -> str:
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        async with client.stream("POST", "/v1/chat/completions", json=LONG,
+                                 headers={"Authorization": f"Bearer {key}"}) as response:
+            request_id = response.headers["x-request-id"]
+            seen = 0
+            async for line in response.aiter_lines():
+                seen += line.startswith("data: ")
+                if seen >= 4:
+                    break  # leaving the block closes the connection mid-stream
+    return request_id
+
+
+def wait_for(predicate, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def assert_charged_for_what_was_generated(request_id: str) -> UsageRecord:
+    record = wait_for(lambda: UsageRecord.objects.filter(request_id=request_id).first())
+    assert record.status == UsageRecord.Status.CANCELLED
+    assert 0 < record.completion_tokens < LONG["max_tokens"]
+    assert record.cost_microcents == expected_cost(record)
+    return record
+
+
+def test_embedded_disconnect_aborts_the_sequence_and_frees_its_blocks(embedded_server, key):
+    request_id = asyncio.run(disconnect_after_first_tokens(embedded_server.url, key))
+    assert_charged_for_what_was_generated(request_id)
+
+    def kv_used() -> float | None:
+        text = httpx.get(embedded_server.url + "/metrics").text
+        match = re.search(r'fairlane_engine_kv_blocks_used\{model="tiny",worker="embedded"\} (\S+)',
+                          text)
+        return match and float(match[1])
+    assert wait_for(lambda: kv_used() == 0.0)
+
+
+def test_distributed_sixteen_concurrent_streams_batch_together_and_are_metered(distributed, key,
+                                                                              budget):
+    server, worker = distributed
+    body = {**LONG, "max_tokens": 48, "stream_options": {"include_usage": True}}
+
+    async def run_all():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            return await asyncio.gather(*(stream_chat(client, key, body) for _ in range(16)))
+
+    streams = asyncio.run(run_all())
+    for chunks in streams:
+        usage = chunks[-1]["usage"]
+        assert usage["completion_tokens"] == 48
+        record = UsageRecord.objects.get(request_id=chunks[0]["id"].removeprefix("chatcmpl-"))
+        assert (record.prompt_tokens, record.completion_tokens) == (usage["prompt_tokens"], 48)
+        assert record.backend.startswith("worker:") and record.cost_microcents == expected_cost(
+            record)
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+        assert len(text) > 0
+    assert UsageRecord.objects.count() == 16
+
+    def batched() -> bool:
+        beats = [b for b in workers_live() if "tiny" in b["stats"]]
+        return any(int(size) > 1 for b in beats
+                   for size in b["stats"]["tiny"]["batch_seqs_histogram"])
+    assert wait_for(batched, timeout=10)
+
+
+def test_distributed_disconnect_aborts_in_the_worker(distributed, key):
+    server, _ = distributed
+    request_id = asyncio.run(disconnect_after_first_tokens(server.url, key))
+    assert_charged_for_what_was_generated(request_id)
+
+    def blocks_free() -> bool:
+        beats = [b for b in workers_live() if "tiny" in b["stats"]]
+        return bool(beats) and all(b["stats"]["tiny"]["kv_blocks_used"] == 0 for b in beats)
+    assert wait_for(blocks_free, timeout=10)
