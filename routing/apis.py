@@ -63,6 +63,8 @@ def _json_body(request: HttpRequest):
         return json.loads(request.body)
     except RequestDataTooBig:
         raise InvalidRequest("The request body is too large.") from None
+    except RecursionError:
+        raise InvalidRequest("The JSON body is nested too deeply.") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from None
 

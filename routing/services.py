@@ -17,7 +17,7 @@ from routing.wire.render import ChatFormat, CompletionFormat, embeddings_respons
 from tenants.errors import ApplicationError, InvalidRequest, error_body_for, error_from_code
 from tenants.models import UsageRecord
 from workers.generation import GenerationJob, generation_settle_partial
-from workers.registry import ModelInfo, model_list_enabled, model_tokenizer
+from workers.registry import ModelInfo, model_list_enabled, model_tokenizer, model_vocab_size
 from workers.transport import StreamTimeout, dispatcher_get
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,12 @@ def _chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _completion_prompts(tokenizer, prompts: list) -> list[list[int]]:
+def _completion_prompts(info: ModelInfo, tokenizer, prompts: list, param: str) -> list[list[int]]:
+    vocab = model_vocab_size(info)
+    for prompt in prompts:
+        if isinstance(prompt, list) and max(prompt) >= vocab:
+            raise InvalidRequest(f"Token id {max(prompt)} is outside this model's vocabulary "
+                                 f"(size {vocab}).", param=param)
     return [p if isinstance(p, list) else tokenizer.encode(p) for p in prompts]
 
 
@@ -76,7 +81,7 @@ def _admit_generation(caller: Caller, kind: str, body) -> tuple[GenerationJob, C
     if kind == "chat":
         prompts = [_chat_prompt(tokenizer, request.messages)]
     else:
-        prompts = _completion_prompts(tokenizer, request.prompts)
+        prompts = _completion_prompts(info, tokenizer, request.prompts, "prompt")
     sampling = request.sampling
     max_tokens = max_tokens_resolve(info=info, prompts=prompts, max_tokens=sampling.max_tokens)
     job = generation_admit(caller=caller, info=info, prompts=prompts, kind="generate",
@@ -169,7 +174,7 @@ def _admit_embedding(caller: Caller, body) -> tuple[GenerationJob, str, str]:
     if request.extra.get("dimensions"):
         raise InvalidRequest("'dimensions' is not supported: this model's embeddings have a "
                              "fixed size.", param="dimensions")
-    prompts = _completion_prompts(tokenizer, request.inputs)
+    prompts = _completion_prompts(info, tokenizer, request.inputs, "input")
     max_tokens_resolve(info=info, prompts=prompts, max_tokens=0)
     job = generation_admit(caller=caller, info=info, prompts=prompts, kind="embed")
     return job, info.name, request.encoding_format

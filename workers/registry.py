@@ -72,16 +72,21 @@ def model_tokenizer(info: ModelInfo) -> Tokenizer:
 
 
 @functools.lru_cache(maxsize=32)
-def _context_at(path: str) -> int:
-    config = json.loads((Path(path) / "config.json").read_text())
-    limit = config.get("max_position_embeddings", 2048)
-    return min(limit, config["sliding_window"]) if config.get("sliding_window") else limit
+def _config_at(path: str) -> dict:
+    return json.loads((Path(path) / "config.json").read_text())
 
 
 def model_context_length(info: ModelInfo) -> int:
     """The checkpoint's context; FAIRLANE_MAX_MODEL_LEN caps it (the engine uses the same cap)."""
-    limit = _context_at(str(model_dir(info.source)))
+    config = _config_at(str(model_dir(info.source)))
+    limit = config.get("max_position_embeddings", 2048)
+    if config.get("sliding_window"):
+        limit = min(limit, config["sliding_window"])
     return min(limit, settings.FAIRLANE_MAX_MODEL_LEN) if settings.FAIRLANE_MAX_MODEL_LEN else limit
+
+
+def model_vocab_size(info: ModelInfo) -> int:
+    return _config_at(str(model_dir(info.source)))["vocab_size"]
 
 
 def model_list_enabled() -> list[ModelInfo]:

@@ -124,8 +124,8 @@ def _str(body: dict, name: str, *, required: bool = False) -> str | None:
     return value
 
 
-def _unsupported_unless(body: dict, name: str, allowed) -> None:
-    """A parameter we accept only at its neutral value(s)."""
+def _unsupported_unless(body: dict, name: str, allowed: list) -> None:
+    """A parameter we accept only at its neutral value(s) (a list: values may be unhashable)."""
     if name in body and body[name] is not None and body[name] not in allowed:
         raise InvalidRequest(f"'{name}' is not supported by this server.", param=name)
 
@@ -181,13 +181,13 @@ def _stream(body: dict) -> tuple[bool, bool]:
 def _sampling(body: dict, *, max_tokens: int | None, logprobs: int | None) -> Sampling:
     for name in ("presence_penalty", "frequency_penalty"):
         _number(body, name, low=-2.0, high=2.0, default=0.0)
-        _unsupported_unless(body, name, {0, 0.0})
-    _unsupported_unless(body, "repetition_penalty", {1, 1.0})
+        _unsupported_unless(body, name, [0])
+    _unsupported_unless(body, "repetition_penalty", [1])
     if body.get("logit_bias") not in (None, {}):
         raise InvalidRequest("'logit_bias' is not supported by this server.", param="logit_bias")
     if body.get("user") is not None:
         _str(body, "user")
-    _unsupported_unless(body, "service_tier", {"auto", "default"})
+    _unsupported_unless(body, "service_tier", ["auto", "default"])
     n = _int(body, "n", low=1, high=MAX_N, default=1)
     return Sampling(
         max_tokens=max_tokens,
@@ -255,14 +255,14 @@ def chat_request_parse(body: Any) -> ChatRequest:
     if body.get("tools") or body.get("functions"):
         raise InvalidRequest("Tools and function calling are not supported by this server.",
                              param="tools" if body.get("tools") else "functions")
-    _unsupported_unless(body, "tool_choice", {"none", "auto"})
+    _unsupported_unless(body, "tool_choice", ["none", "auto"])
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         raise InvalidRequest("Only response_format {'type': 'text'} is supported.",
                              param="response_format")
-    for name in ("modalities", "audio", "prediction", "web_search_options", "reasoning_effort"):
-        _unsupported_unless(body, name, {None, ("text",), "text"} if name != "modalities" else
-                            {None})
+    _unsupported_unless(body, "modalities", [["text"]])
+    for name in ("audio", "prediction", "web_search_options", "reasoning_effort"):
+        _unsupported_unless(body, name, [])
     max_tokens = _int(body, "max_completion_tokens", low=1, high=10_000_000, default=None)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", low=1, high=10_000_000, default=None)

@@ -1,0 +1,121 @@
+"""Hostile and mistaken input at /v1: a 4xx in OpenAI's error shape, nothing reserved or billed."""
+
+import json
+
+import pytest
+from django.test import AsyncClient
+
+from tenants.models import Reservation, Scope, Tenant, UsageRecord
+from tenants.services.keys import api_key_create, api_key_revoke
+from tenants.services.tenancy import agent_update
+
+pytestmark = pytest.mark.django_db(transaction=True)
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+class KeyClient(AsyncClient):
+    """An async test client that sends `Authorization: Bearer <key>` on every request."""
+
+    def __init__(self, key: str | None = None) -> None:
+        super().__init__()
+        self.key = key
+
+    def generic(self, *args, headers=None, **kwargs):
+        if self.key:
+            headers = {**(headers or {}), "Authorization": f"Bearer {self.key}"}
+        return super().generic(*args, headers=headers, **kwargs)
+
+
+@pytest.fixture
+def v1(settings, key):
+    settings.FAIRLANE_ENGINE_MODE = "embedded"
+    return KeyClient(key)
+
+
+async def post(client, path, body, content_type="application/json"):
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return await client.post(path, data, content_type=content_type)
+
+
+def error_of(response, status: int) -> dict:
+    assert response.status_code == status, response.content
+    body = json.loads(response.content)
+    assert set(body["error"]) == {"message", "type", "code", "param"}
+    return body["error"]
+
+
+async def nothing_billed():
+    assert not await Reservation.objects.aexists()
+    assert not await UsageRecord.objects.aexists()
+
+
+@pytest.mark.parametrize("raw", ['{"model": "tiny",', "[" * 100_000 + "]" * 100_000, "\xff\xfe",
+                                 "null", '"string"'])
+async def test_unparseable_or_non_object_bodies_are_400(v1, raw):
+    error = error_of(await post(v1, "/v1/chat/completions", raw), 400)
+    assert error["code"] == "invalid_request"
+    await nothing_billed()
+
+
+async def test_wrong_content_type_and_method(v1):
+    assert error_of(await post(v1, "/v1/chat/completions", "model=tiny",
+                               content_type="application/x-www-form-urlencoded"), 400)
+    error = error_of(await v1.get("/v1/chat/completions"), 405)
+    assert error["code"] == "method_not_allowed"
+
+
+async def test_token_ids_outside_the_vocabulary_are_400(v1):
+    error = error_of(await post(v1, "/v1/completions", {"model": "tiny", "prompt": [1, 10**6]}),
+                     400)
+    assert error["param"] == "prompt"
+    await nothing_billed()
+
+
+async def test_no_key_or_a_revoked_key_is_401(settings, key, tenant):
+    settings.FAIRLANE_ENGINE_MODE = "embedded"
+    response = await post(KeyClient(), "/v1/chat/completions", CHAT)
+    assert error_of(response, 401)["code"] == "authentication"
+    assert response["WWW-Authenticate"].startswith("Bearer")
+    key_row, plain = await api_key_create_async(tenant)
+    await api_key_revoke_async(key_row)
+    client = KeyClient(plain)
+    assert error_of(await client.get("/v1/models"), 401)["code"] == "authentication"
+
+
+async def test_a_management_only_key_cannot_infer(settings, tenant, agent, tiny):
+    settings.FAIRLANE_ENGINE_MODE = "embedded"
+    from asgiref.sync import sync_to_async
+
+    _, plain = await sync_to_async(api_key_create)(tenant=tenant, agent=agent,
+                                                   scopes=[Scope.MANAGEMENT_READ])
+    client = KeyClient(plain)
+    assert error_of(await post(client, "/v1/chat/completions", CHAT), 403)["code"] == "permission"
+
+
+async def test_a_model_the_agent_may_not_use_looks_like_no_model(v1, agent):
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(agent_update)(agent=agent, allowed_models=["other-model"])
+    error = error_of(await post(v1, "/v1/chat/completions", CHAT), 404)
+    assert error["code"] == "model_not_found"
+    models = json.loads((await v1.get("/v1/models")).content)
+    assert models["data"] == []
+    await nothing_billed()
+
+
+async def test_a_suspended_tenant_is_403(v1, tenant):
+    await Tenant.objects.filter(pk=tenant.pk).aupdate(status=Tenant.Status.SUSPENDED)
+    assert error_of(await post(v1, "/v1/chat/completions", CHAT), 403)["code"] == "permission"
+
+
+async def api_key_create_async(tenant):
+    from asgiref.sync import sync_to_async
+
+    agent = await tenant.agents.afirst()
+    return await sync_to_async(api_key_create)(tenant=tenant, agent=agent)
+
+
+async def api_key_revoke_async(key_row):
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(api_key_revoke)(key=key_row)
