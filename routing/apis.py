@@ -9,7 +9,7 @@ import json
 import logging
 import time
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -43,7 +43,7 @@ def openai_view(method: str):
             try:
                 if request.method != method:
                     raise MethodNotAllowed(f"Use {method} for {request.path}.")
-                caller = await sync_to_async(caller_authenticate)(
+                caller = await database_sync_to_async(caller_authenticate)(
                     authorization=request.headers.get("Authorization"))
                 return await view(request, caller, *args, **kwargs)
             except ApplicationError as exc:
@@ -108,14 +108,14 @@ _created = int(time.time())
 
 @openai_view("GET")
 async def models(request, caller):
-    available = await sync_to_async(services.models_available)(caller=caller)
+    available = await database_sync_to_async(services.models_available)(caller=caller)
     return JsonResponse({"object": "list",
                          "data": [model_object(m.name, _created) for m in available]})
 
 
 @openai_view("GET")
 async def model_detail(request, caller, model_id: str):
-    available = await sync_to_async(services.models_available)(caller=caller)
+    available = await database_sync_to_async(services.models_available)(caller=caller)
     for info in available:
         if info.name == model_id:
             return JsonResponse(model_object(info.name, _created))

@@ -21,7 +21,7 @@ import asyncio
 import json
 import logging
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.urls import path
 
@@ -59,7 +59,7 @@ class CompletionConsumer(AsyncWebsocketConsumer):
 
     async def _authenticate(self, authorization: str) -> None:
         try:
-            self.caller = await sync_to_async(caller_authenticate)(authorization=authorization)
+            self.caller = await database_sync_to_async(caller_authenticate)(authorization=authorization)
         except ApplicationError as exc:
             await self._send_error(None, exc)
             await self.close(code=CLOSE_AUTH_FAILED)

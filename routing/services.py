@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 
 from routing.admission import (
     Caller, engine_sampling, generation_admit, max_tokens_resolve, model_for, models_for,
@@ -101,7 +101,7 @@ def _admit_generation(caller: Caller, kind: str, body) -> tuple[GenerationJob, C
 
 
 async def generation_start(*, caller: Caller, kind: str, body) -> Started:
-    job, formatter, stream, include_usage = await sync_to_async(_admit_generation)(
+    job, formatter, stream, include_usage = await database_sync_to_async(_admit_generation)(
         caller, kind, body)
     events = await _dispatch(job)
     return Started(job=job, format=formatter, events=events, stream=stream,
@@ -119,7 +119,7 @@ async def _events_to_end(started: Started) -> AsyncIterator[dict]:
     except StreamTimeout as exc:
         logger.warning("request %s: %s", started.job.request_id, exc.message)
         closing: list[dict] = []
-        await sync_to_async(generation_settle_partial)(started.job, seen, backend="api",
+        await database_sync_to_async(generation_settle_partial)(started.job, seen, backend="api",
                                                        emit=closing.append)
         for event in closing:
             if event["type"] == "error":
@@ -181,7 +181,7 @@ def _admit_embedding(caller: Caller, body) -> tuple[GenerationJob, str, str]:
 
 
 async def embeddings_create(*, caller: Caller, body) -> dict:
-    job, model, encoding = await sync_to_async(_admit_embedding)(caller, body)
+    job, model, encoding = await database_sync_to_async(_admit_embedding)(caller, body)
     events = await _dispatch(job)
     started = Started(job=job, format=None, events=events, stream=False, include_usage=False)
     vectors: dict[int, str] = {}
