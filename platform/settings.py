@@ -249,8 +249,6 @@ FAIRLANE_ENGINE_MAX_NUM_SEQS = env_int("FAIRLANE_ENGINE_MAX_NUM_SEQS", 64)
 FAIRLANE_ENGINE_THREADS = env_int("FAIRLANE_ENGINE_THREADS", 0) or None
 # Cap on any model's context (0: the checkpoint's own).
 FAIRLANE_MAX_MODEL_LEN = env_int("FAIRLANE_MAX_MODEL_LEN", 0) or None
-# Requests one process runs at once (embedded thread pool; a worker's advertised capacity).
-FAIRLANE_MAX_INFLIGHT = env_int("FAIRLANE_MAX_INFLIGHT", 256)
 FAIRLANE_HEARTBEAT_SECONDS = env_int("FAIRLANE_HEARTBEAT_SECONDS", 2)
 FAIRLANE_HEARTBEAT_TTL_SECONDS = env_int("FAIRLANE_HEARTBEAT_TTL_SECONDS", 10)
 # The API gives up on a request (504, or an error event) when no worker started it within the

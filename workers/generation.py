@@ -13,12 +13,13 @@ Events are plain dicts (they cross Redis as JSON), in this order:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -31,6 +32,7 @@ from workers.registry import ModelInfo, usage_cost
 
 logger = logging.getLogger(__name__)
 Emit = Callable[[dict], None]
+Sink = Callable[[RequestOutput | BaseException], None]
 
 
 @dataclass(slots=True)
@@ -87,14 +89,19 @@ def running_request_ids() -> list[str]:
 
 
 class GenerationRun:
-    def __init__(self, job: GenerationJob, engine: AsyncEngine, emit: Emit, *, backend: str):
+    """One request's run: submits its sequences and turns their outputs into events. How the
+    outputs arrive (a thread's queue, an event loop's queue) is the caller's business; see
+    `generation_run_blocking` and `generation_run_async`."""
+
+    def __init__(self, job: GenerationJob, engine: AsyncEngine, *, backend: str) -> None:
         self.job = job
         self.engine = engine
-        self.emit = emit
         self.backend = backend
         self.info = job.model_info
-        self._inbox: queue.Queue = queue.Queue()
-        self._engine_ids: list[str] = []
+        self.engine_ids: list[str] = []
+        self.remaining = 0
+        self.status = UsageRecord.Status.OK
+        self.error: EngineError | None = None
         self._is_cancelled = threading.Event()
         self._started = time.monotonic()
         self.num_output_tokens: dict[int, int] = {}
@@ -102,68 +109,73 @@ class GenerationRun:
 
     def cancel(self) -> None:
         self._is_cancelled.set()
-        for engine_id in self._engine_ids:
+        for engine_id in self.engine_ids:
             self.engine.abort(engine_id)
 
-    def run(self) -> None:
-        """Run to the end and settle; never raises (a worker thread is a process boundary)."""
+    def __enter__(self) -> GenerationRun:
         with _running_lock:
             _running[self.job.request_id] = self
-        status, error = UsageRecord.Status.OK, None
-        try:
-            self._submit()
-            self.emit({"type": "accepted"})
-            status = self._collect()
-        except EngineError as exc:
-            status, error = UsageRecord.Status.ERROR, exc
-        except Exception as exc:  # a bug: log it with the request id, bill what ran
-            logger.exception("request %s failed", self.job.request_id)
-            status, error = UsageRecord.Status.ERROR, EngineError(f"internal error: {exc}")
-        finally:
-            with _running_lock:
-                _running.pop(self.job.request_id, None)
-        if error is not None:
-            for engine_id in self._engine_ids:
-                self.engine.abort(engine_id)
-            self.emit({"type": "error", "code": getattr(error, "code", "internal_error"),
-                       "message": error.message, "param": error.param})
-        self._settle(status)
+        return self
 
-    def _submit(self) -> None:
+    def __exit__(self, *exc: object) -> None:
+        with _running_lock:
+            _running.pop(self.job.request_id, None)
+
+    def submit(self, sink_for: Callable[[int], Sink]) -> None:
+        """Hand every choice's sequence to the engine; its outputs go to `sink_for(index)`."""
         job = self.job
-        choices = [(i, prompt) for i, prompt in enumerate(job.prompts) for _ in range(job.n)]
-        for index, (_, prompt) in enumerate(choices):
+        choices = [prompt for prompt in job.prompts for _ in range(job.n)]
+        for index, prompt in enumerate(choices):
             engine_id = f"{job.request_id}:{index}"
-            sink = _tagged_sink(self._inbox, index)
             common = {"request_id": engine_id, "tenant": str(job.tenant_id), "lane": job.lane}
             if job.kind == "embed":
-                self.engine.submit(prompt, None, sink, is_embedding=True, pooling="mean", **common)
+                self.engine.submit(prompt, None, sink_for(index), is_embedding=True,
+                                   pooling="mean", **common)
             else:
-                self.engine.submit(prompt, job.choice_params(index), sink, **common)
-            self._engine_ids.append(engine_id)
+                self.engine.submit(prompt, job.choice_params(index), sink_for(index), **common)
+            self.engine_ids.append(engine_id)
+            self.remaining += 1
             if self._is_cancelled.is_set():
                 self.engine.abort(engine_id)
 
-    def _collect(self) -> str:
-        remaining = len(self._engine_ids)
-        status = UsageRecord.Status.OK
-        while remaining:
-            index, item = self._inbox.get()
-            if isinstance(item, BaseException):
-                raise item
-            self.num_output_tokens[index] = item.num_output_tokens
-            self.num_cached_tokens[index] = item.num_cached_tokens
-            if item.embedding is not None:
-                self.emit({"type": "embedding", "index": index, "b64": _b64(item.embedding)})
-            elif item.new_token_ids or item.new_text:
-                self.emit(_token_event(index, item))
-            if item.finished:
-                remaining -= 1
-                if item.finish_reason == "abort":
-                    status = UsageRecord.Status.CANCELLED
-                if self.job.kind != "embed":
-                    self.emit({"type": "finish", "choice": index, "reason": item.finish_reason})
-        return status
+    def absorb(self, index: int, item: RequestOutput | BaseException) -> list[dict]:
+        """The events one engine output makes; an engine failure raises."""
+        if isinstance(item, BaseException):
+            raise item
+        self.num_output_tokens[index] = item.num_output_tokens
+        self.num_cached_tokens[index] = item.num_cached_tokens
+        events = []
+        if item.embedding is not None:
+            events.append({"type": "embedding", "index": index, "b64": _b64(item.embedding)})
+        elif item.new_token_ids or item.new_text:
+            events.append(_token_event(index, item))
+        if item.finished:
+            self.remaining -= 1
+            if item.finish_reason == "abort":
+                self.status = UsageRecord.Status.CANCELLED
+            if self.job.kind != "embed":
+                events.append({"type": "finish", "choice": index, "reason": item.finish_reason})
+        return events
+
+    def fail(self, exc: BaseException) -> dict:
+        """Stop every sequence after a failure; the error event to send."""
+        if not isinstance(exc, EngineError):  # a bug: log it with the request id
+            logger.error("request %s failed", self.job.request_id, exc_info=exc)
+            exc = EngineError(f"internal error: {exc}")
+        self.status, self.error = UsageRecord.Status.ERROR, exc
+        for engine_id in self.engine_ids:
+            self.engine.abort(engine_id)
+        return {"type": "error", "code": getattr(exc, "code", "internal_error"),
+                "message": exc.message, "param": exc.param}
+
+    def settle(self, emit: Emit) -> None:
+        """Charge what ran, once; emits `done`. Synchronous (database)."""
+        usage = self.usage()
+        if self.status == UsageRecord.Status.ERROR and not any(self.num_output_tokens.values()):
+            # Nothing ran: the prompt was refused or the engine failed before computing it.
+            usage.update(prompt_tokens=0, total_tokens=0, cached_tokens=0)
+        generation_settle(self.job, usage, status=self.status, backend=self.backend,
+                          latency_ms=int((time.monotonic() - self._started) * 1000), emit=emit)
 
     def usage(self) -> dict:
         job = self.job
@@ -172,17 +184,68 @@ class GenerationRun:
         cached = sum(self.num_cached_tokens.get(p * job.n, 0) for p in range(len(job.prompts)))
         completion = sum(self.num_output_tokens.values()) if job.kind != "embed" else 0
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                "total_tokens": prompt_tokens + completion, "cached_tokens": min(cached,
-                                                                                 prompt_tokens)}
+                "total_tokens": prompt_tokens + completion,
+                "cached_tokens": min(cached, prompt_tokens)}
 
-    def _settle(self, status: str) -> None:
-        usage = self.usage()
-        if status == UsageRecord.Status.ERROR and not any(self.num_output_tokens.values()):
-            # Nothing ran: the prompt was refused or the engine failed before computing it.
-            usage.update(prompt_tokens=0, total_tokens=0, cached_tokens=0)
-        generation_settle(self.job, usage, status=status, backend=self.backend,
-                          latency_ms=int((time.monotonic() - self._started) * 1000),
-                          emit=self.emit)
+
+def generation_run_blocking(job: GenerationJob, engine: AsyncEngine, emit: Emit, *,
+                            backend: str) -> None:
+    """Run a request on this thread (a GPU worker's task) and settle it. Never raises: a
+    worker thread is a process boundary."""
+    inbox: queue.Queue = queue.Queue()
+    with GenerationRun(job, engine, backend=backend) as run:
+        try:
+            run.submit(lambda index: lambda item: inbox.put((index, item)))
+            emit({"type": "accepted"})
+            while run.remaining:
+                for event in run.absorb(*inbox.get()):
+                    emit(event)
+        except Exception as exc:
+            emit(run.fail(exc))
+    run.settle(emit)
+
+
+async def generation_run_async(job: GenerationJob, engine: AsyncEngine, *,
+                               backend: str) -> AsyncIterator[dict]:
+    """Run a request with its outputs arriving on this event loop (the embedded mode: no
+    thread per request). Closing the iterator early (the client left) aborts the run; it is
+    settled, with every token it made, either way."""
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue = asyncio.Queue()
+    run = GenerationRun(job, engine, backend=backend)
+    tail: list[dict] = []
+    with run:
+        try:
+            run.submit(lambda index: lambda item: loop.call_soon_threadsafe(
+                inbox.put_nowait, (index, item)))
+            yield {"type": "accepted"}
+            while run.remaining:
+                for event in run.absorb(*await inbox.get()):
+                    yield event
+        except Exception as exc:
+            tail.append(run.fail(exc))
+        finally:
+            # Shielded: a second cancellation must not leave the request unbilled.
+            await asyncio.shield(asyncio.ensure_future(_finish(run, inbox, tail)))
+    for event in tail:
+        yield event
+
+
+async def _finish(run: GenerationRun, inbox: asyncio.Queue, tail: list[dict]) -> None:
+    if run.remaining:
+        run.cancel()
+        # The aborted sequences report their last outputs within a step; count them.
+        deadline = time.monotonic() + 5
+        while run.remaining and time.monotonic() < deadline:
+            try:
+                index, item = await asyncio.wait_for(inbox.get(), deadline - time.monotonic())
+            except TimeoutError:
+                break
+            if isinstance(item, BaseException):
+                run.remaining -= 1
+            else:
+                run.absorb(index, item)
+    await asyncio.to_thread(run.settle, tail.append)
 
 
 def generation_settle(job: GenerationJob, usage: dict, *, status: str, backend: str,
@@ -221,12 +284,6 @@ def generation_settle_partial(job: GenerationJob, events: list[dict], *, backend
     generation_settle(job, {"prompt_tokens": prompt, "completion_tokens": completion,
                             "total_tokens": prompt + completion, "cached_tokens": 0},
                       status=UsageRecord.Status.ERROR, backend=backend, latency_ms=0, emit=emit)
-
-
-def _tagged_sink(inbox: queue.Queue, index: int) -> Callable[[RequestOutput | BaseException], None]:
-    def sink(item: RequestOutput | BaseException) -> None:
-        inbox.put((index, item))
-    return sink
 
 
 def _token_event(index: int, item: RequestOutput) -> dict:

@@ -7,7 +7,7 @@ from celery import shared_task
 from tenants.models import UsageRecord
 from workers import worker
 from workers.generation import (
-    GenerationJob, GenerationRun, generation_settle, generation_settle_partial,
+    GenerationJob, generation_run_blocking, generation_settle, generation_settle_partial,
 )
 from workers.host import host_get
 from workers.transport import RedisStreamEmit, is_cancel_requested, redis_sync
@@ -50,6 +50,6 @@ def generate(job: dict) -> None:
                               latency_ms=0, emit=emit)
             return
         engine = host_get().engine(job.model_info)
-        GenerationRun(job, engine, emit, backend=backend).run()
+        generation_run_blocking(job, engine, emit, backend=backend)
     finally:
         client.delete(worker.run_lock_key(job.request_id))

@@ -5,8 +5,8 @@ reads it from its last id, so events written before it started reading are not l
 pub/sub). Cancellation goes the other way: a key the worker checks before starting, and a
 pub/sub message that reaches the worker already running it.
 
-Embedded: the run happens on a thread pool of the ASGI process; events come back through an
-asyncio queue.
+Embedded: the run happens in the ASGI process; the engine thread hands outputs to the event
+loop directly.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 
 import redis
 import redis.asyncio
 from django.conf import settings
 
 from tenants.errors import Timeout
-from workers.generation import GenerationJob, GenerationRun, generation_cancel
+from workers.generation import GenerationJob, generation_cancel, generation_run_async
 from workers.host import host_get
 
 logger = logging.getLogger(__name__)
@@ -103,31 +102,12 @@ async def redis_stream_events(client: redis.asyncio.Redis, request_id: str) -> A
 
 
 class EmbeddedDispatcher:
-    """Runs requests on this process's engines, each on a thread of a bounded pool."""
-
-    def __init__(self) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=settings.FAIRLANE_MAX_INFLIGHT,
-                                       thread_name_prefix="generation")
+    """Runs requests on this process's engines; their outputs arrive on the event loop."""
 
     async def events(self, job: GenerationJob) -> AsyncIterator[dict]:
-        loop = asyncio.get_running_loop()
-        inbox: asyncio.Queue = asyncio.Queue()
-
-        def emit(event: dict) -> None:
-            loop.call_soon_threadsafe(inbox.put_nowait, event)
-
         engine = await asyncio.to_thread(host_get().engine, job.model_info)
-        run = GenerationRun(job, engine, emit, backend="embedded")
-        loop.run_in_executor(self.pool, run.run)
-        is_done = False
-        try:
-            while not is_done:
-                event = await inbox.get()
-                is_done = event["type"] == TERMINAL
-                yield event
-        finally:
-            if not is_done:
-                run.cancel()  # the client left: abort; the run settles what was generated
+        async for event in generation_run_async(job, engine, backend="embedded"):
+            yield event
 
     def cancel(self, request_id: str) -> None:
         generation_cancel(request_id)

@@ -35,17 +35,17 @@ def run_lock_key(request_id: str) -> str:
     return f"fl:run:{request_id}"
 
 
-def heartbeat_payload() -> dict:
+def heartbeat_payload(capacity: int) -> dict:
     host = host_get()
     return {"id": WORKER_ID, "models": host.hosted(), "stats": host.stats(),
-            "running": len(running_request_ids()), "capacity": settings.FAIRLANE_MAX_INFLIGHT,
-            "ts": time.time()}
+            "running": len(running_request_ids()), "capacity": capacity, "ts": time.time()}
 
 
 class WorkerServices:
     """The worker's background threads: heartbeat (and run-lock refresh) and cancel listener."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity  # requests this worker runs at once (its thread pool)
         self.client = redis_sync()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -62,7 +62,7 @@ class WorkerServices:
 
     def beat(self) -> None:
         pipe = self.client.pipeline(transaction=False)
-        pipe.set(HEARTBEAT_PREFIX + WORKER_ID, json.dumps(heartbeat_payload()),
+        pipe.set(HEARTBEAT_PREFIX + WORKER_ID, json.dumps(heartbeat_payload(self.capacity)),
                  ex=settings.FAIRLANE_HEARTBEAT_TTL_SECONDS)
         for request_id in running_request_ids():
             pipe.set(run_lock_key(request_id), WORKER_ID, ex=RUN_LOCK_SECONDS)
@@ -109,7 +109,7 @@ def worker_start(sender=None, **kwargs) -> None:
     for info in model_list_enabled():
         if not wanted or info.name in wanted:
             host_get().engine(info)
-    _services = WorkerServices()
+    _services = WorkerServices(capacity=sender.controller.concurrency)
     _services.beat()
     _services.start()
     logger.info("worker %s hosts %s", WORKER_ID, host_get().hosted())

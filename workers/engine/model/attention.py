@@ -18,12 +18,17 @@ from torch.nn import functional as F
 
 @dataclass(slots=True)
 class AttentionGroup:
-    start: int  # first row of the group in the flattened batch
+    """Sequences attended together: queries padded to ``q_len``, keys to ``num_blocks`` blocks."""
+
     num_seqs: int
-    q_len: int  # new tokens per sequence (1 for decode groups)
+    q_len: int  # new tokens per sequence (1 for decode groups), padded to the longest
     num_blocks: int  # blocks per sequence in block_ids (padded to the longest)
     block_ids: torch.Tensor | None  # [num_seqs * num_blocks]; None: fresh prefill, no cache read
-    mask: torch.Tensor | None  # bool [num_seqs, 1, rows, num_blocks * block_size]; None: all keys
+    mask: torch.Tensor | None  # additive float [num_seqs, 1, rows, keys] (0 / -inf); None: all keys
+    rows: slice | None = None  # the group's rows of the flattened batch, when they need no padding
+    q_index: torch.Tensor | None = None  # else: [num_seqs * q_len] rows to read queries from
+    out_index: torch.Tensor | None = None  # [num_real] positions of real tokens in the padded layout
+    out_rows: torch.Tensor | None = None  # [num_real] their rows in the flattened batch
 
 
 @dataclass(slots=True)
@@ -67,23 +72,27 @@ def paged_attention(
     scale: float,
     workspace: GatherWorkspace,
 ) -> torch.Tensor:
-    num_tokens, num_heads, head_dim = q.shape
+    num_heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = k.shape[1]
     out = torch.empty_like(q)
     for group in meta.groups:
-        rows = slice(group.start, group.start + group.num_seqs * group.q_len)
+        query = q[group.rows] if group.rows is not None else q.index_select(0, group.q_index)
         if group.block_ids is None:
-            out[rows] = _fresh_prefill(q[rows], k[rows], v[rows], scale)
-            continue
-        k_blocks, v_blocks = workspace.get(k_cache, group.block_ids.numel())
-        torch.index_select(k_cache, 1, group.block_ids, out=k_blocks)
-        torch.index_select(v_cache, 1, group.block_ids, out=v_blocks)
-        # [B, kv_heads, num_keys, head_dim], a view of the gathered blocks
-        keys = k_blocks.view(kv_heads, group.num_seqs, -1, head_dim).transpose(0, 1)
-        values = v_blocks.view(kv_heads, group.num_seqs, -1, head_dim).transpose(0, 1)
-        query = _fold_gqa(q[rows], group.num_seqs, group.q_len, kv_heads)
-        o = F.scaled_dot_product_attention(query, keys, values, attn_mask=group.mask, scale=scale)
-        out[rows] = _unfold_gqa(o, group.num_seqs, group.q_len, num_heads)
+            o = _fresh_prefill(query, k[group.rows], v[group.rows], scale)
+        else:
+            k_blocks, v_blocks = workspace.get(k_cache, group.block_ids.numel())
+            torch.index_select(k_cache, 1, group.block_ids, out=k_blocks)
+            torch.index_select(v_cache, 1, group.block_ids, out=v_blocks)
+            # [B, kv_heads, num_keys, head_dim], a view of the gathered blocks
+            keys = k_blocks.view(kv_heads, group.num_seqs, -1, head_dim).transpose(0, 1)
+            values = v_blocks.view(kv_heads, group.num_seqs, -1, head_dim).transpose(0, 1)
+            folded = _fold_gqa(query, group.num_seqs, group.q_len, kv_heads)
+            o = F.scaled_dot_product_attention(folded, keys, values, attn_mask=group.mask, scale=scale)
+            o = _unfold_gqa(o, group.num_seqs, group.q_len, num_heads)
+        if group.rows is not None:
+            out[group.rows] = o
+        else:
+            out.index_copy_(0, group.out_rows, o.index_select(0, group.out_index))
     return out
 
 

@@ -6,6 +6,7 @@ import math
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from workers.engine.config import ModelConfig
 
@@ -17,6 +18,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused kernel; same arithmetic as the reference below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.to(torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -32,12 +35,16 @@ class RotaryEmbedding(nn.Module):
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_positions, head_dim]
+        half = emb.shape[-1] // 2
+        sin = emb.sin()
+        # rotate_half(x) * sin == cat(x2, x1) * cat(-sin1, sin2): the sign lives in the table.
+        signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.register_buffer("signed_sin", signed_sin, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # [num_tokens, 1, head_dim], broadcast over heads
-        return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
+        return self.cos[positions].to(dtype)[:, None, :], self.signed_sin[positions].to(dtype)[:, None, :]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -63,11 +70,11 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [num_tokens, num_heads, head_dim]."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x: [num_tokens, num_heads, head_dim]; x * cos + rotate_half(x) * sin, in three kernels."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    rotated = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return torch.addcmul(x * cos, rotated, signed_sin)
 
 
 class MLP(nn.Module):

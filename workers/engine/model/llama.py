@@ -26,13 +26,14 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata, workspace: GatherWorkspace):
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, num_heads, head_dim]
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        # Queries and keys are rotated together: [T, num_heads + kv_heads, head_dim]
+        qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            qk = torch.cat((self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), dim=1)
+        qk = apply_rope(qk, cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         k_cache, v_cache = kv_cache
         kv_write(k_cache, v_cache, k, v, meta.slot_mapping)
         o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, workspace)

@@ -1,0 +1,139 @@
+"""The benchmark command: workloads, systems, report. See ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workers.engine.bench.ours import engine_run
+from workers.engine.bench.report import report_print
+from workers.engine.bench.results import RunResult
+from workers.engine.bench.workload import mixed_workload, shared_prefix_workload
+from workers.engine.presets import ensure_preset
+
+BASELINES = ("one_at_a_time", "static_8", "static_16", "continuous")
+FULL = {"num_requests": 64, "prompt_range": (16, 512), "output_range": (16, 256), "shared_requests": 64, "shared_output": 32}
+QUICK = {"num_requests": 16, "prompt_range": (16, 128), "output_range": (16, 64), "shared_requests": 24, "shared_output": 8}
+SYSTEM_PROMPT_TOKENS = 256
+USER_TURN_RANGE = (16, 48)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m workers.engine.bench", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="small workload, finishes in under a minute")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (weights always use seed 0)")
+    p.add_argument("--num-requests", type=int, default=None, help="requests in the mixed workload (default 64, quick 16)")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--json-out", type=Path, default=None, help="also write the result JSON here")
+    p.add_argument("--preset", default="small", help="model preset (default small)")
+    p.add_argument("--models-dir", type=Path, default=Path("var/models"), help="where presets are generated")
+    p.add_argument("--skip", default="", help=f"comma-separated baselines to leave out: {','.join(BASELINES)}")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="our step token budget (HF CB gets the same)")
+    return p.parse_args(argv)
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse ``argv``, run every system on the same workloads, print the report, return the figures."""
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    shape = dict(QUICK if args.quick else FULL)
+    if args.num_requests is not None:
+        shape["num_requests"] = args.num_requests
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    model_dir = ensure_preset(args.preset, args.models_dir, seed=0)
+    requests = mixed_workload(seed=args.seed, num_requests=shape["num_requests"], prompt_range=shape["prompt_range"], output_range=shape["output_range"])
+    config = {"max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": max(64, shape["num_requests"])}
+    started = time.perf_counter()
+
+    ours = engine_run(model_dir, requests, **config)
+    baselines = _baselines(model_dir, requests, skip, args.max_num_batched_tokens)
+    shared = shared_prefix_workload(seed=args.seed, num_requests=shape["shared_requests"], system_tokens=SYSTEM_PROMPT_TOKENS,
+                                    turn_range=USER_TURN_RANGE, num_output_tokens=shape["shared_output"])
+    cached = engine_run(model_dir, shared, name="ours_prefix_cache_on", **config)
+    uncached = engine_run(model_dir, shared, name="ours_prefix_cache_off", is_prefix_caching_enabled=False, **config)
+
+    result = {
+        "benchmark": "engine",
+        "quick": args.quick,
+        "seed": args.seed,
+        "threads": args.threads,
+        "preset": args.preset,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "workload": {"num_requests": len(requests), "prompt_tokens": sum(len(r.prompt) for r in requests),
+                     "output_tokens": sum(r.num_output_tokens for r in requests),
+                     "prompt_range": shape["prompt_range"], "output_range": shape["output_range"]},
+        "ours": ours.summary(),
+        "baselines": {name: r.summary() for name, r in baselines.items()},
+        "ratios": _ratios(ours, baselines),
+        "shared_prefix": _shared_summary(cached, uncached, shared),
+        "kv_waste": ours.extra["kv_waste"],
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    report_print(result)
+    if args.json_out is not None:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, separators=(",", ":")))
+    sys.stdout.flush()
+    return result
+
+
+def _baselines(model_dir: Path, requests, skip: set[str], max_batch_tokens: int) -> dict[str, RunResult]:
+    from workers.engine.bench import hf
+
+    model = hf.hf_model_load(model_dir)
+    runs = {
+        "one_at_a_time": lambda: hf.hf_one_at_a_time(model, requests),
+        "static_8": lambda: hf.hf_static_batches(model, requests, 8),
+        "static_16": lambda: hf.hf_static_batches(model, requests, 16),
+        "continuous": lambda: hf.hf_continuous_batching(model, requests, max_batch_tokens=max_batch_tokens, num_blocks=_cb_blocks(requests)),
+    }
+    out: dict[str, RunResult] = {}
+    for name, fn in runs.items():
+        if name in skip:
+            continue
+        try:
+            out[name] = fn()
+        except Exception as exc:  # a baseline that cannot run here is reported, not fatal
+            out[name] = RunResult(f"hf_{name}", 0.0, 0, [], note=f"did not run: {type(exc).__name__}: {exc}")
+    return out
+
+
+def _cb_blocks(requests) -> int:
+    """Enough 256-token pages for every request at once, like our pool: no preemption either side."""
+    return sum(-(-(len(r.prompt) + r.num_output_tokens) // 256) for r in requests) + 8
+
+
+def _ratios(ours: RunResult, baselines: dict[str, RunResult]) -> dict[str, dict[str, float | None]]:
+    ratios = {}
+    for name, base in baselines.items():
+        if not base.makespan_s:
+            ratios[name] = {"throughput": None, "ttft_p50": None}
+            continue
+        ratios[name] = {
+            "throughput": round(ours.output_tok_s / base.output_tok_s, 2),
+            "ttft_p50": round(base.ttft_p(50) / ours.ttft_p(50), 2),
+            "ttft_p99": round(base.ttft_p(99) / ours.ttft_p(99), 2),
+        }
+    return ratios
+
+
+def _shared_summary(cached: RunResult, uncached: RunResult, shared) -> dict[str, Any]:
+    return {
+        "num_requests": len(shared),
+        "system_prompt_tokens": SYSTEM_PROMPT_TOKENS,
+        "user_turn_range": USER_TURN_RANGE,
+        "prefix_hit_rate": cached.extra["prefix_hit_rate"],
+        "cache_on": cached.summary(),
+        "cache_off": uncached.summary(),
+        "ttft_p50_speedup": round(uncached.ttft_p(50) / cached.ttft_p(50), 2),
+        "ttft_p99_speedup": round(uncached.ttft_p(99) / cached.ttft_p(99), 2),
+        "throughput_speedup": round(cached.output_tok_s / uncached.output_tok_s, 2),
+    }

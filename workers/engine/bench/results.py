@@ -1,0 +1,38 @@
+"""One system's figures on one workload, computed the same way for every system."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class RunResult:
+    name: str
+    makespan_s: float
+    num_output_tokens: int
+    ttft_s: list[float] = field(repr=False)
+    extra: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def output_tok_s(self) -> float:
+        return self.num_output_tokens / self.makespan_s if self.makespan_s else 0.0
+
+    def ttft_p(self, q: float) -> float:
+        values = sorted(self.ttft_s)
+        if not values:
+            return float("nan")
+        index = min(int(round(q / 100 * (len(values) - 1))), len(values) - 1)
+        return values[index]
+
+    def summary(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k not in ("ttft_s", "extra")}
+        data.update(
+            output_tok_s=round(self.output_tok_s, 2),
+            makespan_s=round(self.makespan_s, 3),
+            ttft_p50_s=round(self.ttft_p(50), 3),
+            ttft_p99_s=round(self.ttft_p(99), 3),
+            **self.extra,
+        )
+        return data
