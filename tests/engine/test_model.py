@@ -24,7 +24,7 @@ def _dense_logits(model, ids: list[int]) -> torch.Tensor:
         for _ in range(mc.num_hidden_layers)
     ]
     n = len(ids)
-    meta = AttentionMetadata(torch.arange(n), [AttentionGroup(0, 1, n, 0, None, None)])
+    meta = AttentionMetadata(torch.arange(n), [AttentionGroup(1, n, 0, None, None, rows=slice(0, n))])
     hidden = model(torch.tensor(ids), torch.arange(n), caches, meta)
     return model.compute_logits(hidden)
 

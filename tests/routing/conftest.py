@@ -18,6 +18,13 @@ def tiny(db):
 
 
 @pytest.fixture
+def slow(db):
+    """The `small` preset (~25 M parameters): slow enough on a CPU that a test can act while it
+    is still generating. Same prices as `tiny`."""
+    return model_register(name="small", source="preset:small", **PRICES)
+
+
+@pytest.fixture
 def key(tenant, agent, tiny):
     """A plain inference key for `agent` (Acme's support-bot)."""
     return api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])[1]

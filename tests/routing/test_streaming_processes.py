@@ -17,7 +17,7 @@ from workers.worker import workers_live
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-LONG = {"model": "tiny", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 900,
+LONG = {"model": "small", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 1500,
         "ignore_eos": True, "stream": True, "temperature": 0.7}
 
 
@@ -88,14 +88,15 @@ def assert_charged_for_what_was_generated(request_id: str) -> UsageRecord:
     return record
 
 
-def test_embedded_disconnect_aborts_the_sequence_and_frees_its_blocks(embedded_server, key):
+def test_embedded_disconnect_aborts_the_sequence_and_frees_its_blocks(embedded_server, key,
+                                                                     slow):
     request_id = asyncio.run(disconnect_after_first_tokens(embedded_server.url, key))
     assert_charged_for_what_was_generated(request_id)
 
     def kv_used() -> float | None:
         text = httpx.get(embedded_server.url + "/metrics").text
-        match = re.search(r'fairlane_engine_kv_blocks_used\{model="tiny",worker="embedded"\} (\S+)',
-                          text)
+        match = re.search(r'fairlane_engine_kv_blocks_used\{model="small",worker="embedded"\} '
+                          r'(\S+)', text)
         return match and float(match[1])
     assert wait_for(lambda: kv_used() == 0.0)
 
@@ -103,7 +104,7 @@ def test_embedded_disconnect_aborts_the_sequence_and_frees_its_blocks(embedded_s
 def test_distributed_sixteen_concurrent_streams_batch_together_and_are_metered(distributed, key,
                                                                               budget):
     server, worker = distributed
-    body = {**LONG, "max_tokens": 48, "stream_options": {"include_usage": True}}
+    body = {**LONG, "model": "tiny", "max_tokens": 48, "stream_options": {"include_usage": True}}
 
     async def run_all():
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
@@ -128,12 +129,12 @@ def test_distributed_sixteen_concurrent_streams_batch_together_and_are_metered(d
     assert wait_for(batched, timeout=10)
 
 
-def test_distributed_disconnect_aborts_in_the_worker(distributed, key):
+def test_distributed_disconnect_aborts_in_the_worker(distributed, key, slow):
     server, _ = distributed
     request_id = asyncio.run(disconnect_after_first_tokens(server.url, key))
     assert_charged_for_what_was_generated(request_id)
 
     def blocks_free() -> bool:
-        beats = [b for b in workers_live() if "tiny" in b["stats"]]
-        return bool(beats) and all(b["stats"]["tiny"]["kv_blocks_used"] == 0 for b in beats)
+        beats = [b for b in workers_live() if "small" in b["stats"]]
+        return bool(beats) and all(b["stats"]["small"]["kv_blocks_used"] == 0 for b in beats)
     assert wait_for(blocks_free, timeout=10)

@@ -14,7 +14,11 @@ from workers.engine.model.attention import AttentionGroup, AttentionMetadata
 from workers.engine.sequence import Sequence
 
 # Below this many sequences a decode group is not split: per-group overhead outweighs padding.
-MIN_DECODE_GROUP = 8
+MIN_DECODE_GROUP = 4
+# A decode group's gathered K and V stay about this small, so attention reads them from cache
+# right after the gather wrote them (measured: 8 sequences of ~400 tokens run twice as fast as
+# 32 in one group on a 2-core EPYC).
+MAX_GROUP_KV_BYTES = 4 << 20
 # A fresh chunk at least this long runs alone, straight on its own keys (no gather, causal kernel).
 MIN_DIRECT_PREFILL = 64
 # Prefill groups stop growing once padded (query x key) area exceeds actual area by this factor.
@@ -23,8 +27,11 @@ MAX_GROUP_MASK_ELEMENTS = 1 << 23
 
 
 class MetadataBuilder:
-    def __init__(self, *, block_size: int, num_queries_per_kv: int, max_group_padding: float, device: torch.device) -> None:
+    def __init__(
+        self, *, block_size: int, num_queries_per_kv: int, kv_bytes_per_block: int, max_group_padding: float, device: torch.device
+    ) -> None:
         self.block_size = block_size
+        self.max_group_blocks = max(MAX_GROUP_KV_BYTES // kv_bytes_per_block, 1)
         self.group = num_queries_per_kv
         self.max_group_padding = max_group_padding
         self.device = device
@@ -62,7 +69,8 @@ class MetadataBuilder:
             end, used = start + 1, longest
             while end < len(seqs):
                 used_next = used + self._num_blocks(seqs[end].num_computed_tokens + 1)
-                is_wasteful = longest * (end + 1 - start) > (1 + self.max_group_padding) * used_next
+                padded = longest * (end + 1 - start)
+                is_wasteful = padded > (1 + self.max_group_padding) * used_next or padded > self.max_group_blocks
                 if is_wasteful and end - start >= MIN_DECODE_GROUP:
                     break
                 end, used = end + 1, used_next
