@@ -43,15 +43,25 @@ class EngineHost:
             return [name for name, engine in self._engines.items() if engine.is_running]
 
     def stats(self) -> dict[str, dict]:
+        """Per model: the engine's load and counters, and what it can do."""
         with self._lock:
             engines = dict(self._engines)
-        return {name: engine.stats() for name, engine in engines.items() if engine.is_running}
+        return {name: {**engine.stats(), **_capabilities(engine)}
+                for name, engine in engines.items() if engine.is_running}
 
     def shutdown(self) -> None:
         with self._lock:
             engines, self._engines = self._engines, {}
         for engine in engines.values():
             engine.shutdown()
+
+
+def _capabilities(engine: AsyncEngine) -> dict:
+    core = engine.engine
+    return {"max_model_len": core.max_model_len, "device": str(core.device),
+            "dtype": str(core.dtype).removeprefix("torch."), "max_num_seqs": core.config.max_num_seqs,
+            "paged_kv": True, "continuous_batching": True, "prefix_caching":
+            core.config.is_prefix_caching_enabled, "hidden_states": True}
 
 
 _host: EngineHost | None = None

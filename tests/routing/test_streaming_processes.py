@@ -4,6 +4,7 @@ front of a real Celery GPU worker on Redis and PostgreSQL (distributed)."""
 import asyncio
 import json
 import re
+import signal
 import time
 
 import httpx
@@ -138,3 +139,49 @@ def test_distributed_disconnect_aborts_in_the_worker(distributed, key, slow):
         beats = [b for b in workers_live() if "small" in b["stats"]]
         return bool(beats) and all(b["stats"]["small"]["kv_blocks_used"] == 0 for b in beats)
     assert wait_for(blocks_free, timeout=10)
+
+
+def test_worker_heartbeat_advertises_capabilities_and_load(distributed, key):
+    server, _ = distributed
+    httpx.post(server.url + "/v1/completions", headers={"Authorization": f"Bearer {key}"},
+               json={"model": "tiny", "prompt": "warm", "max_tokens": 2}, timeout=60)
+    beat = wait_for(lambda: next((b for b in workers_live() if "tiny" in b["stats"]), None))
+    tiny = beat["stats"]["tiny"]
+    assert beat["capacity"] == 32 and "tiny" in beat["models"]
+    assert tiny["max_model_len"] == 1024 and tiny["paged_kv"] and tiny["continuous_batching"]
+    assert {"num_running", "num_waiting", "kv_blocks_free", "kv_blocks_used"} <= set(tiny)
+    models = httpx.get(server.url + "/v1/models",
+                       headers={"Authorization": f"Bearer {key}"}).json()["data"]
+    assert [m["id"] for m in models] == ["tiny"]  # registered and hosted by a live worker
+
+
+def test_worker_warm_shutdown_drains_requests_in_flight(django_db_setup, key, slow):
+    """SIGTERM stops the worker taking work, but what it runs finishes and is billed."""
+    env = child_env(FAIRLANE_ENGINE_MODE="celery", FAIRLANE_GPU_QUEUE="gpu-drain")
+    worker = CeleryWorker(env, queue="gpu-drain", name="drain")
+    server = AsgiServer(env)
+    try:
+        body = {**LONG, "max_tokens": 200, "stream_options": {"include_usage": True}}
+
+        async def run():
+            async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+                task = asyncio.create_task(stream_chat(client, key, body))
+                await asyncio.sleep(0)
+                while not worker_running(worker):
+                    await asyncio.sleep(0.05)
+                worker.proc.send_signal(signal.SIGTERM)  # warm shutdown
+                return await task
+
+        chunks = asyncio.run(run())
+        assert chunks[-1]["usage"]["completion_tokens"] == 200
+        worker.proc.wait(timeout=60)
+        assert worker.proc.returncode == 0
+        record = UsageRecord.objects.get()
+        assert record.status == UsageRecord.Status.OK and record.completion_tokens == 200
+    finally:
+        server.stop()
+        worker.stop()
+
+
+def worker_running(worker) -> bool:
+    return "Task workers.generate" in worker.output() and "received" in worker.output()
