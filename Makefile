@@ -13,7 +13,7 @@ export DJANGO_SETTINGS_MODULE := settings
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/fairlane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test venv test-venv services demo-key manage worker clean
+.PHONY: run test venv test-venv services demo-key manage worker beat bench clean
 
 $(VENV)/.installed: requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,8 +48,16 @@ demo-key: venv
 manage: venv
 	$(PY) manage.py $(ARGS)
 
+# A GPU worker (and housekeeping): one engine per process, requests share its batches.
 worker: venv
-	$(PY) -m celery -A celery_app worker -l info $(ARGS)
+	$(PY) -m celery -A celery_app worker -Q gpu,default -P threads -c 32 -l info $(ARGS)
+
+beat: venv
+	$(PY) -m celery -A celery_app beat -l info $(ARGS)
+
+# make bench ARGS="engine --quick"  |  make bench ARGS="serving --quick"
+bench: test-venv
+	$(PY) manage.py bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) var staticfiles .pytest_cache

@@ -131,3 +131,16 @@ def test_exhausted_budget_raises_rate_limit_error_without_retrying(embedded_serv
     assert exc_info.value.response.headers["x-should-retry"] == "false"
     assert int(exc_info.value.response.headers["retry-after"]) > 0
     assert not Reservation.objects.exists()
+
+
+def test_model_register_command_refuses_bad_sources_and_updates_prices(tiny):
+    from django.core.management import CommandError, call_command
+
+    from workers.models import ServedModel
+
+    with pytest.raises(CommandError):
+        call_command("model_register", "x", "preset:nope")
+    with pytest.raises(CommandError):
+        call_command("model_register", "x", "relative/dir")
+    call_command("model_register", "tiny", "preset:tiny", "--price-output", "7")
+    assert ServedModel.objects.get(name="tiny").price_output_per_mtok == 7
