@@ -39,3 +39,13 @@ def test_cache_survives_until_evicted(make_engine):
     assert _cached(engine, SYSTEM + [2]) == 64
     _cached(engine, list(range(100, 100 + 150)))  # needs 10 blocks: evicts the system prompt
     assert _cached(engine, SYSTEM + [3]) < 64
+
+
+def test_simultaneous_arrivals_wait_for_the_prefix_being_computed(make_engine):
+    """Agents of one tenant sending the same system prompt at once compute it once."""
+    engine = make_engine()
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    outs = engine.generate([SYSTEM + [1, 2], SYSTEM + [3], SYSTEM + [4, 5, 6]], params, tenant="acme")
+    assert [o.num_cached_tokens for o in outs] == [0, 64, 64]
+    alone = [make_engine().generate([p], params)[0].token_ids for p in (SYSTEM + [3], SYSTEM + [4, 5, 6])]
+    assert [o.token_ids for o in outs[1:]] == alone

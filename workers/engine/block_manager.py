@@ -90,6 +90,20 @@ class BlockManager:
     def _is_match(block: Block, parent: bytes | None, tokens: list[int], salt: str) -> bool:
         return block.parent_hash == parent and block.salt == salt and block.token_ids == tuple(tokens)
 
+    def prompt_block_hashes(self, seq: Sequence) -> list[bytes]:
+        """Hashes of every full block of the sequence's tokens except the last token's block."""
+        num_blocks = (seq.num_tokens - 1) // self.block_size
+        for i in range(len(seq.block_hashes), num_blocks):
+            tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
+            seq.block_hashes.append(block_hash(seq.block_hashes[i - 1] if i else None, tokens, seq.salt))
+        return seq.block_hashes[:num_blocks]
+
+    def in_flight(self, seq: Sequence) -> list[bytes]:
+        """Hashes of full blocks this running sequence has yet to compute: cache hits to be."""
+        if not self.is_prefix_caching_enabled or seq.is_embedding:
+            return []
+        return self.prompt_block_hashes(seq)[seq.num_committed_blocks :]
+
     def prefix_record(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         self.num_prefix_query_tokens += num_query_tokens
         self.num_prefix_hit_tokens += num_hit_tokens

@@ -82,9 +82,21 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = min(self.waiting, key=self.policy.key)
+        in_flight: set[bytes] | None = None
+        deferred: set[int] = set()
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+            candidates = [s for s in self.waiting if id(s) not in deferred]
+            if not candidates:
+                return
+            seq = min(candidates, key=self.policy.key)
             hits = self.block_manager.prefix_lookup(seq)
+            if self.block_manager.is_prefix_caching_enabled and not seq.is_embedding:
+                in_flight = self._in_flight() if in_flight is None else in_flight
+                if len(hits) < len(seq.block_hashes) and seq.block_hashes[len(hits)] in in_flight:
+                    # Another sequence is computing this prefix right now: wait and reuse it
+                    # rather than compute the same blocks twice.
+                    deferred.add(id(seq))
+                    continue
             num_tokens = seq.num_tokens - len(hits) * self.block_manager.block_size
             # Without chunking a prompt runs whole; one longer than the budget runs alone.
             if num_tokens > budget:
@@ -101,6 +113,15 @@ class Scheduler:
             batch.add(seq, num_tokens)
             self.policy.on_scheduled(seq, num_tokens)
             budget -= num_tokens
+            if in_flight is not None:
+                in_flight.update(self.block_manager.in_flight(seq))
+
+    def _in_flight(self) -> set[bytes]:
+        hashes: set[bytes] = set()
+        for seq in self.running:
+            if seq.is_prefilling:
+                hashes.update(self.block_manager.in_flight(seq))
+        return hashes
 
     def _admit(self, seq: Sequence, hits: list[int], num_tokens: int) -> None:
         if seq.num_preemptions == 0:

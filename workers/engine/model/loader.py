@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from workers.engine.config import ModelConfig
 from workers.engine.errors import UnsupportedModel
+from workers.engine.model.layers import RotaryEmbedding
 from workers.engine.model.llama import LlamaModel
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -28,17 +29,21 @@ def model_load(path: str | Path, *, device: torch.device, dtype: torch.dtype, ma
     path = Path(path)
     config = ModelConfig.from_dir(path)
     tensors = _read_safetensors(path)
-    model = LlamaModel(
-        config,
-        max_positions=max_positions,
-        has_qkv_bias="layers.0.self_attn.q_proj.bias" in tensors,
-        has_qk_norm="layers.0.self_attn.q_norm.weight" in tensors,
-    )
+    with torch.device("meta"):  # no time spent drawing random weights that are overwritten anyway
+        model = LlamaModel(
+            config,
+            max_positions=max_positions,
+            has_qkv_bias="layers.0.self_attn.q_proj.bias" in tensors,
+            has_qk_norm="layers.0.self_attn.q_norm.weight" in tensors,
+        )
     state = _to_engine_names(tensors, config)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
         raise UnsupportedModel(f"checkpoint does not match the architecture: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.rotary = RotaryEmbedding(config, max_positions)  # its tables are computed, not loaded
     return model.to(device=device, dtype=dtype).eval()
 
 
