@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import random
 import signal
@@ -32,6 +33,7 @@ from tenants.models import Agent, Scope, Tenant
 from tenants.services.keys import api_key_create, api_key_revoke
 from tenants.services.tenancy import agent_create, tenant_create
 from workers.engine import AsyncEngine, EngineConfig, SamplingParams
+from workers.models import ServedModel
 from workers.registry import model_dir, model_register
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +67,7 @@ def _setup(preset: str) -> tuple[str, str, object]:
         tenant=tenant, name="bench")
     model = f"bench-{preset}"
     model_register(name=model, source=f"preset:{preset}", description="bench serving")
+    ServedModel.objects.filter(name=model).update(is_enabled=True)
     key, plain = api_key_create(tenant=tenant, agent=agent, name="bench serving",
                                 scopes=[Scope.INFERENCE])
     return model, plain, key
@@ -179,6 +182,7 @@ async def _measure(args, model: str, key: str, engine: AsyncEngine, jobs) -> dic
 
 def run(argv: list[str] | None = None) -> dict:
     args = parse(argv)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     torch.set_num_threads(args.threads)
     num = args.requests or (12 if args.quick else 48)
     model, plain, key = _setup(args.preset)
@@ -193,6 +197,7 @@ def run(argv: list[str] | None = None) -> dict:
     finally:
         engine.shutdown()
         api_key_revoke(key=key)
+        ServedModel.objects.filter(name=model).update(is_enabled=False)  # out of /v1/models
     result = {"bench": "serving", "preset": args.preset, "requests": num,
               "concurrency": args.concurrency, "threads": args.threads,
               "output_tokens": sum(m for _, m in jobs), **{k: round(v, 3) for k, v in
