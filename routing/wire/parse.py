@@ -8,10 +8,10 @@ parameter in `param`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from routing.wire import fields
 from tenants.errors import InvalidRequest
 
 MAX_N = 16
@@ -66,83 +66,6 @@ class EmbeddingRequest:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# --- primitive checks --------------------------------------------------------------------------
-
-def _type_name(value: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number")
-
-
-def _int(body: dict, name: str, *, low: int, high: int, default: int | None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        # 2.0 is a float in JSON terms but an integer in value; OpenAI accepts it, so do we.
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise InvalidRequest(f"'{name}' must be an integer, got {_type_name(value)}.",
-                                 param=name)
-    if not low <= value <= high:
-        raise InvalidRequest(f"'{name}' must be between {low} and {high}, got {value}.",
-                             param=name)
-    return value
-
-
-def _number(body: dict, name: str, *, low: float, high: float, default: float,
-            low_open: bool = False) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidRequest(f"'{name}' must be a number.", param=name)
-    if value > high or value < low or (low_open and value == low):
-        bracket = "(" if low_open else "["
-        raise InvalidRequest(f"'{name}' must be in {bracket}{low}, {high}], got {value}.",
-                             param=name)
-    return float(value)
-
-
-def _bool(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"'{name}' must be a boolean.", param=name)
-    return value
-
-
-def _str(body: dict, name: str, *, required: bool = False) -> str | None:
-    value = body.get(name)
-    if value is None:
-        if required:
-            raise InvalidRequest(f"Missing required parameter: '{name}'.", param=name)
-        return None
-    if not isinstance(value, str) or (required and not value):
-        raise InvalidRequest(f"'{name}' must be a non-empty string.", param=name)
-    return value
-
-
-def _unsupported_unless(body: dict, name: str, allowed: list) -> None:
-    """A parameter we accept only at its neutral value(s) (a list: values may be unhashable)."""
-    if name in body and body[name] is not None and body[name] not in allowed:
-        raise InvalidRequest(f"'{name}' is not supported by this server.", param=name)
-
-
-def _reject_unknown(body: dict, known: set[str]) -> None:
-    unknown = sorted(set(body) - known)
-    if unknown:
-        raise InvalidRequest(f"Unrecognized request argument supplied: {unknown[0]}",
-                             param=unknown[0])
-
-
-def _object(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    return body
-
-
 # --- shared sampling ------------------------------------------------------------------------------
 
 COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "n", "stop", "seed",
@@ -164,7 +87,7 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 
 def _stream(body: dict) -> tuple[bool, bool]:
-    stream = _bool(body, "stream", False)
+    stream = fields.boolean(body, "stream", False)
     options = body.get("stream_options")
     if options is None:
         return stream, False
@@ -175,30 +98,30 @@ def _stream(body: dict) -> tuple[bool, bool]:
                                                         "continuous_usage_stats"}:
         raise InvalidRequest("'stream_options' must be an object with 'include_usage'.",
                              param="stream_options")
-    return stream, _bool(options, "include_usage", False)
+    return stream, fields.boolean(options, "include_usage", False)
 
 
 def _sampling(body: dict, *, max_tokens: int | None, logprobs: int | None) -> Sampling:
     for name in ("presence_penalty", "frequency_penalty"):
-        _number(body, name, low=-2.0, high=2.0, default=0.0)
-        _unsupported_unless(body, name, [0])
-    _unsupported_unless(body, "repetition_penalty", [1])
+        fields.number(body, name, low=-2.0, high=2.0, default=0.0)
+        fields.unsupported_unless(body, name, [0])
+    fields.unsupported_unless(body, "repetition_penalty", [1])
     if body.get("logit_bias") not in (None, {}):
         raise InvalidRequest("'logit_bias' is not supported by this server.", param="logit_bias")
     if body.get("user") is not None:
-        _str(body, "user")
-    _unsupported_unless(body, "service_tier", ["auto", "default"])
-    n = _int(body, "n", low=1, high=MAX_N, default=1)
+        fields.string(body, "user")
+    fields.unsupported_unless(body, "service_tier", ["auto", "default"])
+    n = fields.integer(body, "n", low=1, high=MAX_N, default=1)
     return Sampling(
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", low=0.0, high=2.0, default=1.0),
-        top_p=_number(body, "top_p", low=0.0, high=1.0, default=1.0, low_open=True),
-        top_k=_int(body, "top_k", low=-1, high=1_000_000, default=0),
+        temperature=fields.number(body, "temperature", low=0.0, high=2.0, default=1.0),
+        top_p=fields.number(body, "top_p", low=0.0, high=1.0, default=1.0, low_open=True),
+        top_k=fields.integer(body, "top_k", low=-1, high=1_000_000, default=0),
         n=n, stop=_stop(body),
-        seed=_int(body, "seed", low=-(2**63), high=MAX_SEED, default=None),
+        seed=fields.integer(body, "seed", low=-(2**63), high=MAX_SEED, default=None),
         logprobs=logprobs,
-        min_tokens=_int(body, "min_tokens", low=0, high=1_000_000, default=0),
-        ignore_eos=_bool(body, "ignore_eos", False),
+        min_tokens=fields.integer(body, "min_tokens", low=0, high=1_000_000, default=0),
+        ignore_eos=fields.boolean(body, "ignore_eos", False),
     )
 
 
@@ -248,27 +171,27 @@ def _messages(body: dict) -> list[dict[str, str]]:
 
 
 def chat_request_parse(body: Any) -> ChatRequest:
-    body = _object(body)
-    _reject_unknown(body, CHAT_KNOWN)
-    model = _str(body, "model", required=True)
+    body = fields.json_object(body)
+    fields.reject_unknown(body, CHAT_KNOWN)
+    model = fields.string(body, "model", required=True)
     messages = _messages(body)
     if body.get("tools") or body.get("functions"):
         raise InvalidRequest("Tools and function calling are not supported by this server.",
                              param="tools" if body.get("tools") else "functions")
-    _unsupported_unless(body, "tool_choice", ["none", "auto"])
+    fields.unsupported_unless(body, "tool_choice", ["none", "auto"])
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         raise InvalidRequest("Only response_format {'type': 'text'} is supported.",
                              param="response_format")
-    _unsupported_unless(body, "modalities", [["text"]])
+    fields.unsupported_unless(body, "modalities", [["text"]])
     for name in ("audio", "prediction", "web_search_options", "reasoning_effort"):
-        _unsupported_unless(body, name, [])
-    max_tokens = _int(body, "max_completion_tokens", low=1, high=10_000_000, default=None)
+        fields.unsupported_unless(body, name, [])
+    max_tokens = fields.integer(body, "max_completion_tokens", low=1, high=10_000_000, default=None)
     if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", low=1, high=10_000_000, default=None)
+        max_tokens = fields.integer(body, "max_tokens", low=1, high=10_000_000, default=None)
     logprobs = None
-    if _bool(body, "logprobs", False):
-        logprobs = _int(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS, default=0)
+    if fields.boolean(body, "logprobs", False):
+        logprobs = fields.integer(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS, default=0)
     elif body.get("top_logprobs") is not None:
         raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true.",
                              param="top_logprobs")
@@ -308,23 +231,23 @@ def _inputs(value: Any, param: str) -> list[str | list[int]]:
 
 
 def completion_request_parse(body: Any) -> CompletionRequest:
-    body = _object(body)
-    _reject_unknown(body, COMPLETION_KNOWN)
-    model = _str(body, "model", required=True)
+    body = fields.json_object(body)
+    fields.reject_unknown(body, COMPLETION_KNOWN)
+    model = fields.string(body, "model", required=True)
     if "prompt" not in body:
         raise InvalidRequest("Missing required parameter: 'prompt'.", param="prompt")
     prompts = _inputs(body["prompt"], "prompt")
     if body.get("suffix"):
         raise InvalidRequest("'suffix' is not supported by this server.", param="suffix")
-    n = _int(body, "n", low=1, high=MAX_N, default=1)
-    _int(body, "best_of", low=n, high=n, default=n)  # best_of > n would need hidden samples
-    logprobs = _int(body, "logprobs", low=0, high=MAX_LEGACY_LOGPROBS, default=None)
+    n = fields.integer(body, "n", low=1, high=MAX_N, default=1)
+    fields.integer(body, "best_of", low=n, high=n, default=n)  # best_of > n would need hidden samples
+    logprobs = fields.integer(body, "logprobs", low=0, high=MAX_LEGACY_LOGPROBS, default=None)
     stream, include_usage = _stream(body)
-    max_tokens = _int(body, "max_tokens", low=1, high=10_000_000, default=16)
+    max_tokens = fields.integer(body, "max_tokens", low=1, high=10_000_000, default=16)
     return CompletionRequest(model=model, prompts=prompts,
                              sampling=_sampling(body, max_tokens=max_tokens, logprobs=logprobs),
                              stream=stream, include_usage=include_usage,
-                             echo=_bool(body, "echo", False))
+                             echo=fields.boolean(body, "echo", False))
 
 
 # --- embeddings --------------------------------------------------------------------------------
@@ -333,9 +256,9 @@ EMBEDDING_KNOWN = {"model", "input", "encoding_format", "dimensions", "user"}
 
 
 def embedding_request_parse(body: Any) -> EmbeddingRequest:
-    body = _object(body)
-    _reject_unknown(body, EMBEDDING_KNOWN)
-    model = _str(body, "model", required=True)
+    body = fields.json_object(body)
+    fields.reject_unknown(body, EMBEDDING_KNOWN)
+    model = fields.string(body, "model", required=True)
     if "input" not in body:
         raise InvalidRequest("Missing required parameter: 'input'.", param="input")
     inputs = _inputs(body["input"], "input")
@@ -343,8 +266,8 @@ def embedding_request_parse(body: Any) -> EmbeddingRequest:
     if encoding not in {"float", "base64"}:
         raise InvalidRequest("'encoding_format' must be 'float' or 'base64'.",
                              param="encoding_format")
-    dimensions = _int(body, "dimensions", low=1, high=1_000_000, default=None)
+    dimensions = fields.integer(body, "dimensions", low=1, high=1_000_000, default=None)
     if body.get("user") is not None:
-        _str(body, "user")
+        fields.string(body, "user")
     return EmbeddingRequest(model=model, inputs=inputs, encoding_format=encoding,
                             extra={"dimensions": dimensions} if dimensions else {})
