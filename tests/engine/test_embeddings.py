@@ -36,3 +36,15 @@ def test_generation_can_return_hidden_states(make_engine, hf_model, prompts):
     with torch.no_grad():
         ref = hf_model.model(full).last_hidden_state[0, len(prompts[6]) - 1 : -1]
     torch.testing.assert_close(out.hidden_states, ref, atol=1e-4, rtol=0)
+
+
+def test_embeddings_survive_preemption(make_engine, prompts):
+    roomy = make_engine().embed(prompts[12:16])
+    engine = make_engine(num_kv_blocks=24, max_num_batched_tokens=64)
+    for p in prompts[8:12]:
+        engine.add_request(p, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    squeezed = engine.embed(prompts[12:16])
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.stats()["num_preemptions"] > 0
+    torch.testing.assert_close(squeezed, roomy, atol=1e-5, rtol=0)

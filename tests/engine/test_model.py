@@ -96,3 +96,27 @@ def test_unsupported_architecture_is_refused(tmp_path):
     path = preset_create("tiny", tmp_path / "odd", seed=0, model_type="gpt2")
     with pytest.raises(UnsupportedModel):
         LLMEngine(EngineConfig(model=str(path)))
+
+
+def test_bfloat16_engine_runs_and_stays_close_to_float32(make_engine, prompts):
+    """The half-precision path (what CUDA uses by default) works end to end on CPU too."""
+    from workers.engine import SamplingParams
+
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
+    half = make_engine(dtype="bfloat16", max_num_batched_tokens=64).generate(prompts[6:10], params)
+    full = make_engine().generate(prompts[6:10], params)
+    assert all(len(h.token_ids) == 8 for h in half)
+    assert sum(h.token_ids[0] == f.token_ids[0] for h, f in zip(half, full)) >= 3
+    vectors = make_engine(dtype="bfloat16").embed(prompts[6:8])
+    torch.testing.assert_close(vectors, make_engine().embed(prompts[6:8]), atol=0.15, rtol=0.05)
+
+
+@pytest.mark.gpu
+def test_cuda_engine_equals_hf(tiny_dir, prompts, hf_greedy):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (none on this machine)")
+    from workers.engine import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_dir), device="cuda", dtype="float32", num_kv_blocks=512))
+    outs = engine.generate(prompts, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+    assert [o.token_ids for o in outs] == hf_greedy

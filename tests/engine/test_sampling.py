@@ -113,3 +113,23 @@ def test_streamed_text_equals_decoded_tokens(make_engine):
             ids += out.new_token_ids
     assert text == engine.tokenizer.decode(ids)
     assert rid
+
+
+def test_repetition_penalty_equals_hf(make_engine, hf_model, prompts):
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, repetition_penalty=1.3)
+    for p, out in zip(prompts[4:8], make_engine().generate(prompts[4:8], params)):
+        ids = torch.tensor([p])
+        ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+                                repetition_penalty=1.3, pad_token_id=0)[0, len(p):].tolist()
+        assert out.token_ids == ref
+
+
+def test_presence_and_frequency_penalties_shift_logits_by_output_counts():
+    logits = torch.tensor([[3.0, 2.9, 2.8, 0.0]])
+    seq = _seqs(Params(temperature=0, presence_penalty=0.5, frequency_penalty=0.2), 1)[0]
+    seq.token_ids += [0, 0, 1]  # outputs: token 0 twice, token 1 once
+    # 3.0 - 0.5 - 0.4 = 2.1, 2.9 - 0.5 - 0.2 = 2.2, 2.8 untouched: token 2 wins.
+    assert Sampler(seed=0)(logits, [seq], ()).token_ids == [2]
+    plain = _seqs(Params(temperature=0), 1)[0]
+    plain.token_ids += [0, 0, 1]
+    assert Sampler(seed=0)(logits, [plain], ()).token_ids == [0]

@@ -153,19 +153,32 @@ class AsyncEngine:
     # The loop -----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
+        try:
+            while self._loop_once():
+                pass
+        except Exception as exc:  # engine state is beyond repair: stop taking requests
+            logger.exception("engine loop died")
+            self.error = exc
             with self._cond:
-                while not (self._commands or self._is_stopping or self.engine.has_unfinished_requests()):
-                    self._cond.wait()
-                commands, self._commands = self._commands, []
-                is_stopping = self._is_stopping
-            for command in commands:
-                command()
-            if is_stopping:
-                self._fail_all(EngineStopped("the engine is shutting down"))
-                return
-            if self.engine.has_unfinished_requests():
-                self._step()
+                self._is_stopping = True
+                sinks, self._sinks = self._sinks, {}
+            for sink in sinks.values():
+                _call(sink, EngineStopped(f"the engine loop died: {exc}"))
+
+    def _loop_once(self) -> bool:
+        with self._cond:
+            while not (self._commands or self._is_stopping or self.engine.has_unfinished_requests()):
+                self._cond.wait()
+            commands, self._commands = self._commands, []
+            is_stopping = self._is_stopping
+        for command in commands:
+            command()
+        if is_stopping:
+            self._fail_all(EngineStopped("the engine is shutting down"))
+            return False
+        if self.engine.has_unfinished_requests():
+            self._step()
+        return True
 
     def _step(self) -> None:
         try:
@@ -184,17 +197,22 @@ class AsyncEngine:
         with self._cond:
             sinks, self._sinks = self._sinks, {}
         for sink in sinks.values():
-            sink(error)
+            _call(sink, error)
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException, *, is_last: bool) -> None:
         with self._cond:
             sink = self._sinks.pop(request_id, None) if is_last else self._sinks.get(request_id)
-        if sink is None:
-            return
-        try:
-            sink(item)
-        except RuntimeError:  # the caller's event loop is gone: nobody is listening any more
-            self.engine.abort(request_id)
+        if sink is not None and not _call(sink, item):
+            self.engine.abort(request_id)  # nobody is listening any more
+
+
+def _call(sink: Sink, item: RequestOutput | BaseException) -> bool:
+    try:
+        sink(item)
+        return True
+    except Exception:  # a closed event loop, or a caller's broken sink: never the engine's problem
+        logger.warning("dropping output for a request whose consumer is gone", exc_info=True)
+        return False
 
 
 def _async_sink(loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue) -> Sink:

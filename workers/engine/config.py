@@ -109,7 +109,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int = 1 << 30
     max_num_seqs: int = 64
     # Token budget of one step (prefill chunks + decodes together).
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int = 1024
     # None: the checkpoint's max_position_embeddings (capped by a sliding window, if any).
     max_model_len: int | None = None
     is_prefix_caching_enabled: bool = True

@@ -28,8 +28,10 @@ MAX_GROUP_MASK_ELEMENTS = 1 << 23
 
 class MetadataBuilder:
     def __init__(
-        self, *, block_size: int, num_queries_per_kv: int, kv_bytes_per_block: int, max_group_padding: float, device: torch.device
+        self, *, block_size: int, num_queries_per_kv: int, kv_bytes_per_block: int, max_group_padding: float,
+        device: torch.device, dtype: torch.dtype,
     ) -> None:
+        self.dtype = dtype  # attention masks must match the queries' dtype
         self.block_size = block_size
         self.max_group_blocks = max(MAX_GROUP_KV_BYTES // kv_bytes_per_block, 1)
         self.group = num_queries_per_kv
@@ -86,7 +88,7 @@ class MetadataBuilder:
         if any(n != num_blocks * self.block_size for n in lengths):
             keys = torch.arange(num_blocks * self.block_size, device=self.device)
             allowed = keys[None, :] < torch.tensor(lengths, device=self.device)[:, None]
-            mask = _additive(allowed)[:, None, None, :]  # [B, 1, 1, keys]
+            mask = _additive(allowed, self.dtype)[:, None, None, :]  # [B, 1, 1, keys]
         return AttentionGroup(len(seqs), 1, num_blocks, block_ids, mask, rows=slice(start, start + len(seqs)))
 
     def _block_ids(self, seqs: list[Sequence], num_blocks: int) -> torch.Tensor:
@@ -137,7 +139,7 @@ class MetadataBuilder:
         keys = torch.arange(num_blocks * self.block_size, device=self.device)
         allowed = keys[None, None, :] <= query_pos[:, :, None]  # [B, q_len, keys], causal
         allowed &= is_real[:, :, None] | (keys == 0)[None, None, :]  # padding rows: key 0 only
-        mask = _additive(allowed.repeat(1, self.group, 1))[:, None]  # [B, 1, group * q_len, keys]
+        mask = _additive(allowed.repeat(1, self.group, 1), self.dtype)[:, None]  # [B, 1, group * q_len, keys]
         if len(entries) == 1 and q_len == int(lengths[0]):
             row = entries[0][2]
             return AttentionGroup(1, q_len, num_blocks, block_ids, mask, rows=slice(row, row + q_len))
@@ -148,5 +150,5 @@ class MetadataBuilder:
         )
 
 
-def _additive(allowed: torch.Tensor) -> torch.Tensor:
-    return torch.zeros(allowed.shape, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))

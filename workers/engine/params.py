@@ -9,7 +9,7 @@ from workers.engine.errors import InvalidRequest
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
-MAX_SEED = 2**63 - 1
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,6 +28,11 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    # OpenAI/vLLM penalties: presence and frequency count output tokens; repetition (like
+    # transformers') divides positive / multiplies negative logits of tokens seen in prompt or output.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None
@@ -45,8 +50,14 @@ class SamplingParams:
             raise InvalidRequest("temperature must be a number in [0, 100]", param="temperature")
         if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise InvalidRequest("top_p must be a number in (0, 1]", param="top_p")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= value <= 2.0:
+                raise InvalidRequest(f"{name} must be a number in [-2, 2]", param=name)
+        if not _is_number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 2.0:
+            raise InvalidRequest("repetition_penalty must be a number in (0, 2]", param="repetition_penalty")
         if self.seed is not None:
-            _check_int(self.seed, "seed", low=0, high=MAX_SEED)
+            _check_int(self.seed, "seed", low=MIN_SEED, high=MAX_SEED)
         if self.logprobs is not None:
             _check_int(self.logprobs, "logprobs", low=0, high=MAX_LOGPROBS)
         if len(self.stop) > MAX_STOP_STRINGS:
@@ -59,6 +70,10 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
 
 def _is_number(value: object) -> bool:

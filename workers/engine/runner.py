@@ -36,7 +36,7 @@ class ModelRunner:
         self.metadata = MetadataBuilder(
             block_size=config.block_size, num_queries_per_kv=mc.num_queries_per_kv,
             kv_bytes_per_block=self.kv_cache[0, :, :, 0].numel() * self.kv_cache.element_size(),
-            max_group_padding=config.max_group_padding, device=device,
+            max_group_padding=config.max_group_padding, device=device, dtype=dtype,
         )
         self.eos_token_ids = mc.eos_token_ids
 

@@ -31,6 +31,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...]) -> SampleResult:
         logits = logits.float().cpu()  # [num_seqs, vocab]
         raw = logits
+        logits = _penalize(logits, seqs)
         logits = self._suppress_stops(logits, seqs, eos_token_ids)
         token_ids = logits.argmax(dim=-1)
         random_rows = [i for i, s in enumerate(seqs) if not s.params.is_greedy]
@@ -91,6 +92,25 @@ class Sampler:
         for row, n in enumerate(wanted):
             top.append(dict(zip(indices[row, :n].tolist(), values[row, :n].tolist())) if n else None)
         return chosen, top
+
+
+def _penalize(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Presence/frequency penalties over output tokens, repetition penalty over all tokens."""
+    rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    vocab = logits.shape[1]
+    for i in rows:
+        params, seq = seqs[i].params, seqs[i]
+        if params.presence_penalty or params.frequency_penalty:
+            counts = torch.bincount(torch.tensor(seq.output_token_ids, dtype=torch.long), minlength=vocab)[:vocab]
+            logits[i] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+        if params.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long)
+            values = logits[i, seen]
+            logits[i, seen] = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+    return logits
 
 
 def _filter_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:

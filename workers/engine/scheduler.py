@@ -28,9 +28,9 @@ class ScheduledBatch:
 class Scheduler:
     """Continuous batching under a token budget, with chunked prefill and preemption by recompute.
 
-    Each step: running sequences first (decodes before prefill chunks, then by policy key),
-    growing their block tables; when the pool runs dry the lowest-priority running sequence is
-    preempted (its blocks freed, its tokens recomputed later). Then, if nothing was preempted,
+    Each step: running sequences first, in policy order, growing their block tables (a prefill
+    chunk never takes the budget the decodes behind it need); when the pool runs dry the
+    lowest-priority running sequence is preempted (its blocks freed, its tokens recomputed later). Then, if nothing was preempted,
     waiting sequences are admitted in policy order while the budget, ``max_num_seqs`` and the
     pool (minus a watermark) allow, each starting from its longest cached prefix.
     """
@@ -63,13 +63,24 @@ class Scheduler:
         return batch
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
-        self.running.sort(key=lambda s: (s.is_prefilling, self.policy.key(s)))
+        """Running sequences in policy order; prefill chunks leave room for every decode."""
+        self.running.sort(key=self.policy.key)
+        num_decodes_left = sum(1 for s in self.running if not s.is_prefilling)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.is_prefilling:
+                num_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget - num_decodes_left)
+                if num_tokens <= 0:
+                    i += 1
+                    continue
+            else:
+                num_tokens = 1
+                num_decodes_left -= 1
             while not self.block_manager.can_append(seq, num_tokens):
-                victim = self.running.pop()
+                victim = self.running.pop()  # the lowest priority of those not yet scheduled
+                if victim is not seq and not victim.is_prefilling:
+                    num_decodes_left -= 1
                 self._preempt(victim)
                 batch.num_preempted += 1
                 if victim is seq:
@@ -134,6 +145,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        seq.hidden_sum = seq.hidden_last = None  # an embedding restarts its pooling with its prefill
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1

@@ -37,26 +37,26 @@ class _FirstToken:
 
 def hf_one_at_a_time(model, requests: list[Request]) -> RunResult:
     _warm_up(model)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     ttft = []
     for r in requests:
         first = _FirstToken()
         _generate(model, [r.prompt], r.num_output_tokens, first)
         ttft.append(first.time - start)
-    return RunResult("hf_one_at_a_time", time.perf_counter() - start, _useful(requests), ttft)
+    return RunResult("hf_one_at_a_time", time.perf_counter() - start, _useful(requests), ttft, time.process_time() - cpu_start)
 
 
 def hf_static_batches(model, requests: list[Request], batch_size: int) -> RunResult:
     """Arrival-order batches, left-padded; a batch runs until its longest output is done."""
     _warm_up(model)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     ttft = []
     for i in range(0, len(requests), batch_size):
         batch = requests[i : i + batch_size]
         first = _FirstToken()
         _generate(model, [r.prompt for r in batch], max(r.num_output_tokens for r in batch), first)
         ttft.extend([first.time - start] * len(batch))
-    return RunResult(f"hf_static_batch_{batch_size}", time.perf_counter() - start, _useful(requests), ttft)
+    return RunResult(f"hf_static_batch_{batch_size}", time.perf_counter() - start, _useful(requests), ttft, time.process_time() - cpu_start)
 
 
 def hf_continuous_batching(model, requests: list[Request], *, max_batch_tokens: int, num_blocks: int) -> RunResult:
@@ -71,14 +71,14 @@ def hf_continuous_batching(model, requests: list[Request], *, max_batch_tokens: 
     manager.start()
     try:
         _cb_collect(manager, [Request([5] * 40, 4)])  # warm-up
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         outputs = _cb_collect(manager, requests)
-        makespan = time.perf_counter() - start
+        makespan, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     finally:
         manager.stop(block=True, timeout=10)
     num_tokens = sum(len(o.generated_tokens) for o in outputs)
     ttft = [o.timestamps[0] - start for o in outputs if o.timestamps]
-    return RunResult("hf_continuous_batching", makespan, num_tokens, ttft)
+    return RunResult("hf_continuous_batching", makespan, num_tokens, ttft, cpu)
 
 
 def _cb_collect(manager, requests: list[Request]) -> list:

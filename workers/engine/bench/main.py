@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -20,7 +21,7 @@ from workers.engine.presets import ensure_preset
 
 BASELINES = ("one_at_a_time", "static_8", "static_16", "continuous")
 FULL = {"num_requests": 64, "prompt_range": (16, 512), "output_range": (16, 256), "shared_requests": 64, "shared_output": 32}
-QUICK = {"num_requests": 16, "prompt_range": (16, 128), "output_range": (16, 64), "shared_requests": 24, "shared_output": 8}
+QUICK = {"num_requests": 16, "prompt_range": (16, 128), "output_range": (16, 64), "shared_requests": 32, "shared_output": 8}
 SYSTEM_PROMPT_TOKENS = 256
 USER_TURN_RANGE = (16, 48)
 
@@ -35,7 +36,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--preset", default="small", help="model preset (default small)")
     p.add_argument("--models-dir", type=Path, default=Path("var/models"), help="where presets are generated")
     p.add_argument("--skip", default="", help=f"comma-separated baselines to leave out: {','.join(BASELINES)}")
-    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="our step token budget (HF CB gets the same)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=1024, help="our step token budget (HF CB gets the same)")
     return p.parse_args(argv)
 
 
@@ -50,14 +51,14 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     model_dir = ensure_preset(args.preset, args.models_dir, seed=0)
     requests = mixed_workload(seed=args.seed, num_requests=shape["num_requests"], prompt_range=shape["prompt_range"], output_range=shape["output_range"])
     config = {"max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": max(64, shape["num_requests"])}
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), os.getloadavg()[0]
 
-    ours = engine_run(model_dir, requests, **config)
+    ours = _progress(engine_run(model_dir, requests, **config))
     baselines = _baselines(model_dir, requests, skip, args.max_num_batched_tokens)
     shared = shared_prefix_workload(seed=args.seed, num_requests=shape["shared_requests"], system_tokens=SYSTEM_PROMPT_TOKENS,
                                     turn_range=USER_TURN_RANGE, num_output_tokens=shape["shared_output"])
-    cached = engine_run(model_dir, shared, name="ours_prefix_cache_on", **config)
-    uncached = engine_run(model_dir, shared, name="ours_prefix_cache_off", is_prefix_caching_enabled=False, **config)
+    cached = _progress(engine_run(model_dir, shared, name="ours_prefix_cache_on", **config))
+    uncached = _progress(engine_run(model_dir, shared, name="ours_prefix_cache_off", is_prefix_caching_enabled=False, **config))
 
     result = {
         "benchmark": "engine",
@@ -75,6 +76,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "shared_prefix": _shared_summary(cached, uncached, shared),
         "kv_waste": ours.extra["kv_waste"],
         "wall_s": round(time.perf_counter() - started, 1),
+        # 1-minute load average before and after: other processes on the box skew every figure.
+        "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     report_print(result)
     if args.json_out is not None:
@@ -103,7 +106,14 @@ def _baselines(model_dir: Path, requests, skip: set[str], max_batch_tokens: int)
             out[name] = fn()
         except Exception as exc:  # a baseline that cannot run here is reported, not fatal
             out[name] = RunResult(f"hf_{name}", 0.0, 0, [], note=f"did not run: {type(exc).__name__}: {exc}")
+        _progress(out[name])
     return out
+
+
+def _progress(result: RunResult) -> RunResult:
+    """One line per finished system on stderr, so a long run shows where it is."""
+    print(f"[bench] {result.name}: {result.output_tok_s:.1f} tok/s, makespan {result.makespan_s:.1f} s", file=sys.stderr, flush=True)
+    return result
 
 
 def _cb_blocks(requests) -> int:
@@ -115,10 +125,12 @@ def _ratios(ours: RunResult, baselines: dict[str, RunResult]) -> dict[str, dict[
     ratios = {}
     for name, base in baselines.items():
         if not base.makespan_s:
-            ratios[name] = {"throughput": None, "ttft_p50": None}
+            ratios[name] = {"throughput": None, "cpu_time": None, "ttft_p50": None, "ttft_p99": None}
             continue
         ratios[name] = {
             "throughput": round(ours.output_tok_s / base.output_tok_s, 2),
+            # The same work in CPU seconds: less sensitive to other processes on a shared box.
+            "cpu_time": round(base.cpu_s / ours.cpu_s, 2) if ours.cpu_s else None,
             "ttft_p50": round(base.ttft_p(50) / ours.ttft_p(50), 2),
             "ttft_p99": round(base.ttft_p(99) / ours.ttft_p(99), 2),
         }

@@ -11,7 +11,7 @@ def report_print(result: dict[str, Any]) -> None:
           f" quick={result['quick']} machine={result['machine']}")
     print(f"mixed workload: {w['num_requests']} requests, prompts {w['prompt_range'][0]}-{w['prompt_range'][1]}"
           f" ({w['prompt_tokens']} tokens), outputs {w['output_range'][0]}-{w['output_range'][1]} ({w['output_tokens']} tokens)")
-    header = f"{'system':<28}{'out tok/s':>11}{'makespan s':>12}{'TTFT p50 s':>12}{'TTFT p99 s':>12}{'ours x':>9}"
+    header = f"{'system':<28}{'out tok/s':>11}{'makespan s':>12}{'TTFT p50 s':>12}{'TTFT p99 s':>12}{'CPU s':>9}{'ours x':>9}"
     print(header)
     print("-" * len(header))
     print(_row(result["ours"], None))
@@ -30,12 +30,14 @@ def report_print(result: dict[str, Any]) -> None:
     print(_row(s["cache_off"], None))
     print(f"  prefix caching: TTFT p50 {s['ttft_p50_speedup']}x, p99 {s['ttft_p99_speedup']}x faster;"
           f" throughput {s['throughput_speedup']}x")
-    print(f"wall time {result['wall_s']} s")
+    cpu = ", ".join(f"{k} {v['cpu_time']}x" for k, v in result["ratios"].items() if v.get("cpu_time"))
+    print(f"ours vs baselines in CPU seconds for the same work: {cpu}")
+    print(f"wall time {result['wall_s']} s; load average {result['load_avg'][0]} before, {result['load_avg'][1]} after")
 
 
 def _row(s: dict[str, Any], ratio: float | None) -> str:
     if s.get("note") and not s.get("makespan_s"):
-        return f"{s['name']:<28}{'-':>11}{'-':>12}{'-':>12}{'-':>12}{'-':>9}"
+        return f"{s['name']:<28}{'-':>11}{'-':>12}{'-':>12}{'-':>12}{'-':>9}{'-':>9}"
     ratio_text = "" if ratio is None else f"{ratio:.2f}"
     return (f"{s['name']:<28}{s['output_tok_s']:>11.1f}{s['makespan_s']:>12.2f}{s['ttft_p50_s']:>12.3f}"
-            f"{s['ttft_p99_s']:>12.3f}{ratio_text:>9}")
+            f"{s['ttft_p99_s']:>12.3f}{s['cpu_s']:>9.1f}{ratio_text:>9}")

@@ -12,6 +12,8 @@ class RunResult:
     makespan_s: float
     num_output_tokens: int
     ttft_s: list[float] = field(repr=False)
+    # CPU seconds of the whole process while it ran: on a shared box, wall time minus waiting.
+    cpu_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     note: str = ""
 
@@ -31,6 +33,7 @@ class RunResult:
         data.update(
             output_tok_s=round(self.output_tok_s, 2),
             makespan_s=round(self.makespan_s, 3),
+            cpu_s=round(self.cpu_s, 2),
             ttft_p50_s=round(self.ttft_p(50), 3),
             ttft_p99_s=round(self.ttft_p(99), 3),
             **self.extra,
