@@ -133,3 +133,12 @@ def test_presence_and_frequency_penalties_shift_logits_by_output_counts():
     plain = _seqs(Params(temperature=0), 1)[0]
     plain.token_ids += [0, 0, 1]
     assert Sampler(seed=0)(logits, [plain], ()).token_ids == [0]
+
+
+def test_logit_bias_forces_and_bans_tokens(make_engine, prompts, hf_greedy):
+    engine = make_engine()
+    forced = engine.generate([prompts[5]], SamplingParams(max_tokens=5, temperature=1.0, seed=0, logit_bias={42: 100}))[0]
+    assert forced.token_ids == [42] * 5
+    banned = hf_greedy[5][0]
+    out = engine.generate([prompts[5]], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logit_bias={banned: -100}))[0]
+    assert banned not in out.token_ids

@@ -233,6 +233,8 @@ class LLMEngine:
         **request_kwargs: Any,
     ) -> list[Completion]:
         """Run ``prompts`` to completion, batched together; results in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # one prompt, not a list of them
         per_prompt = params if isinstance(params, list) else [params] * len(prompts)
         ids = [self.add_request(p, sp, **request_kwargs) for p, sp in zip(prompts, per_prompt, strict=True)]
         seqs = {rid: self.requests[rid] for rid in ids}

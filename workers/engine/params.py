@@ -33,6 +33,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # Added to a token's logit before sampling (OpenAI's logit_bias): {token_id: bias in [-100, 100]}.
+    logit_bias: tuple[tuple[int, float], ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None
@@ -43,6 +45,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _as_tuple(self.stop, "stop"))
         object.__setattr__(self, "stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids"))
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         _check_int(self.max_tokens, "max_tokens", low=1)
         _check_int(self.min_tokens, "min_tokens", low=0, high=self.max_tokens)
         _check_int(self.top_k, "top_k", low=-1)
@@ -73,7 +76,8 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0 or bool(self.logit_bias))
 
 
 def _is_number(value: object) -> bool:
@@ -96,6 +100,19 @@ def _as_tuple(value: object, param: str) -> tuple:
     if isinstance(value, (list, tuple)):
         return tuple(value)
     return _bad(param)
+
+
+def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
+    items = value.items() if isinstance(value, dict) else value
+    try:
+        pairs = tuple((token, bias) for token, bias in items)
+    except (TypeError, ValueError):
+        raise InvalidRequest("logit_bias must map token ids to numbers", param="logit_bias") from None
+    for token, bias in pairs:
+        _check_int(token, "logit_bias", low=0)
+        if not _is_number(bias) or not -100.0 <= bias <= 100.0:
+            raise InvalidRequest("logit_bias values must be numbers in [-100, 100]", param="logit_bias")
+    return pairs
 
 
 def _bad(param: str) -> tuple:

@@ -52,6 +52,8 @@ def request_check(
         )
     if params is not None and any(t >= vocab_size for t in params.stop_token_ids):
         raise InvalidRequest(f"stop_token_ids must be below the vocabulary size {vocab_size}", param="stop_token_ids")
+    if params is not None and any(t >= vocab_size for t, _ in params.logit_bias):
+        raise InvalidRequest(f"logit_bias token ids must be below the vocabulary size {vocab_size}", param="logit_bias")
     if not isinstance(tenant, str) or not tenant:
         raise InvalidRequest("tenant must be a non-empty string", param="tenant")
     if not isinstance(lane, str) or (lanes is not None and lane not in lanes):

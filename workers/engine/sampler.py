@@ -95,7 +95,7 @@ class Sampler:
 
 
 def _penalize(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Presence/frequency penalties over output tokens, repetition penalty over all tokens."""
+    """Presence/frequency penalties over output tokens, logit bias, repetition penalty over all tokens."""
     rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
     if not rows:
         return logits
@@ -106,6 +106,9 @@ def _penalize(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         if params.presence_penalty or params.frequency_penalty:
             counts = torch.bincount(torch.tensor(seq.output_token_ids, dtype=torch.long), minlength=vocab)[:vocab]
             logits[i] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+        if params.logit_bias:
+            tokens, biases = zip(*params.logit_bias)
+            logits[i, list(tokens)] += torch.tensor(biases, dtype=logits.dtype)
         if params.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long)
             values = logits[i, seen]
