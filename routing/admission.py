@@ -14,9 +14,6 @@ from tenants.services.keys import api_key_authenticate
 from workers.generation import GenerationJob
 from workers.registry import ModelInfo, model_context_length, model_get, usage_cost
 
-ENGINE_MAX_SEED = 2**63
-
-
 @dataclass(frozen=True, slots=True)
 class Caller:
     api_key: ApiKey
@@ -73,10 +70,13 @@ def engine_sampling(sampling, max_tokens: int) -> dict:
     """OpenAI's sampling parameters as the engine's SamplingParams keywords."""
     return {"max_tokens": max_tokens, "temperature": sampling.temperature,
             "top_p": sampling.top_p, "top_k": max(sampling.top_k, 0),
-            "seed": None if sampling.seed is None else sampling.seed % ENGINE_MAX_SEED,
+            "seed": sampling.seed,
             "stop": list(sampling.stop), "logprobs": sampling.logprobs,
             "min_tokens": min(sampling.min_tokens, max_tokens),
-            "ignore_eos": sampling.ignore_eos}
+            "ignore_eos": sampling.ignore_eos, "presence_penalty": sampling.presence_penalty,
+            "frequency_penalty": sampling.frequency_penalty,
+            "repetition_penalty": sampling.repetition_penalty,
+            "logit_bias": [list(pair) for pair in sampling.logit_bias]}
 
 
 def generation_admit(*, caller: Caller, info: ModelInfo, prompts: list[list[int]],

@@ -65,7 +65,8 @@ class GenerationJob:
         sampling = dict(self.sampling)
         # n choices of one prompt with one seed would be n identical answers.
         if sampling.get("seed") is not None:
-            sampling["seed"] = (sampling["seed"] + index % self.n) % (2**63)
+            # Wrap within int64, the range seeds are accepted in.
+            sampling["seed"] = (sampling["seed"] + index % self.n + 2**63) % 2**64 - 2**63
         return SamplingParams(**sampling)
 
 

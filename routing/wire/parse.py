@@ -2,7 +2,7 @@
 
 Like OpenAI's own API, an argument we do not recognise is a 400 (silently ignoring a
 parameter would return something the client did not ask for), and so is a recognised one set
-to a value we cannot honour (tools, non-zero penalties, JSON mode). Every refusal names the
+to a value we cannot honour (tools, JSON mode, audio). Every refusal names the
 parameter in `param`.
 """
 
@@ -37,6 +37,10 @@ class Sampling:
     logprobs: int | None  # None: none; 0: the chosen token's; k: also the top k
     min_tokens: int = 0
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,13 +105,28 @@ def _stream(body: dict) -> tuple[bool, bool]:
     return stream, fields.boolean(options, "include_usage", False)
 
 
+MAX_LOGIT_BIAS = 300
+
+
+def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"<token id>": bias in [-100, 100]}, at most 300 entries."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
+        raise InvalidRequest(f"'logit_bias' must be an object of up to {MAX_LOGIT_BIAS} token ids.",
+                             param="logit_bias")
+    pairs = []
+    for token, value in bias.items():
+        if not token.isdigit() or isinstance(value, bool) or not isinstance(
+                value, (int, float)) or not -100 <= value <= 100:
+            raise InvalidRequest("'logit_bias' maps token ids to numbers from -100 to 100.",
+                                 param="logit_bias")
+        pairs.append((int(token), float(value)))
+    return tuple(sorted(pairs))
+
+
 def _sampling(body: dict, *, max_tokens: int | None, logprobs: int | None) -> Sampling:
-    for name in ("presence_penalty", "frequency_penalty"):
-        fields.number(body, name, low=-2.0, high=2.0, default=0.0)
-        fields.unsupported_unless(body, name, [0])
-    fields.unsupported_unless(body, "repetition_penalty", [1])
-    if body.get("logit_bias") not in (None, {}):
-        raise InvalidRequest("'logit_bias' is not supported by this server.", param="logit_bias")
     if body.get("user") is not None:
         fields.string(body, "user")
     fields.unsupported_unless(body, "service_tier", ["auto", "default"])
@@ -122,6 +141,12 @@ def _sampling(body: dict, *, max_tokens: int | None, logprobs: int | None) -> Sa
         logprobs=logprobs,
         min_tokens=fields.integer(body, "min_tokens", low=0, high=1_000_000, default=0),
         ignore_eos=fields.boolean(body, "ignore_eos", False),
+        presence_penalty=fields.number(body, "presence_penalty", low=-2.0, high=2.0, default=0.0),
+        frequency_penalty=fields.number(body, "frequency_penalty", low=-2.0, high=2.0,
+                                        default=0.0),
+        repetition_penalty=fields.number(body, "repetition_penalty", low=0.0, high=2.0,
+                                         default=1.0, low_open=True),
+        logit_bias=_logit_bias(body),
     )
 
 

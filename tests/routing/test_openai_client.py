@@ -144,3 +144,16 @@ def test_model_register_command_refuses_bad_sources_and_updates_prices(tiny):
         call_command("model_register", "x", "relative/dir")
     call_command("model_register", "tiny", "preset:tiny", "--price-output", "7")
     assert ServedModel.objects.get(name="tiny").price_output_per_mtok == 7
+
+
+def test_logit_bias_and_penalties_reach_the_engine(client):
+    from workers.registry import ModelInfo, model_tokenizer
+
+    forced = client.completions.create(model="tiny", prompt="abc", max_tokens=6, temperature=0,
+                                       logit_bias={"70": 100})
+    tokenizer = model_tokenizer(ModelInfo(name="tiny", source="preset:tiny"))
+    assert forced.choices[0].text == tokenizer.decode([70] * 6)
+    # A strong presence penalty forbids repeating the forced token after its first use.
+    varied = client.completions.create(model="tiny", prompt="abc", max_tokens=6, temperature=0,
+                                       logit_bias={"70": 3}, presence_penalty=2.0)
+    assert varied.choices[0].text != forced.choices[0].text

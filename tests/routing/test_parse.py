@@ -29,6 +29,15 @@ def test_chat_max_completion_tokens_wins_and_logprobs_map():
     assert request.sampling.stop == ("x",) and request.sampling.seed == 2
 
 
+def test_penalties_and_logit_bias_map_to_the_engine():
+    sampling = chat_request_parse({"model": "m", "messages": MSG, "presence_penalty": 0.5,
+                                   "frequency_penalty": -1, "repetition_penalty": 1.2,
+                                   "logit_bias": {"7": 5, "3": -100}}).sampling
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, -1.0)
+    assert sampling.repetition_penalty == 1.2
+    assert sampling.logit_bias == ((3, -100.0), (7, 5.0))
+
+
 def test_neutral_values_of_unsupported_features_are_accepted():
     chat_request_parse({"model": "m", "messages": MSG, "presence_penalty": 0,
                         "frequency_penalty": 0.0, "logit_bias": {}, "tools": [],
@@ -55,7 +64,11 @@ def test_neutral_values_of_unsupported_features_are_accepted():
     ({"model": "m", "messages": MSG, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"model": "m", "messages": MSG, "stream_options": {"include_usage": True}},
      "stream_options"),
-    ({"model": "m", "messages": MSG, "presence_penalty": 0.5}, "presence_penalty"),
+    ({"model": "m", "messages": MSG, "presence_penalty": 2.5}, "presence_penalty"),
+    ({"model": "m", "messages": MSG, "repetition_penalty": 0}, "repetition_penalty"),
+    ({"model": "m", "messages": MSG, "logit_bias": {"x": 1}}, "logit_bias"),
+    ({"model": "m", "messages": MSG, "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"model": "m", "messages": MSG, "logit_bias": {"5": True}}, "logit_bias"),
     ({"model": "m", "messages": MSG, "response_format": {"type": "json_object"}},
      "response_format"),
     ({"model": "m", "messages": MSG, "functions": [{"name": "f"}]}, "functions"),
