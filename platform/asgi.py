@@ -16,11 +16,12 @@ import celery_app  # noqa: E402, F401
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from api_handler import ApiASGIHandler, split_http  # noqa: E402
 from routing.consumers import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": split_http(ApiASGIHandler(), django_asgi_app),
         # Routes wrap themselves in an Origin check where they use cookies; the /v1 sockets
         # authenticate with API keys, which programs send without an Origin header.
         "websocket": URLRouter(websocket_urlpatterns),

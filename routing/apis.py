@@ -10,12 +10,13 @@ import logging
 import time
 
 from channels.db import database_sync_to_async
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from routing import services
 from routing.admission import caller_authenticate
+from routing.metrics import API_REQUESTS, API_RESPONSE_START
 from routing.wire.render import SSE_DONE, model_object, sse
 from tenants.errors import (
     ApplicationError, InvalidRequest, MethodNotAllowed, ModelNotFound, error_body_for,
@@ -40,20 +41,31 @@ def openai_view(method: str):
         @csrf_exempt
         @functools.wraps(view)
         async def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
-            try:
-                if request.method != method:
-                    raise MethodNotAllowed(f"Use {method} for {request.path}.")
-                caller = await database_sync_to_async(caller_authenticate)(
-                    authorization=request.headers.get("Authorization"))
-                return await view(request, caller, *args, **kwargs)
-            except ApplicationError as exc:
-                return _error_response(exc)
-            except EngineError as exc:  # the engine refused the input (e.g. a token id)
-                return _error_response(error_from_code(exc.code, exc.message, param=exc.param))
+            started = time.perf_counter()
+            response = await _handle(view, method, request, *args, **kwargs)
+            API_REQUESTS.labels(view.__name__, response.status_code).inc()
+            API_RESPONSE_START.labels(view.__name__).observe(time.perf_counter() - started)
+            return response
 
         return wrapper
 
     return decorate
+
+
+async def _handle(view, method: str, request: HttpRequest, *args, **kwargs) -> HttpResponse:
+    try:
+        request.get_host()  # ALLOWED_HOSTS, which CommonMiddleware checks for the rest
+        if request.method != method:
+            raise MethodNotAllowed(f"Use {method} for {request.path}.")
+        caller = await database_sync_to_async(caller_authenticate)(
+            authorization=request.headers.get("Authorization"))
+        return await view(request, caller, *args, **kwargs)
+    except DisallowedHost:
+        return _error_response(InvalidRequest("Invalid Host header."))
+    except ApplicationError as exc:
+        return _error_response(exc)
+    except EngineError as exc:  # the engine refused the input (e.g. a token id)
+        return _error_response(error_from_code(exc.code, exc.message, param=exc.param))
 
 
 def _json_body(request: HttpRequest):

@@ -106,11 +106,12 @@ async def _direct(engine: AsyncEngine, prompt: list[int], max_tokens: int) -> tu
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     start, first, tokens = time.perf_counter(), None, 0
     async for out in engine.generate(prompt, params):
-        if out.new_token_ids and first is None:
+        # First visible text, as a client sees it (tokens ending mid-character show nothing).
+        if out.new_text and first is None:
             first = time.perf_counter()
         tokens += len(out.new_token_ids)
     end = time.perf_counter()
-    return first - start, end - start, tokens
+    return (first or end) - start, end - start, tokens
 
 
 async def _http(client: httpx.AsyncClient, model: str, prompt: list[int],
@@ -124,12 +125,12 @@ async def _http(client: httpx.AsyncClient, model: str, prompt: list[int],
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if chunk["choices"] and first is None:
+            if chunk["choices"] and chunk["choices"][0]["text"] and first is None:
                 first = time.perf_counter()
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
     end = time.perf_counter()
-    return first - start, end - start, tokens
+    return (first or end) - start, end - start, tokens
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -157,3 +157,14 @@ def test_logit_bias_and_penalties_reach_the_engine(client):
     varied = client.completions.create(model="tiny", prompt="abc", max_tokens=6, temperature=0,
                                        logit_bias={"70": 3}, presence_penalty=2.0)
     assert varied.choices[0].text != forced.choices[0].text
+
+
+def test_v1_runs_without_the_site_middleware_but_checks_host_and_counts(embedded_server, key):
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"}
+    spoofed = httpx.get(embedded_server.url + "/v1/models", headers={**headers, "Host": "evil.test"})
+    assert spoofed.status_code == 400 and spoofed.json()["error"]["code"] == "invalid_request"
+    assert "Set-Cookie" not in httpx.get(embedded_server.url + "/v1/models", headers=headers).headers
+    metrics = httpx.get(embedded_server.url + "/metrics").text
+    assert 'fairlane_api_requests_total{endpoint="models",status="200"}' in metrics
