@@ -8,7 +8,7 @@ from typing import Any
 def report_print(result: dict[str, Any]) -> None:
     w = result["workload"]
     print(f"engine benchmark: preset={result['preset']} threads={result['threads']} seed={result['seed']}"
-          f" quick={result['quick']} machine={result['machine']}")
+          f" quick={result['quick']} repeat={result['repeat']} (fastest run of each) machine={result['machine']}")
     print(f"mixed workload: {w['num_requests']} requests, prompts {w['prompt_range'][0]}-{w['prompt_range'][1]}"
           f" ({w['prompt_tokens']} tokens), outputs {w['output_range'][0]}-{w['output_range'][1]} ({w['output_tokens']} tokens)")
     header = f"{'system':<28}{'out tok/s':>11}{'makespan s':>12}{'TTFT p50 s':>12}{'TTFT p99 s':>12}{'CPU s':>9}{'ours x':>9}"
