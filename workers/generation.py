@@ -203,6 +203,7 @@ def generation_run_blocking(job: GenerationJob, engine: AsyncEngine, emit: Emit,
                     emit(event)
         except Exception as exc:
             emit(run.fail(exc))
+            _drain(run, lambda timeout: inbox.get(timeout=timeout), queue.Empty)
     run.settle(emit)
 
 
@@ -236,17 +237,36 @@ async def _finish(run: GenerationRun, inbox: asyncio.Queue, tail: list[dict]) ->
     if run.remaining:
         run.cancel()
         # The aborted sequences report their last outputs within a step; count them.
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + DRAIN_SECONDS
         while run.remaining and time.monotonic() < deadline:
             try:
                 index, item = await asyncio.wait_for(inbox.get(), deadline - time.monotonic())
             except TimeoutError:
                 break
-            if isinstance(item, BaseException):
-                run.remaining -= 1
-            else:
-                run.absorb(index, item)
+            _absorb_quietly(run, index, item)
     await asyncio.to_thread(run.settle, tail.append)
+
+
+DRAIN_SECONDS = 5
+
+
+def _drain(run: GenerationRun, get, empty: type[Exception]) -> None:
+    """After an abort, take the sequences' last outputs (within a step) so usage counts every
+    token they made."""
+    deadline = time.monotonic() + DRAIN_SECONDS
+    while run.remaining and time.monotonic() < deadline:
+        try:
+            index, item = get(deadline - time.monotonic())
+        except empty:
+            break
+        _absorb_quietly(run, index, item)
+
+
+def _absorb_quietly(run: GenerationRun, index: int, item) -> None:
+    if isinstance(item, BaseException):
+        run.remaining -= 1
+    else:
+        run.absorb(index, item)
 
 
 def generation_settle(job: GenerationJob, usage: dict, *, status: str, backend: str,

@@ -33,11 +33,8 @@ def generate(job: dict) -> None:
     client = _redis()
     emit = RedisStreamEmit(client, job.request_id)
     backend = f"worker:{worker.WORKER_ID}"
-    if not client.set(worker.run_lock_key(job.request_id), worker.WORKER_ID, nx=True,
-                      ex=worker.RUN_LOCK_SECONDS):
-        logger.info("request %s is already running on %s", job.request_id,
-                    client.get(worker.run_lock_key(job.request_id)))
-        return
+    if not worker.run_lock_take(client, job.request_id):
+        return  # a live worker runs it: this is a duplicate delivery
     try:
         earlier = emit.existing()
         if earlier:

@@ -28,11 +28,24 @@ logger = logging.getLogger(__name__)
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 HEARTBEAT_PREFIX = "fl:worker:"
-RUN_LOCK_SECONDS = 30
 
 
 def run_lock_key(request_id: str) -> str:
     return f"fl:run:{request_id}"
+
+
+def run_lock_take(client, request_id: str) -> bool:
+    """Claim a request for this worker. A claim by a worker whose heartbeat has stopped (it
+    died holding the request) is taken over; a live worker's claim is respected."""
+    key, ttl = run_lock_key(request_id), settings.FAIRLANE_HEARTBEAT_TTL_SECONDS
+    if client.set(key, WORKER_ID, nx=True, ex=ttl):
+        return True
+    holder = client.get(key)
+    if holder is not None and client.exists(HEARTBEAT_PREFIX + holder.decode()):
+        logger.info("request %s is already running on %s", request_id, holder.decode())
+        return False
+    client.set(key, WORKER_ID, ex=ttl)
+    return True
 
 
 def heartbeat_payload(capacity: int) -> dict:
@@ -65,7 +78,8 @@ class WorkerServices:
         pipe.set(HEARTBEAT_PREFIX + WORKER_ID, json.dumps(heartbeat_payload(self.capacity)),
                  ex=settings.FAIRLANE_HEARTBEAT_TTL_SECONDS)
         for request_id in running_request_ids():
-            pipe.set(run_lock_key(request_id), WORKER_ID, ex=RUN_LOCK_SECONDS)
+            pipe.set(run_lock_key(request_id), WORKER_ID,
+                     ex=settings.FAIRLANE_HEARTBEAT_TTL_SECONDS)
         pipe.execute()
 
     def _heartbeat_loop(self) -> None:

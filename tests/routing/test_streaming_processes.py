@@ -185,3 +185,49 @@ def test_worker_warm_shutdown_drains_requests_in_flight(django_db_setup, key, sl
 
 def worker_running(worker) -> bool:
     return "Task workers.generate" in worker.output() and "received" in worker.output()
+
+
+def test_a_worker_killed_mid_stream_ends_the_stream_once_and_bills_once(django_db_setup, key,
+                                                                        slow):
+    """The task is redelivered (late ack) to another worker, which must not run the request
+    again (the client has tokens already): it ends the stream with an error and bills exactly
+    the tokens that were streamed."""
+    import redis as redis_lib
+
+    env = child_env(FAIRLANE_ENGINE_MODE="celery", FAIRLANE_GPU_QUEUE="gpu-kill",
+                    FAIRLANE_TASK_VISIBILITY_TIMEOUT_SECONDS="2", FAIRLANE_HEARTBEAT_SECONDS="1",
+                    FAIRLANE_HEARTBEAT_TTL_SECONDS="2")
+    first = CeleryWorker(env, queue="gpu-kill", name="doomed")
+    server = AsgiServer(env)
+    workers = [first]
+    try:
+        async def run() -> tuple[str, list[dict]]:
+            chunks = []
+            async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+                async with client.stream("POST", "/v1/chat/completions", json=LONG,
+                                         headers={"Authorization": f"Bearer {key}"}) as response:
+                    request_id = response.headers["x-request-id"]
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        chunks.append(json.loads(line[6:]))
+                        if len(chunks) == 4:
+                            first.stop(signal.SIGKILL)
+                            await asyncio.sleep(3)  # past the visibility timeout and lock TTL
+                            workers.append(await asyncio.to_thread(
+                                CeleryWorker, env, queue="gpu-kill", name="heir"))
+            return request_id, chunks
+
+        request_id, chunks = asyncio.run(run())
+        assert chunks[-1]["error"]["code"] == "backend_unavailable"
+        record = wait_for(lambda: UsageRecord.objects.filter(request_id=request_id).first())
+        assert UsageRecord.objects.count() == 1 and record.status == UsageRecord.Status.ERROR
+        stream = redis_lib.Redis.from_url(env["REDIS_URL"]).xrange(f"fl:gen:{request_id}")
+        events = [json.loads(fields[b"e"]) for _, fields in stream]
+        sent = sum(len(e["token_ids"]) for e in events if e["type"] == "token")
+        assert 0 < record.completion_tokens == sent < LONG["max_tokens"]
+        assert [e["type"] for e in events].count("done") == 1
+    finally:
+        server.stop()
+        for worker in workers:
+            worker.stop()
