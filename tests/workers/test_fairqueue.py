@@ -1,0 +1,135 @@
+"""The Redis fair queue on real Redis: lanes, weighted fairness, idling earns no credit,
+starvation guard, leases that bring back the requests of dead workers."""
+
+import threading
+import time
+import uuid
+from collections import Counter
+
+import pytest
+import redis
+from django.conf import settings
+
+from workers.fairqueue import FairQueue
+
+
+@pytest.fixture
+def fq():
+    queue = FairQueue(redis.Redis.from_url(settings.REDIS_URL), f"test-{uuid.uuid4().hex[:8]}",
+                      lease_seconds=0.3)
+    yield queue
+    queue.clear()
+
+
+def put(fq, tenant, lane="standard", cost=10, weight=1, n=1):
+    ids = []
+    for _ in range(n):
+        ids.append(uuid.uuid4().hex)
+        fq.enqueue(id=ids[-1], tenant=tenant, lane=lane, weight=weight, cost=cost,
+                   payload={"tenant": tenant, "id": ids[-1]})
+    return ids
+
+
+def take_all(fq, worker="w"):
+    taken = []
+    while (item := fq.dequeue(worker=worker)) is not None:
+        taken.append(item)
+        fq.ack(id=item.id, worker=worker)
+    return taken
+
+
+def test_fifo_within_a_tenant_and_payloads_round_trip(fq):
+    ids = put(fq, "a", n=3)
+    taken = take_all(fq)
+    assert [t.id for t in taken] == ids
+    assert taken[0].payload == {"tenant": "a", "id": ids[0]} and taken[0].lane == "standard"
+    assert fq.depth() == 0 and fq.leased() == 0
+
+
+def test_lanes_are_strict_priority(fq):
+    put(fq, "a", lane="bulk", n=2)
+    put(fq, "b", lane="standard", n=2)
+    put(fq, "c", lane="realtime", n=2)
+    assert [t.lane for t in take_all(fq)][:4] == ["realtime", "realtime", "standard", "standard"]
+
+
+def test_backlogged_tenants_are_served_in_proportion_to_their_weights(fq):
+    put(fq, "light", weight=1, n=60)
+    put(fq, "heavy", weight=2, n=60)
+    first = [fq.dequeue(worker="w").tenant for _ in range(30)]
+    counts = Counter(first)
+    assert counts["heavy"] == 20 and counts["light"] == 10
+
+
+def test_a_flood_does_not_delay_a_light_tenant(fq):
+    put(fq, "flood", n=100)
+    put(fq, "light", n=1)
+    order = [t.tenant for t in take_all(fq)]
+    assert order.index("light") <= 1
+
+
+def test_idling_earns_no_credit(fq):
+    put(fq, "busy", n=50)
+    take = [fq.dequeue(worker="w") for _ in range(40)]  # busy's counter climbs to 400
+    assert all(t.tenant == "busy" for t in take)
+    put(fq, "returning", n=20)  # idle all along: lifted to busy's counter, not left at 0
+    next_ten = Counter(fq.dequeue(worker="w").tenant for _ in range(10))
+    assert 4 <= next_ten["returning"] <= 6
+
+
+def test_output_tokens_are_charged_as_generated(fq):
+    put(fq, "a", n=5)
+    put(fq, "b", n=5)
+    first = fq.dequeue(worker="w")
+    fq.charge(tenant=first.tenant, lane="standard", tokens=1000)  # a long answer
+    other = "b" if first.tenant == "a" else "a"
+    assert [fq.dequeue(worker="w").tenant for _ in range(4)] == [other] * 4
+
+
+def test_lower_lanes_get_their_minimum_share_when_higher_ones_are_backlogged(fq):
+    put(fq, "rt", lane="realtime", n=400)
+    put(fq, "bulky", lane="bulk", n=400)
+    lanes = Counter(fq.dequeue(worker="w").lane for _ in range(400))
+    assert 0.04 <= lanes["bulk"] / 400 <= 0.07
+
+
+def test_an_expired_lease_puts_the_request_back_first(fq):
+    first, second = put(fq, "a", n=2)
+    taken = fq.dequeue(worker="dies")
+    assert taken.id == first and fq.leased() == 1
+    time.sleep(0.35)
+    again = fq.dequeue(worker="heir")
+    assert again.id == first and again.payload == taken.payload
+    assert fq.ack(id=first, worker="dies") is False  # its lease was lost
+    assert fq.ack(id=first, worker="heir") is True
+    assert fq.dequeue(worker="heir").id == second
+
+
+def test_renewed_leases_are_kept(fq):
+    (only,) = put(fq, "a")
+    fq.dequeue(worker="w")
+    for _ in range(4):
+        time.sleep(0.15)
+        assert fq.renew(worker="w", ids=[only]) == []
+    assert fq.dequeue(worker="other") is None
+    assert fq.renew(worker="intruder", ids=[only]) == [only]
+
+
+def test_concurrent_workers_never_take_a_request_twice(fq):
+    ids = set(put(fq, "a", n=100) + put(fq, "b", n=100))
+    taken: list[str] = []
+    lock = threading.Lock()
+
+    def worker(name):
+        client = FairQueue(redis.Redis.from_url(settings.REDIS_URL), fq.prefix[4:-2],
+                           lease_seconds=30)
+        while (item := client.dequeue(worker=name)) is not None:
+            with lock:
+                taken.append(item.id)
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(taken) == sorted(ids)

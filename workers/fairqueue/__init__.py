@@ -1,0 +1,117 @@
+"""The fair queue in front of the GPU workers, shared by every API process and worker through
+Redis; every operation is one Lua script, so it is atomic.
+
+- Lanes: realtime > standard > bulk by strict priority, except that a lower lane that is
+  backlogged and below its minimum share of recent dispatches goes first (starvation guard).
+- Within a lane: weighted fairness by virtual token counters (VTC, Sheng et al., OSDI 2024).
+  A tenant is charged its input tokens / weight when a request is taken and its output tokens /
+  weight as they are generated; the backlogged tenant with the lowest counter goes next; a
+  tenant that comes back from idle is lifted to the lowest counter of the active ones.
+- Reliable: a taken request is leased to its worker, which renews the lease while it runs; a
+  lease that expires (the worker died) puts the request back at the head of its tenant's queue.
+
+All keys share the hash tag `{fq:<model>}`, so one queue lives in one Redis Cluster slot.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+LANES = ("realtime", "standard", "bulk")
+_SCRIPTS = {name: (Path(__file__).parent / f"{name}.lua").read_text()
+            for name in ("enqueue", "dequeue", "charge", "ack", "renew")}
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A request a worker took from the queue."""
+
+    id: str
+    payload: dict
+    tenant: str
+    lane: str
+    waited_ms: int
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class FairQueue:
+    """One model's queue. `prefix` namespaces it (one queue per model, or per test)."""
+
+    def __init__(self, client: redis.Redis, name: str, *, lease_seconds: float = 10.0,
+                 min_share_standard: float = 0.10, min_share_bulk: float = 0.05,
+                 decay: float = 0.99) -> None:
+        self.client = client
+        self.prefix = f"{{fq:{name}}}:"
+        self.lease_ms = int(lease_seconds * 1000)
+        self.shares = (min_share_standard, min_share_bulk)
+        self.decay = decay
+        self._scripts = {name: client.register_script(src) for name, src in _SCRIPTS.items()}
+
+    def _run(self, name: str, *args) -> object:
+        return self._scripts[name](keys=[self.prefix], args=list(args))
+
+    def enqueue(self, *, id: str, tenant: str, lane: str, weight: float, cost: int,
+                payload: dict) -> int:
+        """Queue a request; `cost` is its input tokens. Returns the lane's depth."""
+        if lane not in LANES:
+            raise ValueError(f"unknown lane {lane!r}")
+        return int(self._run("enqueue", id, tenant, lane, weight, cost, json.dumps(payload),
+                             _now_ms()))
+
+    def dequeue(self, *, worker: str) -> Taken | None:
+        """The next request by lane, then fairness, leased to `worker`; None if none waits."""
+        reply = self._run("dequeue", worker, self.lease_ms, _now_ms(), self.decay, *self.shares)
+        if not reply:
+            return None
+        id_, payload, tenant, lane, waited = (v.decode() if isinstance(v, bytes) else v
+                                              for v in reply)
+        return Taken(id=id_, payload=json.loads(payload), tenant=tenant, lane=lane,
+                     waited_ms=int(float(waited)))
+
+    def charge(self, *, tenant: str, lane: str, tokens: int) -> float:
+        """Charge generated tokens to the tenant's counter."""
+        return float(self._run("charge", tenant, lane, tokens))
+
+    def ack(self, *, id: str, worker: str) -> bool:
+        """The request is done; False if the lease had already been lost."""
+        return bool(self._run("ack", id, worker))
+
+    def renew(self, *, worker: str, ids: list[str]) -> list[str]:
+        """Extend this worker's leases; returns the ids it no longer holds."""
+        if not ids:
+            return []
+        lost = self._run("renew", worker, _now_ms() + self.lease_ms, *ids)
+        return [i.decode() for i in lost]
+
+    def wait_for_work(self, timeout: float) -> None:
+        """Block until something is enqueued (or `timeout` seconds pass)."""
+        self.client.blpop([self.prefix + "bell"], timeout=timeout)
+
+    def depth(self, lane: str | None = None, tenant: str | None = None) -> int:
+        if tenant is not None:
+            return int(self.client.hget(self.prefix + f"tdepth:{lane}", tenant) or 0)
+        if lane is not None:
+            return int(self.client.hget(self.prefix + "depth", lane) or 0)
+        return sum(int(v) for v in self.client.hvals(self.prefix + "depth"))
+
+    def counters(self, lane: str) -> dict[str, float]:
+        return {k.decode(): float(v) for k, v in
+                self.client.hgetall(self.prefix + f"vtc:{lane}").items()}
+
+    def leased(self) -> int:
+        return int(self.client.zcard(self.prefix + "leases"))
+
+    def clear(self) -> None:
+        """Delete every key of this queue (tests, benchmarks)."""
+        keys = list(self.client.scan_iter(match=self.prefix.replace("{", "\\{").replace(
+            "}", "\\}") + "*", count=1000))
+        if keys:
+            self.client.delete(*keys)

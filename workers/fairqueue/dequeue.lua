@@ -1,0 +1,95 @@
+-- Take the next request: first put back requests whose lease expired (their worker died),
+-- then choose the lane (strict priority, except a lower lane below its minimum share of recent
+-- dispatches goes first), then the backlogged tenant with the lowest virtual token counter,
+-- charge it the request's input tokens divided by its weight, and lease the request.
+-- KEYS[1] prefix; ARGV: worker lease_ms now_ms decay share_standard share_bulk
+local p, worker = KEYS[1], ARGV[1]
+local lease_ms, now, decay = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local lanes = {'realtime', 'standard', 'bulk'}
+local min_share = {0, tonumber(ARGV[5]), tonumber(ARGV[6])}
+
+local function activate(lane, tenant)
+  if not redis.call('ZSCORE', p .. 'active:' .. lane, tenant) then
+    local counter = tonumber(redis.call('HGET', p .. 'vtc:' .. lane, tenant) or '0')
+    local low = redis.call('ZRANGE', p .. 'active:' .. lane, 0, 0, 'WITHSCORES')
+    local floor = tonumber(redis.call('HGET', p .. 'vtime', lane) or '0')
+    if #low > 0 then floor = tonumber(low[2]) end
+    if floor > counter then counter = floor end
+    redis.call('HSET', p .. 'vtc:' .. lane, tenant, counter)
+    redis.call('ZADD', p .. 'active:' .. lane, counter, tenant)
+  end
+end
+
+local expired = redis.call('ZRANGEBYSCORE', p .. 'leases', '-inf', now, 'LIMIT', 0, 100)
+for _, id in ipairs(expired) do
+  local meta = redis.call('HMGET', p .. 'meta:' .. id, 'tenant', 'lane')
+  redis.call('ZREM', p .. 'leases', id)
+  redis.call('HDEL', p .. 'holder', id)
+  if meta[1] then
+    -- Back to the head of its tenant's queue: it has waited longest.
+    redis.call('LPUSH', p .. 'q:' .. meta[2] .. ':' .. meta[1], id)
+    redis.call('HINCRBY', p .. 'depth', meta[2], 1)
+    redis.call('HINCRBY', p .. 'tdepth:' .. meta[2], meta[1], 1)
+    redis.call('HINCRBY', p .. 'requeued', 'total', 1)
+    activate(meta[2], meta[1])
+  end
+end
+
+local backlog, served, total = {}, {}, 0
+for i, lane in ipairs(lanes) do
+  backlog[i] = tonumber(redis.call('HGET', p .. 'depth', lane) or '0') > 0
+  served[i] = tonumber(redis.call('HGET', p .. 'served', lane) or '0')
+  total = total + served[i]
+end
+local chosen = nil
+for i = #lanes, 2, -1 do
+  -- Owed a whole dispatch: its share has fallen more than one dispatch below the minimum.
+  if backlog[i] and served[i] + 1 <= min_share[i] * total then
+    -- Guard only against a lane above it hogging the dispatches.
+    for j = 1, i - 1 do
+      if backlog[j] then chosen = i end
+    end
+    if chosen then break end
+  end
+end
+if not chosen then
+  for i = 1, #lanes do
+    if backlog[i] then chosen = i break end
+  end
+end
+if not chosen then return nil end
+local lane = lanes[chosen]
+
+for _ = 1, 16 do
+  local top = redis.call('ZRANGE', p .. 'active:' .. lane, 0, 0, 'WITHSCORES')
+  if #top == 0 then
+    redis.call('HSET', p .. 'depth', lane, 0)  -- repair a count that drifted
+    return nil
+  end
+  local tenant, counter = top[1], tonumber(top[2])
+  local queue = p .. 'q:' .. lane .. ':' .. tenant
+  local id = redis.call('LPOP', queue)
+  if redis.call('LLEN', queue) == 0 then
+    redis.call('ZREM', p .. 'active:' .. lane, tenant)
+  end
+  if id then
+    redis.call('HINCRBY', p .. 'depth', lane, -1)
+    redis.call('HINCRBY', p .. 'tdepth:' .. lane, tenant, -1)
+    local cost = tonumber(redis.call('HGET', p .. 'meta:' .. id, 'cost') or '0')
+    local weight = tonumber(redis.call('HGET', p .. 'weight', tenant) or '1')
+    local charged = counter + cost / weight
+    redis.call('HSET', p .. 'vtc:' .. lane, tenant, charged)
+    redis.call('ZADD', p .. 'active:' .. lane, 'XX', charged, tenant)
+    redis.call('HSET', p .. 'vtime', lane, counter)
+    for i, name in ipairs(lanes) do
+      local value = served[i] * decay
+      if i == chosen then value = value + 1 end
+      redis.call('HSET', p .. 'served', name, value)
+    end
+    local enq = tonumber(redis.call('HGET', p .. 'meta:' .. id, 'enq') or now)
+    redis.call('ZADD', p .. 'leases', now + lease_ms, id)
+    redis.call('HSET', p .. 'holder', id, worker)
+    return {id, redis.call('GET', p .. 'job:' .. id), tenant, lane, tostring(now - enq)}
+  end
+end
+return nil
