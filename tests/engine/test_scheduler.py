@@ -81,3 +81,19 @@ def test_preemption_picks_the_lowest_priority_sequence(make_engine):
         engine.step()
     assert engine.stats()["num_finished"] == {"length": 2}
     assert realtime.num_preemptions == 0 and bulk.num_preemptions > 0
+
+
+def test_a_request_as_large_as_the_pool_still_runs(make_engine):
+    """The watermark is waived when nothing runs, and chunks shrink to the blocks there are."""
+    engine = make_engine(num_kv_blocks=8, watermark=0.2, max_num_batched_tokens=1024)
+    assert engine.max_model_len == 128
+    out = engine.generate([[5] * 120], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0]
+    assert len(out.token_ids) == 8
+    engine = make_engine(num_kv_blocks=8, watermark=0.2, is_chunked_prefill_enabled=False)
+    assert len(engine.generate([[5] * 120], SamplingParams(max_tokens=8, temperature=0))[0].token_ids) == 8
+
+
+def test_long_prompt_next_to_running_ones_is_chunked_to_free_blocks(make_engine, prompts, hf_greedy, greedy):
+    engine = make_engine(num_kv_blocks=30, max_num_batched_tokens=1024)
+    outs = engine.generate(prompts, greedy)
+    assert [o.token_ids for o in outs] == hf_greedy

@@ -161,6 +161,7 @@ class LLMEngine:
         """Run one iteration over everything scheduled; return what each request gained."""
         outputs, self._pending = self._pending, []
         batch = self.scheduler.schedule()
+        assert batch.seqs or not self.scheduler.has_unfinished, "the scheduler made no progress"
         num_sampled = 0
         if batch.seqs:
             result = self.runner.execute(batch)

@@ -70,7 +70,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             if seq.is_prefilling:
-                num_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget - num_decodes_left)
+                # Shrink the chunk to the room there is before preempting anyone for it.
+                room = self._room(seq) if self.config.is_chunked_prefill_enabled else seq.num_tokens
+                num_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget - num_decodes_left, max(room, 1))
                 if num_tokens <= 0:
                     i += 1
                     continue
@@ -92,6 +94,11 @@ class Scheduler:
             i += 1
         return budget
 
+    def _room(self, seq: Sequence) -> int:
+        """New tokens the sequence can take without anyone being preempted."""
+        bm = self.block_manager
+        return len(seq.block_table) * bm.block_size - seq.num_computed_tokens + bm.num_free_blocks * bm.block_size
+
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         in_flight: set[bytes] | None = None
         deferred: set[int] = set()
@@ -108,16 +115,8 @@ class Scheduler:
                     # rather than compute the same blocks twice.
                     deferred.add(id(seq))
                     continue
-            num_tokens = seq.num_tokens - len(hits) * self.block_manager.block_size
-            # Without chunking a prompt runs whole; one longer than the budget runs alone.
-            if num_tokens > budget:
-                if not self.config.is_chunked_prefill_enabled and batch.seqs:
-                    return
-                if self.config.is_chunked_prefill_enabled:
-                    num_tokens = budget
-            num_cached = len(hits) * self.block_manager.block_size
-            num_new_blocks = self.block_manager.num_blocks_for(num_cached + num_tokens) - len(hits)
-            if self.block_manager.num_free_after_hits(hits) - num_new_blocks < self._watermark_blocks:
+            num_tokens = self._admission_chunk(seq, hits, budget, is_alone=not batch.seqs)
+            if num_tokens == 0:
                 return
             self.waiting.remove(seq)
             self._admit(seq, hits, num_tokens)
@@ -126,6 +125,22 @@ class Scheduler:
             budget -= num_tokens
             if in_flight is not None:
                 in_flight.update(self.block_manager.in_flight(seq))
+
+    def _admission_chunk(self, seq: Sequence, hits: list[int], budget: int, *, is_alone: bool) -> int:
+        """Tokens a waiting sequence may start with (0: not now), given budget and free blocks.
+
+        The watermark keeps room for running sequences to grow; with nothing running it is
+        waived, so a request as large as the whole pool still gets in.
+        """
+        bm = self.block_manager
+        num_tokens = seq.num_tokens - len(hits) * bm.block_size
+        watermark = self._watermark_blocks if self.running else 0
+        room = (bm.num_free_after_hits(hits) - watermark) * bm.block_size
+        if not self.config.is_chunked_prefill_enabled:
+            # A prompt runs whole; one longer than the budget runs alone.
+            is_fitting = num_tokens <= budget or is_alone
+            return num_tokens if is_fitting and num_tokens <= room else 0
+        return max(min(num_tokens, budget, room), 0)
 
     def _in_flight(self) -> set[bytes]:
         hashes: set[bytes] = set()
