@@ -55,3 +55,13 @@ def test_hf_tokenizer_reads_the_same_files(tiny_dir):
     hf = AutoTokenizer.from_pretrained(tiny_dir)
     text = "héllo <|im_start|>x"
     assert hf(text, add_special_tokens=True)["input_ids"] == Tokenizer(tiny_dir).encode(text)
+
+
+def test_concurrent_ensure_preset_calls_agree(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda _: ensure_preset("tiny", tmp_path, seed=5), range(4)))
+    assert len(set(paths)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny-seed5"]  # no staging directory left behind
+    assert _digest(paths[0]) == _digest(preset_create("tiny", tmp_path / "again", seed=5))

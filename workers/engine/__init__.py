@@ -18,11 +18,12 @@ from workers.engine.outputs import Completion, RequestOutput
 from workers.engine.params import SamplingParams
 from workers.engine.policy import LANES, FairSharePolicy, FifoPolicy, KeyPolicy, SchedulingPolicy
 from workers.engine.presets import PRESETS, ensure_preset, preset_create
+from workers.engine.sequence import FinishReason
 from workers.engine.tokenizer import Tokenizer
 
 __all__ = [
     "LANES", "PRESETS", "AsyncEngine", "Completion", "ContextLengthExceeded", "EngineConfig",
-    "EngineError", "EngineStopped", "FairSharePolicy", "FifoPolicy", "InvalidRequest", "KeyPolicy",
+    "EngineError", "EngineStopped", "FairSharePolicy", "FinishReason", "FifoPolicy", "InvalidRequest", "KeyPolicy",
     "LLMEngine", "ModelConfig", "OutOfBlocks", "RequestOutput", "SamplingParams", "SchedulingPolicy",
     "Tokenizer", "UnsupportedModel", "ensure_preset", "preset_create",
 ]

@@ -74,32 +74,50 @@ def preset_config(name: str, **overrides: Any) -> dict[str, Any]:
 
 def preset_create(name: str, path: str | Path, *, seed: int = 0, **overrides: Any) -> Path:
     """Write preset ``name`` with weights drawn from ``seed`` into ``path`` (replacing it)."""
+    return _create(name, Path(path), seed=seed, overrides=overrides, is_existing_kept=False)
+
+
+def ensure_preset(name: str, root: str | Path = "var/models", *, seed: int = 0) -> Path:
+    """Return ``root/<name>-seed<seed>``, creating it unless an identical preset is already there.
+
+    Safe when several processes ask at once: each writes a private staging directory and the
+    first to rename it into place wins; the others keep what is there.
+    """
+    path = Path(root) / f"{name}-seed{seed}"
+    if _marker_read(path) == _marker(name, seed, {}):
+        return path
+    return _create(name, path, seed=seed, overrides={}, is_existing_kept=True)
+
+
+def _create(name: str, path: Path, *, seed: int, overrides: dict[str, Any], is_existing_kept: bool) -> Path:
     config = preset_config(name, **overrides)
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    marker = _marker(name, seed, overrides)
     try:
         _write_model(staging, config, seed)
-        marker = {"preset": name, "seed": seed, "overrides": overrides, "version": PRESET_FORMAT_VERSION}
         (staging / _MARKER).write_text(json.dumps(marker, sort_keys=True))
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(staging, path)
+        try:
+            os.rename(staging, path)  # atomic; fails if someone else got there first
+        except OSError:
+            if is_existing_kept and _marker_read(path) == marker:
+                return path
+            shutil.rmtree(path, ignore_errors=True)
+            os.rename(staging, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return path
 
 
-def ensure_preset(name: str, root: str | Path = "var/models", *, seed: int = 0) -> Path:
-    """Return ``root/<name>-seed<seed>``, creating it unless an identical preset is already there."""
-    path = Path(root) / f"{name}-seed{seed}"
-    marker = {"preset": name, "seed": seed, "overrides": {}, "version": PRESET_FORMAT_VERSION}
+def _marker(name: str, seed: int, overrides: dict[str, Any]) -> dict[str, Any]:
+    return {"preset": name, "seed": seed, "overrides": overrides, "version": PRESET_FORMAT_VERSION}
+
+
+def _marker_read(path: Path) -> dict[str, Any] | None:
     try:
-        if json.loads((path / _MARKER).read_text()) == marker:
-            return path
+        return json.loads((path / _MARKER).read_text())
     except (OSError, ValueError):
-        pass
-    return preset_create(name, path, seed=seed)
+        return None
 
 
 def _write_model(path: Path, config: dict[str, Any], seed: int) -> None:
