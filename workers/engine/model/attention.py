@@ -1,11 +1,12 @@
 """Paged attention in plain torch: K/V live in fixed-size blocks and are read through block tables.
 
-The flattened batch (all sequences' new tokens back to back) is cut into groups. A decode group
-holds sequences of similar context length that each add one token; a prefill group holds one
-sequence's chunk. Per group, the blocks its sequences own are gathered into a workspace (one
-index_select per K and V, no Python loop over sequences) and scaled_dot_product_attention runs
-on them with a length/causal mask. Grouped-query heads are folded into the query-length axis
-([B, kv_heads, group * q_len, head_dim]), so K/V are never repeated per query head.
+The flattened batch (all sequences' new tokens back to back) is cut into groups (see
+workers/engine/metadata.py): decodes of similar context length, prefill chunks over cached
+context (queries padded), or one long fresh chunk. Per group, the blocks its sequences own are
+gathered into a workspace (one index_select per K and V, no Python loop over sequences) and
+scaled_dot_product_attention runs on them with an additive length/causal mask. Grouped-query
+heads are folded into the query-length axis ([B, kv_heads, group * q_len, head_dim]), so K/V are
+never repeated per query head.
 """
 
 from __future__ import annotations
