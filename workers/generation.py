@@ -48,14 +48,33 @@ class GenerationJob:
     tenant_id: int = 0
     agent_id: str = ""
     lane: str = "standard"
+    weight: int = 1  # the tenant's fair-share weight
     created: float = field(default_factory=time.time)
+    # Set when a request resumes on another worker: tokens each choice already streamed, and
+    # the choices that already finished.
+    resumed: dict[int, list[int]] = field(default_factory=dict)
+    finished: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> GenerationJob:
-        return cls(**data)
+        job = cls(**data)
+        job.resumed = {int(k): v for k, v in job.resumed.items()}  # JSON keys are strings
+        return job
+
+    def resume_from(self, events: list[dict]) -> GenerationJob:
+        """This job continued after the events an earlier run streamed: each unfinished
+        choice goes on from its prompt plus the tokens it already produced, so the client
+        gets the rest of its stream, not a second one."""
+        resumed: dict[int, list[int]] = {}
+        for event in events:
+            if event["type"] == "token":
+                resumed.setdefault(event["choice"], []).extend(event["token_ids"])
+        finished = [e["choice"] for e in events if e["type"] == "finish"]
+        return GenerationJob.from_dict({**self.to_dict(), "resumed": resumed,
+                                        "finished": finished})
 
     @property
     def model_info(self) -> ModelInfo:
@@ -67,6 +86,10 @@ class GenerationJob:
         if sampling.get("seed") is not None:
             # Wrap within int64, the range seeds are accepted in.
             sampling["seed"] = (sampling["seed"] + index % self.n + 2**63) % 2**64 - 2**63
+        done = len(self.resumed.get(index, ()))
+        if done:
+            sampling["max_tokens"] -= done
+            sampling["min_tokens"] = max(sampling.get("min_tokens", 0) - done, 0)
         return SamplingParams(**sampling)
 
 
@@ -107,6 +130,7 @@ class GenerationRun:
         self._started = time.monotonic()
         self.num_output_tokens: dict[int, int] = {}
         self.num_cached_tokens: dict[int, int] = {}
+        self.backlog: list[dict] = []  # events owed before any new output (on resume)
 
     def cancel(self) -> None:
         self._is_cancelled.set()
@@ -126,7 +150,16 @@ class GenerationRun:
         """Hand every choice's sequence to the engine; its outputs go to `sink_for(index)`."""
         job = self.job
         choices = [prompt for prompt in job.prompts for _ in range(job.n)]
+        _engine_weight_set(self.engine, str(job.tenant_id), job.weight)
         for index, prompt in enumerate(choices):
+            earlier = job.resumed.get(index, [])
+            self.num_output_tokens[index] = len(earlier)
+            if index in job.finished:
+                continue
+            if len(earlier) >= job.sampling["max_tokens"]:  # died between token and finish
+                self.backlog.append({"type": "finish", "choice": index, "reason": "length"})
+                continue
+            prompt = prompt + earlier
             engine_id = f"{job.request_id}:{index}"
             common = {"request_id": engine_id, "tenant": str(job.tenant_id), "lane": job.lane}
             if job.kind == "embed":
@@ -143,8 +176,10 @@ class GenerationRun:
         """The events one engine output makes; an engine failure raises."""
         if isinstance(item, BaseException):
             raise item
-        self.num_output_tokens[index] = item.num_output_tokens
-        self.num_cached_tokens[index] = item.num_cached_tokens
+        self.num_output_tokens[index] = item.num_output_tokens + len(
+            self.job.resumed.get(index, ()))
+        if index not in self.job.resumed:  # a resumed prompt's cache hits are our own doing
+            self.num_cached_tokens[index] = item.num_cached_tokens
         events = []
         if item.embedding is not None:
             events.append({"type": "embedding", "index": index, "b64": _b64(item.embedding)})
@@ -197,7 +232,8 @@ def generation_run_blocking(job: GenerationJob, engine: AsyncEngine, emit: Emit,
     with GenerationRun(job, engine, backend=backend) as run:
         try:
             run.submit(lambda index: lambda item: inbox.put((index, item)))
-            emit({"type": "accepted"})
+            for event in [{"type": "accepted"}, *run.backlog]:
+                emit(event)
             while run.remaining:
                 for event in run.absorb(*inbox.get()):
                     emit(event)
@@ -220,7 +256,8 @@ async def generation_run_async(job: GenerationJob, engine: AsyncEngine, *,
         try:
             run.submit(lambda index: lambda item: loop.call_soon_threadsafe(
                 inbox.put_nowait, (index, item)))
-            yield {"type": "accepted"}
+            for event in [{"type": "accepted"}, *run.backlog]:
+                yield event
             while run.remaining:
                 for event in run.absorb(*await inbox.get()):
                     yield event
@@ -291,11 +328,19 @@ def generation_settle(job: GenerationJob, usage: dict, *, status: str, backend: 
     emit({"type": "done", "status": status, "usage": {**usage, "cost_microcents": cost}})
 
 
+def _engine_weight_set(engine: AsyncEngine, tenant: str, weight: int) -> None:
+    """The engine orders its waiting sequences by lane, then the tenant's virtual token
+    counter divided by its weight: tell its policy the weight (a dict write, thread-safe)."""
+    weights = getattr(engine.engine.policy, "tenant_weights", None)
+    if weights is not None:
+        weights[tenant] = float(weight)
+
+
 def generation_settle_partial(job: GenerationJob, events: list[dict], *, backend: str,
                               emit: Emit) -> None:
-    """A run that stopped without settling (its worker died after streaming some tokens):
-    end the stream with an error and charge exactly the tokens it sent, never re-running it,
-    because the client already has those tokens."""
+    """A run the API gave up on (its worker went silent): end the stream with an error and
+    charge exactly the tokens it sent. Settlement is idempotent, so a worker that finishes it
+    later cannot charge again."""
     if any(e["type"] == "done" for e in events):
         return
     completion = sum(len(e.get("token_ids") or ()) for e in events if e["type"] == "token")

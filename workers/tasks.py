@@ -6,9 +6,7 @@ from celery import shared_task
 
 from tenants.models import UsageRecord
 from workers import worker
-from workers.generation import (
-    GenerationJob, generation_run_blocking, generation_settle, generation_settle_partial,
-)
+from workers.generation import GenerationJob, generation_run_blocking, generation_settle
 from workers.host import host_get
 from workers.transport import RedisStreamEmit, is_cancel_requested, redis_sync
 
@@ -37,9 +35,10 @@ def generate(job: dict) -> None:
         return  # a live worker runs it: this is a duplicate delivery
     try:
         earlier = emit.existing()
+        if any(event["type"] == "done" for event in earlier):
+            return  # it finished; only the acknowledgement was lost
         if earlier:
-            generation_settle_partial(job, earlier, backend=backend, emit=emit)
-            return
+            job = job.resume_from(earlier)  # the client has these tokens: continue after them
         if is_cancel_requested(client, job.request_id):
             generation_settle(job, {"prompt_tokens": 0, "completion_tokens": 0,
                                     "total_tokens": 0, "cached_tokens": 0},
