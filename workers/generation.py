@@ -156,7 +156,7 @@ class GenerationRun:
             self.num_output_tokens[index] = len(earlier)
             if index in job.finished:
                 continue
-            if len(earlier) >= job.sampling["max_tokens"]:  # died between token and finish
+            if earlier and len(earlier) >= job.sampling["max_tokens"]:  # died before "finish"
                 self.backlog.append({"type": "finish", "choice": index, "reason": "length"})
                 continue
             prompt = prompt + earlier
