@@ -50,7 +50,7 @@ manage: venv
 
 # A GPU worker (and housekeeping): one engine per process, requests share its batches.
 worker: venv
-	$(PY) -m celery -A celery_app worker -Q gpu,default -P threads -c 32 -l info $(ARGS)
+	$(PY) -m celery -A celery_app worker -Q gpu,default -P threads -c 4 -l info $(ARGS)
 
 beat: venv
 	$(PY) -m celery -A celery_app beat -l info $(ARGS)

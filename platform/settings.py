@@ -151,10 +151,6 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "default"
-# An unacked task (its worker died) is delivered again after this long; the run lock keeps a
-# still-running request from starting twice when a generation outlives it.
-CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "visibility_timeout": env_int("FAIRLANE_TASK_VISIBILITY_TIMEOUT_SECONDS", 600)}
 CELERY_BEAT_SCHEDULE = {
     "budget-reservations-expire": {
         "task": "tenants.tasks.budget_reservations_expire",
@@ -250,6 +246,21 @@ FAIRLANE_ENGINE_THREADS = env_int("FAIRLANE_ENGINE_THREADS", 0) or None
 # Cap on any model's context (0: the checkpoint's own).
 FAIRLANE_MAX_MODEL_LEN = env_int("FAIRLANE_MAX_MODEL_LEN", 0) or None
 FAIRLANE_HEARTBEAT_SECONDS = env_int("FAIRLANE_HEARTBEAT_SECONDS", 2)
+# --- fair queue -----------------------------------------------------------------------------
+# A taken request's lease; the worker's heartbeat renews it. Lapsed: the worker died, and the
+# request goes back to the head of its tenant's queue.
+FAIRLANE_LEASE_SECONDS = env_int("FAIRLANE_LEASE_SECONDS", 10)
+# Prefix of the queues' Redis keys, to run separate deployments (or test runs) on one Redis.
+FAIRLANE_QUEUE_NAMESPACE = os.environ.get("FAIRLANE_QUEUE_NAMESPACE", "")
+# Minimum shares of recent dispatches for the lower lanes while higher lanes are backlogged.
+FAIRLANE_MIN_SHARE_STANDARD = float(os.environ.get("FAIRLANE_MIN_SHARE_STANDARD", "0.10"))
+FAIRLANE_MIN_SHARE_BULK = float(os.environ.get("FAIRLANE_MIN_SHARE_BULK", "0.05"))
+# Requests a GPU worker runs at once (its runner threads); its engine batches them all.
+FAIRLANE_WORKER_CONCURRENCY = env_int("FAIRLANE_WORKER_CONCURRENCY", 64)
+# How often an idle or full worker looks at the queue again.
+FAIRLANE_PULL_INTERVAL_SECONDS = float(os.environ.get("FAIRLANE_PULL_INTERVAL_SECONDS", "0.05"))
+# Warm shutdown lets running requests finish for up to this long.
+FAIRLANE_DRAIN_TIMEOUT_SECONDS = env_int("FAIRLANE_DRAIN_TIMEOUT_SECONDS", 300)
 FAIRLANE_HEARTBEAT_TTL_SECONDS = env_int("FAIRLANE_HEARTBEAT_TTL_SECONDS", 10)
 # The API gives up on a request (504, or an error event) when no worker started it within the
 # first timeout, or a started one went silent for the idle timeout.

@@ -91,4 +91,5 @@ def generation_admit(*, caller: Caller, info: ModelInfo, prompts: list[list[int]
                    request_id=request_id, api_key=caller.api_key)
     return GenerationJob(request_id=request_id, kind=kind, model=info.to_dict(), prompts=prompts,
                          n=n, sampling=sampling or {}, tenant_id=caller.tenant.pk,
-                         agent_id=str(caller.agent.pk), lane=caller.agent.effective_lane)
+                         agent_id=str(caller.agent.pk), lane=caller.agent.effective_lane,
+                         weight=caller.tenant.weight)

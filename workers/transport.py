@@ -1,6 +1,7 @@
 """Getting a request's events from wherever it runs to the API process that streams them.
 
-Distributed: the worker appends events to a per-request Redis stream (`fl:gen:<id>`); the API
+Distributed: the API puts the request on its model's fair queue (workers/fairqueue); the
+worker that takes it appends events to a per-request Redis stream (`fl:gen:<id>`); the API
 reads it from its last id, so events written before it started reading are not lost (unlike
 pub/sub). Cancellation goes the other way: a key the worker checks before starting, and a
 pub/sub message that reaches the worker already running it.
@@ -22,6 +23,7 @@ import redis.asyncio
 from django.conf import settings
 
 from tenants.errors import Timeout
+from workers.fairqueue import FairQueue
 from workers.generation import GenerationJob, generation_cancel, generation_run_async
 from workers.host import host_get
 
@@ -113,17 +115,26 @@ class EmbeddedDispatcher:
         generation_cancel(request_id)
 
 
-class CeleryDispatcher:
-    """Sends requests to the GPU workers' queue and reads their events back from Redis."""
+def queue_for(client: redis.Redis, model: str) -> FairQueue:
+    """The fair queue of one model, shared by every API process and GPU worker."""
+    return FairQueue(client, settings.FAIRLANE_QUEUE_NAMESPACE + model,
+                     lease_seconds=settings.FAIRLANE_LEASE_SECONDS,
+                     min_share_standard=settings.FAIRLANE_MIN_SHARE_STANDARD,
+                     min_share_bulk=settings.FAIRLANE_MIN_SHARE_BULK)
+
+
+class QueueDispatcher:
+    """Puts requests on their model's fair queue for the GPU workers, and reads their events
+    back from Redis."""
 
     def __init__(self) -> None:
         self.sync_client = redis_sync()
 
     async def events(self, job: GenerationJob) -> AsyncIterator[dict]:
-        from workers.tasks import generate
-
-        await asyncio.to_thread(generate.apply_async, args=[job.to_dict()],
-                                queue=settings.FAIRLANE_GPU_QUEUE, task_id=job.request_id)
+        queue = queue_for(self.sync_client, job.model["name"])
+        await asyncio.to_thread(
+            queue.enqueue, id=job.request_id, tenant=str(job.tenant_id), lane=job.lane,
+            weight=job.weight, cost=sum(len(p) for p in job.prompts), payload=job.to_dict())
         # A client per request: asyncio connections belong to the loop that made them.
         client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
         is_done = False
@@ -140,12 +151,12 @@ class CeleryDispatcher:
         cancel_request(self.sync_client, request_id)
 
 
-_dispatchers: dict[str, EmbeddedDispatcher | CeleryDispatcher] = {}
+_dispatchers: dict[str, EmbeddedDispatcher | QueueDispatcher] = {}
 
 
-def dispatcher_get() -> EmbeddedDispatcher | CeleryDispatcher:
+def dispatcher_get() -> EmbeddedDispatcher | QueueDispatcher:
     """The embedded mode runs requests in this process; the distributed one on GPU workers."""
     mode = settings.FAIRLANE_ENGINE_MODE
     if mode not in _dispatchers:
-        _dispatchers[mode] = EmbeddedDispatcher() if mode == "embedded" else CeleryDispatcher()
+        _dispatchers[mode] = EmbeddedDispatcher() if mode == "embedded" else QueueDispatcher()
     return _dispatchers[mode]

@@ -1,10 +1,11 @@
-"""A GPU worker's life around its Celery tasks: load its models at start, advertise what it
-hosts and how loaded it is in a Redis heartbeat, hear cancellations, and drain on shutdown.
+"""A GPU worker's life: load its models at start, take requests from the fair queue while its
+engines have room (workers/pulling.py), advertise what it hosts and how loaded it is in a
+Redis heartbeat that also renews its leases, hear cancellations, and drain on shutdown.
 
-Run one with `make worker` or
-`PYTHONPATH=.:platform celery -A celery_app worker -Q gpu -P threads -c 64`: the thread pool
-lets every request in flight sit in the one engine's continuous batches (a prefork child per
-request would run them one at a time).
+A GPU worker is a Celery worker consuming the `gpu` queue (`make worker`, or
+`PYTHONPATH=.:platform celery -A celery_app worker -Q gpu,default -P threads -c 4`); its
+requests come from the fair queue, not from Celery's broker, and every request it runs shares
+its engine's continuous batches.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import time
 
 from celery import signals
 from django.conf import settings
+from django.db import close_old_connections
 
-from workers.generation import generation_cancel, running_request_ids
+from workers.generation import generation_cancel
 from workers.host import host_get
+from workers.pulling import Puller
 from workers.registry import model_list_enabled
 from workers.transport import CANCEL_CHANNEL, redis_sync
 
@@ -30,35 +33,26 @@ WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 HEARTBEAT_PREFIX = "fl:worker:"
 
 
-def run_lock_key(request_id: str) -> str:
-    return f"fl:run:{request_id}"
+def worker_models() -> list:
+    """The enabled models this worker serves (FAIRLANE_WORKER_MODELS, or all of them)."""
+    wanted = set(settings.FAIRLANE_WORKER_MODELS)
+    try:
+        return [info for info in model_list_enabled() if not wanted or info.name in wanted]
+    finally:
+        close_old_connections()
 
 
-def run_lock_take(client, request_id: str) -> bool:
-    """Claim a request for this worker. A claim by a worker whose heartbeat has stopped (it
-    died holding the request) is taken over; a live worker's claim is respected."""
-    key, ttl = run_lock_key(request_id), settings.FAIRLANE_HEARTBEAT_TTL_SECONDS
-    if client.set(key, WORKER_ID, nx=True, ex=ttl):
-        return True
-    holder = client.get(key)
-    if holder is not None and client.exists(HEARTBEAT_PREFIX + holder.decode()):
-        logger.info("request %s is already running on %s", request_id, holder.decode())
-        return False
-    client.set(key, WORKER_ID, ex=ttl)
-    return True
-
-
-def heartbeat_payload(capacity: int) -> dict:
+def heartbeat_payload(puller: Puller) -> dict:
     host = host_get()
     return {"id": WORKER_ID, "models": host.hosted(), "stats": host.stats(),
-            "running": len(running_request_ids()), "capacity": capacity, "ts": time.time()}
+            "running": puller.in_flight(), "capacity": puller.capacity, "ts": time.time()}
 
 
 class WorkerServices:
     """The worker's background threads: heartbeat (and run-lock refresh) and cancel listener."""
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity  # requests this worker runs at once (its thread pool)
+    def __init__(self, puller: Puller) -> None:
+        self.puller = puller
         self.client = redis_sync()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -74,13 +68,10 @@ class WorkerServices:
         self.client.delete(HEARTBEAT_PREFIX + WORKER_ID)
 
     def beat(self) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.set(HEARTBEAT_PREFIX + WORKER_ID, json.dumps(heartbeat_payload(self.capacity)),
-                 ex=settings.FAIRLANE_HEARTBEAT_TTL_SECONDS)
-        for request_id in running_request_ids():
-            pipe.set(run_lock_key(request_id), WORKER_ID,
-                     ex=settings.FAIRLANE_HEARTBEAT_TTL_SECONDS)
-        pipe.execute()
+        self.puller.serve(worker_models())
+        self.client.set(HEARTBEAT_PREFIX + WORKER_ID, json.dumps(heartbeat_payload(self.puller)),
+                        ex=settings.FAIRLANE_HEARTBEAT_TTL_SECONDS)
+        self.puller.renew_leases()
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
@@ -119,11 +110,9 @@ def worker_start(sender=None, **kwargs) -> None:
     global _services
     if sender is None or not _consumes_gpu_queue(sender):
         return
-    wanted = set(settings.FAIRLANE_WORKER_MODELS)
-    for info in model_list_enabled():
-        if not wanted or info.name in wanted:
-            host_get().engine(info)
-    _services = WorkerServices(capacity=sender.controller.concurrency)
+    for info in worker_models():
+        host_get().engine(info)
+    _services = WorkerServices(Puller(WORKER_ID, settings.FAIRLANE_WORKER_CONCURRENCY))
     _services.beat()
     _services.start()
     logger.info("worker %s hosts %s", WORKER_ID, host_get().hosted())
@@ -131,8 +120,10 @@ def worker_start(sender=None, **kwargs) -> None:
 
 @signals.worker_shutdown.connect
 def worker_stop(sender=None, **kwargs) -> None:
-    """Celery's warm shutdown has already let running tasks finish (the drain)."""
+    """Warm shutdown: stop taking requests, let the running ones finish (heartbeats keep
+    renewing their leases meanwhile), then stop."""
     if _services is not None:
+        _services.puller.stop(drain_timeout=settings.FAIRLANE_DRAIN_TIMEOUT_SECONDS)
         _services.stop()
     host_get().shutdown()
 

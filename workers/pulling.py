@@ -1,0 +1,154 @@
+"""How a GPU worker gets work: it takes the next request the fair queue picks whenever its
+engine has room (sequence slots and free KV blocks), so work flows to whichever worker can
+take it, in the order the fair queue decides, not in the order a broker received it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from django.conf import settings
+
+from tenants.models import UsageRecord
+from workers.engine import AsyncEngine
+from workers.fairqueue import FairQueue, Taken
+from workers.generation import GenerationJob, generation_run_blocking, generation_settle
+from workers.host import host_get
+from workers.registry import ModelInfo
+from workers.transport import RedisStreamEmit, is_cancel_requested, queue_for, redis_sync
+
+logger = logging.getLogger(__name__)
+
+# Output tokens are charged to the tenant's fair-share counter in batches of this many.
+CHARGE_EVERY = 16
+
+
+class ChargingEmit:
+    """Streams a request's events to Redis and charges its generated tokens to the tenant's
+    virtual token counter as they come (VTC charges output as it is produced)."""
+
+    def __init__(self, stream: RedisStreamEmit, queue: FairQueue, taken: Taken) -> None:
+        self.stream, self.queue, self.taken = stream, queue, taken
+        self.pending = 0
+
+    def __call__(self, event: dict) -> None:
+        self.stream(event)
+        if event["type"] == "token":
+            self.pending += len(event["token_ids"])
+        if self.pending >= CHARGE_EVERY or (event["type"] == "done" and self.pending):
+            self.queue.charge(tenant=self.taken.tenant, lane=self.taken.lane,
+                              tokens=self.pending)
+            self.pending = 0
+
+
+def run_taken(queue: FairQueue, taken: Taken, *, worker_id: str) -> None:
+    """Run one request taken from the queue, then acknowledge it. A request whose earlier
+    worker died resumes after the tokens that worker streamed; one that finished but was not
+    acknowledged is only acknowledged."""
+    job = GenerationJob.from_dict(taken.payload)
+    client = queue.client
+    emit = ChargingEmit(RedisStreamEmit(client, job.request_id), queue, taken)
+    backend = f"worker:{worker_id}"
+    try:
+        earlier = emit.stream.existing()
+        if any(event["type"] == "done" for event in earlier):
+            return
+        if earlier:
+            job = job.resume_from(earlier)
+        if is_cancel_requested(client, job.request_id):
+            generation_settle(job, {"prompt_tokens": 0, "completion_tokens": 0,
+                                    "total_tokens": 0, "cached_tokens": 0},
+                              status=UsageRecord.Status.CANCELLED, backend=backend,
+                              latency_ms=0, emit=emit)
+            return
+        generation_run_blocking(job, host_get().engine(job.model_info), emit, backend=backend)
+    except Exception:  # a worker thread is a process boundary
+        logger.exception("request %s failed", job.request_id)
+    finally:
+        queue.ack(id=taken.id, worker=worker_id)
+
+
+def engine_has_room(engine: AsyncEngine) -> bool:
+    """Room for one more sequence: a free slot, and KV blocks beyond the watermark."""
+    stats = engine.stats()
+    slots = engine.engine.config.max_num_seqs - stats["num_running"] - stats["num_waiting"]
+    return slots > 0 and stats["kv_blocks_free"] > stats["kv_blocks_total"] * 0.05
+
+
+class Puller:
+    """One thread per hosted model, taking requests into a pool of runner threads."""
+
+    def __init__(self, worker_id: str, concurrency: int) -> None:
+        self.worker_id = worker_id
+        self.models: dict[str, ModelInfo] = {}
+        self.client = redis_sync()
+        self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="run")
+        self.capacity = concurrency
+        self.taken: dict[str, tuple[FairQueue, str]] = {}  # request id -> (queue, queue id)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def serve(self, models: list[ModelInfo]) -> None:
+        """Start pulling for the models not served yet (the registry may grow while it runs)."""
+        for info in models:
+            if info.name in self.models or self._stop.is_set():
+                continue
+            self.models[info.name] = info
+            thread = threading.Thread(target=self._loop, args=(info,), daemon=True,
+                                      name=f"pull-{info.name}")
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, drain_timeout: float) -> None:
+        """Take nothing more; let what runs finish (the drain), for up to `drain_timeout`
+        seconds. Whatever is still running then is resumed elsewhere when its lease lapses."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        deadline = time.monotonic() + drain_timeout
+        while self.in_flight() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self.taken)
+
+    def renew_leases(self) -> None:
+        with self._lock:
+            by_queue: dict[FairQueue, list[str]] = {}
+            for queue, queue_id in self.taken.values():
+                by_queue.setdefault(queue, []).append(queue_id)
+        for queue, ids in by_queue.items():
+            lost = queue.renew(worker=self.worker_id, ids=ids)
+            if lost:
+                logger.warning("lost leases (another worker took them over): %s", lost)
+
+    def _loop(self, info: ModelInfo) -> None:
+        queue = queue_for(self.client, info.name)
+        engine = host_get().engine(info)
+        while not self._stop.is_set():
+            try:
+                if self.in_flight() >= self.capacity or not engine_has_room(engine):
+                    self._stop.wait(settings.FAIRLANE_PULL_INTERVAL_SECONDS)
+                    continue
+                taken = queue.dequeue(worker=self.worker_id)
+                if taken is None:
+                    queue.wait_for_work(timeout=settings.FAIRLANE_PULL_INTERVAL_SECONDS)
+                    continue
+                with self._lock:
+                    self.taken[taken.payload["request_id"]] = (queue, taken.id)
+                self.pool.submit(self._run, queue, taken)
+            except Exception:  # Redis trouble: keep pulling once it is back
+                logger.exception("pulling from %s failed", info.name)
+                self._stop.wait(1.0)
+
+    def _run(self, queue: FairQueue, taken: Taken) -> None:
+        try:
+            run_taken(queue, taken, worker_id=self.worker_id)
+        finally:
+            with self._lock:
+                self.taken.pop(taken.payload["request_id"], None)
