@@ -11,6 +11,7 @@ from tenants.errors import AuthenticationFailed, ContextLengthExceeded, ModelNot
 from tenants.models import Agent, ApiKey, Scope, Tenant
 from tenants.services.budgets import budget_reserve
 from tenants.services.keys import api_key_authenticate
+from routing.ratelimit import Admitted, limiter_get, scopes_for
 from workers.generation import GenerationJob
 from workers.registry import ModelInfo, model_context_length, model_get, usage_cost
 
@@ -80,16 +81,27 @@ def engine_sampling(sampling, max_tokens: int) -> dict:
 
 
 def generation_admit(*, caller: Caller, info: ModelInfo, prompts: list[list[int]],
-                     kind: str, n: int = 1, sampling: dict | None = None) -> GenerationJob:
-    """Reserve the request's worst-case cost (every prompt in full, every choice at
-    max_tokens) against the agent's and tenant's budgets, and describe it for a worker."""
+                     kind: str, n: int = 1, sampling: dict | None = None,
+                     ) -> tuple[GenerationJob, Admitted]:
+    """Take the request's rate-limit slots (key, agent, tenant), then reserve its worst-case
+    cost (every prompt in full, every choice at max_tokens) against the agent's and tenant's
+    budgets, and describe it for a worker. Either refusal leaves nothing taken."""
     max_tokens = (sampling or {}).get("max_tokens", 0)
+    worst_tokens = sum(len(p) for p in prompts) + len(prompts) * n * max_tokens
     estimate = sum(usage_cost(info, prompt_tokens=len(p), completion_tokens=n * max_tokens)
                    for p in prompts)
     request_id = uuid.uuid4().hex
-    budget_reserve(tenant=caller.tenant, agent=caller.agent, amount_microcents=estimate,
-                   request_id=request_id, api_key=caller.api_key)
-    return GenerationJob(request_id=request_id, kind=kind, model=info.to_dict(), prompts=prompts,
-                         n=n, sampling=sampling or {}, tenant_id=caller.tenant.pk,
-                         agent_id=str(caller.agent.pk), lane=caller.agent.effective_lane,
-                         weight=caller.tenant.weight)
+    limiter = limiter_get()
+    admitted = limiter.acquire(request_id=request_id, scopes=scopes_for(caller),
+                               tokens=worst_tokens)
+    try:
+        budget_reserve(tenant=caller.tenant, agent=caller.agent, amount_microcents=estimate,
+                       request_id=request_id, api_key=caller.api_key)
+    except Exception:
+        limiter.release(admitted, tokens_used=0)
+        raise
+    job = GenerationJob(request_id=request_id, kind=kind, model=info.to_dict(), prompts=prompts,
+                        n=n, sampling=sampling or {}, tenant_id=caller.tenant.pk,
+                        agent_id=str(caller.agent.pk), lane=caller.agent.effective_lane,
+                        weight=caller.tenant.weight)
+    return job, admitted

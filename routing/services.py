@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
 
+from routing.ratelimit import Admitted, limiter_get
 from routing.admission import (
     Caller, engine_sampling, generation_admit, max_tokens_resolve, model_for, models_for,
 )
@@ -28,22 +29,28 @@ class Started:
     """A request the engine has accepted, with the formatter for its answer."""
 
     job: GenerationJob
-    format: ChatFormat
+    format: ChatFormat | None
     events: AsyncIterator[dict]
     stream: bool
     include_usage: bool
+    admitted: Admitted
 
 
 def _error(event: dict) -> ApplicationError:
     return error_from_code(event["code"], event["message"], param=event.get("param"))
 
 
-async def _dispatch(job: GenerationJob) -> AsyncIterator[dict]:
+async def _dispatch(job: GenerationJob, admitted: Admitted) -> AsyncIterator[dict]:
     """The run's events after `accepted`; a refusal before it raises here, as a 4xx/5xx."""
     events = dispatcher_get().events(job)
-    first = await anext(events)
+    try:
+        first = await anext(events)
+    except BaseException:
+        limiter_get().release(admitted, tokens_used=0)
+        raise
     if first["type"] == "error":
         await events.aclose()
+        limiter_get().release(admitted, tokens_used=0)
         raise _error(first)
     return events
 
@@ -69,8 +76,7 @@ def _completion_prompts(info: ModelInfo, tokenizer, prompts: list, param: str) -
     return [p if isinstance(p, list) else tokenizer.encode(p) for p in prompts]
 
 
-def _admit_generation(caller: Caller, kind: str, body) -> tuple[GenerationJob, ChatFormat, bool,
-                                                                bool]:
+def _admit_generation(caller: Caller, kind: str, body) -> Started:
     """Everything before dispatch (synchronous: database and tokenizer work)."""
     if kind == "chat":
         request = parse.chat_request_parse(body)
@@ -84,8 +90,8 @@ def _admit_generation(caller: Caller, kind: str, body) -> tuple[GenerationJob, C
         prompts = _completion_prompts(info, tokenizer, request.prompts, "prompt")
     sampling = request.sampling
     max_tokens = max_tokens_resolve(info=info, prompts=prompts, max_tokens=sampling.max_tokens)
-    job = generation_admit(caller=caller, info=info, prompts=prompts, kind="generate",
-                           n=sampling.n, sampling=engine_sampling(sampling, max_tokens))
+    job, admitted = generation_admit(caller=caller, info=info, prompts=prompts, kind="generate",
+                                     n=sampling.n, sampling=engine_sampling(sampling, max_tokens))
     num_choices = len(prompts) * sampling.n
     common = {"request_id": job.request_id, "model": info.name, "num_choices": num_choices,
               "tokenizer": tokenizer, "wants_logprobs": sampling.logprobs is not None}
@@ -97,15 +103,14 @@ def _admit_generation(caller: Caller, kind: str, body) -> tuple[GenerationJob, C
             texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in request.prompts]
             echo = [texts[i // sampling.n] for i in range(num_choices)]
         formatter = CompletionFormat(prompt_texts=echo, **common)
-    return job, formatter, request.stream, request.include_usage
+    return Started(job=job, format=formatter, events=None, stream=request.stream,
+                   include_usage=request.include_usage, admitted=admitted)
 
 
 async def generation_start(*, caller: Caller, kind: str, body) -> Started:
-    job, formatter, stream, include_usage = await database_sync_to_async(_admit_generation)(
-        caller, kind, body)
-    events = await _dispatch(job)
-    return Started(job=job, format=formatter, events=events, stream=stream,
-                   include_usage=include_usage)
+    started = await database_sync_to_async(_admit_generation)(caller, kind, body)
+    started.events = await _dispatch(started.job, started.admitted)
+    return started
 
 
 async def _events_to_end(started: Started) -> AsyncIterator[dict]:
@@ -120,11 +125,22 @@ async def _events_to_end(started: Started) -> AsyncIterator[dict]:
         logger.warning("request %s: %s", started.job.request_id, exc.message)
         closing: list[dict] = []
         await database_sync_to_async(generation_settle_partial)(started.job, seen, backend="api",
-                                                       emit=closing.append)
+                                                                emit=closing.append)
         for event in closing:
+            seen.append(event)
             if event["type"] == "error":
                 event.update(code=exc.code, message=exc.message)
             yield event
+    finally:
+        # The request's rate-limit slot is free again, and its unused tokens go back.
+        limiter_get().release(started.admitted, tokens_used=_tokens_used(seen))
+
+
+def _tokens_used(events: list[dict]) -> int:
+    for event in events:
+        if event["type"] == "done":
+            return event["usage"]["prompt_tokens"] + event["usage"]["completion_tokens"]
+    return sum(len(e["token_ids"]) for e in events if e["type"] == "token")
 
 
 async def started_chunks(started: Started) -> AsyncIterator[dict]:
@@ -167,7 +183,7 @@ async def started_collect(started: Started) -> dict:
     raise ApplicationError("The request ended without a result.")
 
 
-def _admit_embedding(caller: Caller, body) -> tuple[GenerationJob, str, str]:
+def _admit_embedding(caller: Caller, body) -> tuple[GenerationJob, Admitted, str, str]:
     request = parse.embedding_request_parse(body)
     info = model_for(caller=caller, name=request.model)
     tokenizer = model_tokenizer(info)
@@ -176,14 +192,15 @@ def _admit_embedding(caller: Caller, body) -> tuple[GenerationJob, str, str]:
                              "fixed size.", param="dimensions")
     prompts = _completion_prompts(info, tokenizer, request.inputs, "input")
     max_tokens_resolve(info=info, prompts=prompts, max_tokens=0)
-    job = generation_admit(caller=caller, info=info, prompts=prompts, kind="embed")
-    return job, info.name, request.encoding_format
+    job, admitted = generation_admit(caller=caller, info=info, prompts=prompts, kind="embed")
+    return job, admitted, info.name, request.encoding_format
 
 
 async def embeddings_create(*, caller: Caller, body) -> dict:
-    job, model, encoding = await database_sync_to_async(_admit_embedding)(caller, body)
-    events = await _dispatch(job)
-    started = Started(job=job, format=None, events=events, stream=False, include_usage=False)
+    job, admitted, model, encoding = await database_sync_to_async(_admit_embedding)(caller, body)
+    events = await _dispatch(job, admitted)
+    started = Started(job=job, format=None, events=events, stream=False, include_usage=False,
+                      admitted=admitted)
     vectors: dict[int, str] = {}
     error = None
     async for event in _events_to_end(started):

@@ -41,7 +41,23 @@ class Lane(models.TextChoices):
     BULK = "bulk"
 
 
-class Tenant(models.Model):
+class RateLimits(models.Model):
+    """Requests per minute, tokens per minute (prompt plus the most a request may generate)
+    and requests at once; empty means no limit at this level."""
+
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    tpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    @property
+    def rate_limits(self) -> tuple[int, int, int]:
+        return self.rpm_limit or 0, self.tpm_limit or 0, self.concurrency_limit or 0
+
+
+class Tenant(RateLimits):
     """An organisation using the platform: it owns members, agents, keys and budgets."""
 
     class Status(models.TextChoices):
@@ -95,7 +111,7 @@ class Membership(models.Model):
         return f"{self.user} in {self.tenant} ({self.role})"
 
 
-class Agent(models.Model):
+class Agent(RateLimits):
     """A tenant's named consumer of the API (the design notes' "Akh"), with its own budget,
     allowed models and lane."""
 
@@ -131,7 +147,7 @@ class Scope(models.TextChoices):
     MANAGEMENT_WRITE = "management.write"  # change it (as an admin)
 
 
-class ApiKey(models.Model):
+class ApiKey(RateLimits):
     """A secret an agent authenticates with. Only a keyed hash of it is stored; the plain key
     (`fl-<key_id>-<secret>`) is shown once, at creation."""
 

@@ -85,7 +85,15 @@ class MemberUpdateIn(StrictSerializer):
     role = StrictChoiceField(choices=Role.choices)
 
 
-class AgentCreateIn(StrictSerializer):
+class RateLimitsIn(StrictSerializer):
+    rpm_limit = StrictIntegerField(min_value=1, max_value=10**9, required=False, allow_null=True)
+    tpm_limit = StrictIntegerField(min_value=1, max_value=10**12, required=False,
+                                   allow_null=True)
+    concurrency_limit = StrictIntegerField(min_value=1, max_value=10**6, required=False,
+                                           allow_null=True)
+
+
+class AgentCreateIn(RateLimitsIn):
     name = StrictCharField(max_length=100)
     description = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
     allowed_models = serializers.ListField(child=StrictCharField(max_length=200), required=False,
@@ -94,7 +102,7 @@ class AgentCreateIn(StrictSerializer):
                              default="", allow_blank=True)
 
 
-class AgentUpdateIn(StrictSerializer):
+class AgentUpdateIn(RateLimitsIn):
     name = StrictCharField(max_length=100, required=False)
     description = StrictCharField(max_length=500, required=False, allow_blank=True)
     allowed_models = serializers.ListField(child=StrictCharField(max_length=200), required=False,
@@ -104,7 +112,7 @@ class AgentUpdateIn(StrictSerializer):
     is_active = StrictBooleanField(required=False)
 
 
-class KeyCreateIn(StrictSerializer):
+class KeyCreateIn(RateLimitsIn):
     agent = serializers.UUIDField()
     name = StrictCharField(max_length=100, required=False, allow_blank=True, default="")
     scopes = serializers.ListField(child=StrictChoiceField(choices=Scope.choices), required=False,
@@ -137,7 +145,13 @@ class UsageQueryIn(serializers.Serializer):
 
 # --- output --------------------------------------------------------------------------------
 
-class TenantOut(serializers.Serializer):
+class RateLimitsOut(serializers.Serializer):
+    rpm_limit = serializers.IntegerField(allow_null=True)
+    tpm_limit = serializers.IntegerField(allow_null=True)
+    concurrency_limit = serializers.IntegerField(allow_null=True)
+
+
+class TenantOut(RateLimitsOut):
     slug = serializers.CharField()
     name = serializers.CharField()
     status = serializers.CharField()
@@ -159,7 +173,7 @@ class MemberOut(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
-class AgentOut(serializers.Serializer):
+class AgentOut(RateLimitsOut):
     id = serializers.UUIDField()
     name = serializers.CharField()
     description = serializers.CharField()
@@ -170,7 +184,7 @@ class AgentOut(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
-class KeyOut(serializers.Serializer):
+class KeyOut(RateLimitsOut):
     id = serializers.UUIDField()
     prefix = serializers.CharField()
     name = serializers.CharField()

@@ -176,7 +176,8 @@ class KeyListView(APIView):
         key, plain = keys.api_key_create(
             tenant=tenant, agent=agent, name=data["name"],
             scopes=data.get("scopes") or [Scope.INFERENCE.value],
-            expires_at=data["expires_at"], created_by=_person(request), actor_role=role)
+            expires_at=data["expires_at"], created_by=_person(request), actor_role=role,
+            **{k: data[k] for k in ("rpm_limit", "tpm_limit", "concurrency_limit") if k in data})
         key.key = plain
         response = Response(s.KeyCreatedOut(key).data, status=status.HTTP_201_CREATED)
         response["Cache-Control"] = "no-store"

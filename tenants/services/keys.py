@@ -60,7 +60,9 @@ def api_key_scopes_clean(*, scopes, actor_role: str) -> list[str]:
 def api_key_create(*, tenant: Tenant, agent: Agent, name: str = "",
                    scopes: list[str] | None = None, expires_at: datetime | None = None,
                    created_by: AbstractBaseUser | None = None,
-                   actor_role: str = Role.OWNER) -> tuple[ApiKey, str]:
+                   actor_role: str = Role.OWNER, rpm_limit: int | None = None,
+                   tpm_limit: int | None = None,
+                   concurrency_limit: int | None = None) -> tuple[ApiKey, str]:
     """Create a key for an agent; the plain key is returned once and never stored."""
     if agent.tenant_id != tenant.id:
         raise InvalidRequest("agent does not belong to this tenant.", param="agent")
@@ -75,7 +77,9 @@ def api_key_create(*, tenant: Tenant, agent: Agent, name: str = "",
     plain = f"fl-{key_id}-{_random(_SECRET_ALPHABET, 43)}"
     key = ApiKey.objects.create(tenant=tenant, agent=agent, name=name, key_id=key_id,
                                 secret_hash=_key_hash(plain), scopes=scopes,
-                                expires_at=expires_at, created_by=created_by)
+                                expires_at=expires_at, created_by=created_by,
+                                rpm_limit=rpm_limit, tpm_limit=tpm_limit,
+                                concurrency_limit=concurrency_limit)
     logger.info("api key created: %s tenant=%s agent=%s", key.prefix, tenant.slug, agent.name)
     return key, plain
 
@@ -130,7 +134,9 @@ def api_key_rotate(*, key: ApiKey, grace_seconds: int, created_by: AbstractBaseU
     with transaction.atomic():
         new_key, plain = api_key_create(tenant=key.tenant, agent=key.agent, name=key.name,
                                         scopes=key.scopes, expires_at=key.expires_at,
-                                        created_by=created_by, actor_role=actor_role)
+                                        created_by=created_by, actor_role=actor_role,
+                                        rpm_limit=key.rpm_limit, tpm_limit=key.tpm_limit,
+                                        concurrency_limit=key.concurrency_limit)
         new_key.rotated_from = key
         new_key.save(update_fields=["rotated_from"])
         grace_end = now + timedelta(seconds=grace_seconds)

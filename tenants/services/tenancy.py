@@ -81,16 +81,22 @@ def _clean_allowed_models(models: list) -> list[str]:
     return sorted(set(models))
 
 
+RATE_LIMIT_FIELDS = {"rpm_limit", "tpm_limit", "concurrency_limit"}
+
+
 def agent_create(*, tenant: Tenant, name: str, description: str = "",
-                 allowed_models: list | None = None, lane: str = "") -> Agent:
+                 allowed_models: list | None = None, lane: str = "", rpm_limit: int | None = None,
+                 tpm_limit: int | None = None, concurrency_limit: int | None = None) -> Agent:
     agent = Agent(tenant=tenant, name=name, description=description, lane=lane,
-                  allowed_models=_clean_allowed_models(allowed_models or []))
+                  allowed_models=_clean_allowed_models(allowed_models or []),
+                  rpm_limit=rpm_limit, tpm_limit=tpm_limit, concurrency_limit=concurrency_limit)
     return save_validated(agent, unique_param="name")
 
 
 def agent_update(*, agent: Agent, **fields) -> Agent:
     for field, value in fields.items():
-        if field not in {"name", "description", "allowed_models", "lane", "is_active"}:
+        if field not in {"name", "description", "allowed_models", "lane", "is_active",
+                         *RATE_LIMIT_FIELDS}:
             raise InvalidRequest(f"{field} cannot be changed.", param=field)
         if field == "allowed_models":
             value = _clean_allowed_models(value)

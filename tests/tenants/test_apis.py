@@ -392,3 +392,21 @@ def test_schema_and_docs_are_served(client_for):
     assert "/api/tenants/{slug}/keys/{key_id}/rotate/" in paths
     docs = client_for().get("/api/docs/")
     assert docs.status_code == 200 and b"swagger-ui" in docs.content
+
+
+def test_rate_limits_are_set_on_agents_and_keys_and_validated(owner_client, tenant):
+    agent = owner_client.post("/api/tenants/acme/agents/", {"name": "limited", "rpm_limit": 30,
+                              "concurrency_limit": 2}, format="json").json()
+    assert (agent["rpm_limit"], agent["tpm_limit"], agent["concurrency_limit"]) == (30, None, 2)
+    key = owner_client.post("/api/tenants/acme/keys/", {"agent": agent["id"], "tpm_limit": 5000},
+                            format="json").json()
+    assert key["tpm_limit"] == 5000
+    patched = owner_client.patch(f"/api/tenants/acme/agents/{agent['id']}/", {"rpm_limit": None},
+                                 format="json").json()
+    assert patched["rpm_limit"] is None
+    before = snapshot(tenant)
+    for bad in [0, -1, "30", 1.5, True]:
+        assert_error(owner_client.patch(f"/api/tenants/acme/agents/{agent['id']}/",
+                                        {"rpm_limit": bad}, format="json"), 400,
+                     "invalid_request", "rpm_limit")
+    assert snapshot(tenant) == before

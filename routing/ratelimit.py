@@ -1,0 +1,147 @@
+"""Rate limits per API key, agent and tenant: requests per minute, tokens per minute, and
+requests in flight. Shared by every API process through Redis (one Lua script checks and
+takes all three scopes at once), or kept in-process in the embedded mode (one process).
+
+Tokens are counted at admission as the worst case (prompt plus every choice at max_tokens),
+like the budget reservation, and the unused part is given back when the request ends."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from django.conf import settings
+
+from tenants.errors import RateLimited
+
+WINDOW_SECONDS = 60
+# A request still "in flight" after this long is forgotten (its API process died).
+INFLIGHT_TTL_MS = 15 * 60 * 1000
+_SCRIPT = (Path(__file__).parent / "ratelimit.lua").read_text()
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """One level limits apply at: ("key", id) with its (rpm, tpm, concurrency)."""
+
+    name: str
+    rpm: int
+    tpm: int
+    concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """What to give back when the request ends."""
+
+    request_id: str
+    scopes: tuple[Scope, ...]
+    window: int
+    tokens: int
+
+
+def _window(now: float) -> int:
+    return int(now // WINDOW_SECONDS)
+
+
+def _refusal(kind: str, scope: str, now: float) -> RateLimited:
+    retry = 1 if kind == "concurrency" else math.ceil(WINDOW_SECONDS - now % WINDOW_SECONDS)
+    what = {"rpm": "requests per minute", "tpm": "tokens per minute",
+            "concurrency": "requests at once"}[kind]
+    level = scope.split(":", 1)[0]
+    return RateLimited(f"Rate limit reached: {what} for this {level.replace('_', ' ')}.",
+                       retry_after=retry)
+
+
+class RedisLimiter:
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.script = client.register_script(_SCRIPT)
+
+    def acquire(self, *, request_id: str, scopes: tuple[Scope, ...], tokens: int) -> Admitted:
+        now = time.time()
+        args = [int(now * 1000), _window(now), request_id, tokens, INFLIGHT_TTL_MS]
+        for scope in scopes:
+            args += [scope.name, scope.rpm, scope.tpm, scope.concurrency]
+        refused = self.script(keys=[], args=args)
+        if refused:
+            raise _refusal(refused[0].decode(), refused[1].decode(), now)
+        return Admitted(request_id, scopes, _window(now), tokens)
+
+    def release(self, admitted: Admitted, *, tokens_used: int) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        unused = max(admitted.tokens - tokens_used, 0)
+        for scope in admitted.scopes:
+            base = f"rl:{{{scope.name}}}:"
+            if scope.concurrency:
+                pipe.zrem(base + "c", admitted.request_id)
+            if scope.tpm and unused:
+                # Give back the unused worst case to the window it was taken from (gone: no-op).
+                pipe.eval("if redis.call('EXISTS', KEYS[1]) == 1 then "
+                          "return redis.call('DECRBY', KEYS[1], ARGV[1]) end", 1,
+                          base + f"t:{admitted.window}", unused)
+        pipe.execute()
+
+
+class LocalLimiter:
+    """The same rules in one process (the embedded mode has no Redis)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counts: dict[tuple, int] = defaultdict(int)
+        self.inflight: dict[str, set[str]] = defaultdict(set)
+
+    def acquire(self, *, request_id: str, scopes: tuple[Scope, ...], tokens: int) -> Admitted:
+        now = time.time()
+        window = _window(now)
+        with self.lock:
+            for scope in scopes:
+                if scope.rpm and self.counts[(scope.name, "r", window)] + 1 > scope.rpm:
+                    raise _refusal("rpm", scope.name, now)
+                if scope.tpm and self.counts[(scope.name, "t", window)] + tokens > scope.tpm:
+                    raise _refusal("tpm", scope.name, now)
+                if scope.concurrency and len(self.inflight[scope.name]) >= scope.concurrency:
+                    raise _refusal("concurrency", scope.name, now)
+            for stale in [k for k in self.counts if k[2] < window]:
+                del self.counts[stale]
+            for scope in scopes:
+                self.counts[(scope.name, "r", window)] += 1
+                self.counts[(scope.name, "t", window)] += tokens
+                if scope.concurrency:
+                    self.inflight[scope.name].add(request_id)
+        return Admitted(request_id, scopes, window, tokens)
+
+    def release(self, admitted: Admitted, *, tokens_used: int) -> None:
+        with self.lock:
+            for scope in admitted.scopes:
+                self.inflight[scope.name].discard(admitted.request_id)
+                key = (scope.name, "t", admitted.window)
+                if key in self.counts:
+                    self.counts[key] -= max(admitted.tokens - tokens_used, 0)
+
+
+_limiter: RedisLimiter | LocalLimiter | None = None
+
+
+def limiter_get() -> RedisLimiter | LocalLimiter:
+    global _limiter
+    if _limiter is None:
+        _limiter = (RedisLimiter(redis.Redis.from_url(settings.REDIS_URL)) if settings.REDIS_URL
+                    else LocalLimiter())
+    return _limiter
+
+
+def scopes_for(caller) -> tuple[Scope, ...]:
+    """The limits that apply to a caller: its key's, its agent's and its tenant's."""
+    scopes = []
+    for level, obj in (("key", caller.api_key), ("agent", caller.agent),
+                       ("tenant", caller.tenant)):
+        rpm, tpm, concurrency = obj.rate_limits
+        if rpm or tpm or concurrency:
+            scopes.append(Scope(f"{level}:{obj.pk}", rpm, tpm, concurrency))
+    return tuple(scopes)
