@@ -259,6 +259,14 @@ FAIRLANE_MIN_SHARE_BULK = float(os.environ.get("FAIRLANE_MIN_SHARE_BULK", "0.05"
 FAIRLANE_WORKER_CONCURRENCY = env_int("FAIRLANE_WORKER_CONCURRENCY", 64)
 # How often an idle or full worker looks at the queue again.
 FAIRLANE_PULL_INTERVAL_SECONDS = float(os.environ.get("FAIRLANE_PULL_INTERVAL_SECONDS", "0.05"))
+# Admission control: requests waiting per tenant (beyond: 429) and per lane (beyond: 503).
+FAIRLANE_MAX_QUEUE_PER_TENANT = env_int("FAIRLANE_MAX_QUEUE_PER_TENANT", 256)
+FAIRLANE_MAX_QUEUE_PER_LANE = env_int("FAIRLANE_MAX_QUEUE_PER_LANE", 2048)
+# Brownout, by queued requests / FAIRLANE_MAX_QUEUE_PER_LANE: shed the bulk lane from the
+# first fraction, also cap standard max_tokens (to the given count) from the second.
+FAIRLANE_BROWNOUT_SHED_AT = float(os.environ.get("FAIRLANE_BROWNOUT_SHED_AT", "0.5"))
+FAIRLANE_BROWNOUT_CAP_AT = float(os.environ.get("FAIRLANE_BROWNOUT_CAP_AT", "0.75"))
+FAIRLANE_BROWNOUT_MAX_TOKENS = env_int("FAIRLANE_BROWNOUT_MAX_TOKENS", 256)
 # Warm shutdown lets running requests finish for up to this long.
 FAIRLANE_DRAIN_TIMEOUT_SECONDS = env_int("FAIRLANE_DRAIN_TIMEOUT_SECONDS", 300)
 FAIRLANE_HEARTBEAT_TTL_SECONDS = env_int("FAIRLANE_HEARTBEAT_TTL_SECONDS", 10)

@@ -89,6 +89,8 @@ async def _sse(started: services.Started):
 
 async def _answer(started: services.Started) -> HttpResponse:
     headers = {"x-request-id": started.job.request_id}
+    if started.brownout:
+        headers["x-fairlane-brownout"] = started.brownout
     if started.stream:
         return StreamingHttpResponse(
             _sse(started), content_type="text/event-stream",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
 
+from routing.overload import load_admit
 from routing.ratelimit import Admitted, limiter_get
 from routing.admission import (
     Caller, engine_sampling, generation_admit, max_tokens_resolve, model_for, models_for,
@@ -34,6 +35,7 @@ class Started:
     stream: bool
     include_usage: bool
     admitted: Admitted
+    brownout: str = ""  # the x-fairlane-brownout header, when the brownout changed the request
 
 
 def _error(event: dict) -> ApplicationError:
@@ -90,6 +92,8 @@ def _admit_generation(caller: Caller, kind: str, body) -> Started:
         prompts = _completion_prompts(info, tokenizer, request.prompts, "prompt")
     sampling = request.sampling
     max_tokens = max_tokens_resolve(info=info, prompts=prompts, max_tokens=sampling.max_tokens)
+    max_tokens, brownout = load_admit(info=info, lane=caller.agent.effective_lane,
+                                      tenant=str(caller.tenant.pk), max_tokens=max_tokens)
     job, admitted = generation_admit(caller=caller, info=info, prompts=prompts, kind="generate",
                                      n=sampling.n, sampling=engine_sampling(sampling, max_tokens))
     num_choices = len(prompts) * sampling.n
@@ -104,7 +108,7 @@ def _admit_generation(caller: Caller, kind: str, body) -> Started:
             echo = [texts[i // sampling.n] for i in range(num_choices)]
         formatter = CompletionFormat(prompt_texts=echo, **common)
     return Started(job=job, format=formatter, events=None, stream=request.stream,
-                   include_usage=request.include_usage, admitted=admitted)
+                   include_usage=request.include_usage, admitted=admitted, brownout=brownout)
 
 
 async def generation_start(*, caller: Caller, kind: str, body) -> Started:
@@ -192,6 +196,8 @@ def _admit_embedding(caller: Caller, body) -> tuple[GenerationJob, Admitted, str
                              "fixed size.", param="dimensions")
     prompts = _completion_prompts(info, tokenizer, request.inputs, "input")
     max_tokens_resolve(info=info, prompts=prompts, max_tokens=0)
+    load_admit(info=info, lane=caller.agent.effective_lane, tenant=str(caller.tenant.pk),
+               max_tokens=0)
     job, admitted = generation_admit(caller=caller, info=info, prompts=prompts, kind="embed")
     return job, admitted, info.name, request.encoding_format
 

@@ -21,6 +21,7 @@ class ApplicationError(Exception):
         self.message = message or self.default_message
         self.param = param
         self.retry_after = retry_after
+        self.headers: dict[str, str] = {}  # extra response headers (e.g. the brownout's)
         super().__init__(self.message)
 
 
@@ -95,7 +96,7 @@ def error_body_for(exc: ApplicationError) -> dict:
 
 
 def error_headers(exc: ApplicationError) -> dict[str, str]:
-    headers = {}
+    headers = dict(exc.headers)
     if exc.retry_after is not None:
         headers["Retry-After"] = str(max(1, int(exc.retry_after)))
     if exc.should_retry is not None:

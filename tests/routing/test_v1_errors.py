@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from channels.db import database_sync_to_async
 from django.test import AsyncClient
 
 from tenants.models import Reservation, Scope, Tenant, UsageRecord
@@ -45,8 +46,8 @@ def error_of(response, status: int) -> dict:
 
 
 async def nothing_billed():
-    assert not await Reservation.objects.aexists()
-    assert not await UsageRecord.objects.aexists()
+    assert not await database_sync_to_async(Reservation.objects.exists)()
+    assert not await database_sync_to_async(UsageRecord.objects.exists)()
 
 
 @pytest.mark.parametrize("raw", ['{"model": "tiny",', "[" * 100_000 + "]" * 100_000, "\xff\xfe",
@@ -84,18 +85,14 @@ async def test_no_key_or_a_revoked_key_is_401(settings, key, tenant):
 
 async def test_a_management_only_key_cannot_infer(settings, tenant, agent, tiny):
     settings.FAIRLANE_ENGINE_MODE = "embedded"
-    from asgiref.sync import sync_to_async
-
-    _, plain = await sync_to_async(api_key_create)(tenant=tenant, agent=agent,
+    _, plain = await database_sync_to_async(api_key_create)(tenant=tenant, agent=agent,
                                                    scopes=[Scope.MANAGEMENT_READ])
     client = KeyClient(plain)
     assert error_of(await post(client, "/v1/chat/completions", CHAT), 403)["code"] == "permission"
 
 
 async def test_a_model_the_agent_may_not_use_looks_like_no_model(v1, agent):
-    from asgiref.sync import sync_to_async
-
-    await sync_to_async(agent_update)(agent=agent, allowed_models=["other-model"])
+    await database_sync_to_async(agent_update)(agent=agent, allowed_models=["other-model"])
     error = error_of(await post(v1, "/v1/chat/completions", CHAT), 404)
     assert error["code"] == "model_not_found"
     models = json.loads((await v1.get("/v1/models")).content)
@@ -104,18 +101,15 @@ async def test_a_model_the_agent_may_not_use_looks_like_no_model(v1, agent):
 
 
 async def test_a_suspended_tenant_is_403(v1, tenant):
-    await Tenant.objects.filter(pk=tenant.pk).aupdate(status=Tenant.Status.SUSPENDED)
+    await database_sync_to_async(Tenant.objects.filter(pk=tenant.pk).update)(
+        status=Tenant.Status.SUSPENDED)
     assert error_of(await post(v1, "/v1/chat/completions", CHAT), 403)["code"] == "permission"
 
 
 async def api_key_create_async(tenant):
-    from asgiref.sync import sync_to_async
-
-    agent = await tenant.agents.afirst()
-    return await sync_to_async(api_key_create)(tenant=tenant, agent=agent)
+    agent = await database_sync_to_async(tenant.agents.first)()
+    return await database_sync_to_async(api_key_create)(tenant=tenant, agent=agent)
 
 
 async def api_key_revoke_async(key_row):
-    from asgiref.sync import sync_to_async
-
-    await sync_to_async(api_key_revoke)(key=key_row)
+    await database_sync_to_async(api_key_revoke)(key=key_row)

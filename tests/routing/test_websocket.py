@@ -4,6 +4,7 @@ import asyncio
 import json
 
 import pytest
+from channels.db import database_sync_to_async
 from channels.testing.websocket import WebsocketCommunicator
 
 from tenants.models import UsageRecord
@@ -58,7 +59,7 @@ async def test_header_auth_and_two_concurrent_requests_on_one_socket(application
         chunks = [f["data"] for f in frames[request_id] if f["type"] == "chunk"]
         assert chunks and all(c["object"].endswith(("chunk", "text_completion")) for c in chunks)
         assert done["usage"]["completion_tokens"] <= max_tokens
-    assert await UsageRecord.objects.acount() == 2
+    assert await database_sync_to_async(UsageRecord.objects.count)() == 2
     await ws.disconnect()
 
 
@@ -116,7 +117,8 @@ async def test_cancel_stops_a_request_and_charges_what_was_generated(application
     frames = await frames_until_done(ws, {"long"})
     assert frames["long"][-1] == {"type": "done", "id": "long", "cancelled": True}
     for _ in range(100):
-        record = await UsageRecord.objects.filter(status="cancelled").afirst()
+        record = await database_sync_to_async(
+            UsageRecord.objects.filter(status="cancelled").first)()
         if record:
             break
         await asyncio.sleep(0.05)

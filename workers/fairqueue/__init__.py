@@ -102,6 +102,12 @@ class FairQueue:
             return int(self.client.hget(self.prefix + "depth", lane) or 0)
         return sum(int(v) for v in self.client.hvals(self.prefix + "depth"))
 
+    def drain_rate(self, seconds: int = 30) -> float:
+        """Requests taken per second over the last `seconds` seconds."""
+        now = int(time.time())
+        keys = [self.prefix + f"drained:{t}" for t in range(now - seconds + 1, now + 1)]
+        return sum(int(v) for v in self.client.mget(keys) if v) / seconds
+
     def counters(self, lane: str) -> dict[str, float]:
         return {k.decode(): float(v) for k, v in
                 self.client.hgetall(self.prefix + f"vtc:{lane}").items()}

@@ -86,6 +86,9 @@ for _ = 1, 16 do
       if i == chosen then value = value + 1 end
       redis.call('HSET', p .. 'served', name, value)
     end
+    local second = p .. 'drained:' .. math.floor(now / 1000)
+    redis.call('INCR', second)
+    redis.call('EXPIRE', second, 120)
     local enq = tonumber(redis.call('HGET', p .. 'meta:' .. id, 'enq') or now)
     redis.call('ZADD', p .. 'leases', now + lease_ms, id)
     redis.call('HSET', p .. 'holder', id, worker)

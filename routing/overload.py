@@ -1,0 +1,90 @@
+"""Admission control and brownout: what the API does when work arrives faster than the GPU
+workers drain it.
+
+- Queue depth limits: a tenant with too many requests waiting gets a 429 (its own doing); a
+  lane too deep gets a 503 (the platform's). Both carry Retry-After estimated from how fast the
+  queue drains.
+- Brownout, by how full the queues are: first shed the bulk lane (503), then also cap
+  max_tokens in the standard lane; realtime is never touched. Responses say so in the
+  `x-fairlane-brownout` header, and the metrics count it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from django.conf import settings
+from prometheus_client import Counter, Gauge
+
+from tenants.errors import Overloaded, RateLimited
+from workers.registry import ModelInfo
+
+BROWNOUT_LEVEL = Gauge("fairlane_brownout_level",
+                       "0 normal, 1 bulk shed, 2 bulk shed and standard max_tokens capped",
+                       ["model"])
+BROWNOUT_ACTIONS = Counter("fairlane_brownout_actions_total",
+                           "requests shed or capped by the brownout", ["model", "action"])
+MAX_RETRY_AFTER = 120
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """How loaded a model's queue is, as admission sees it."""
+
+    lane_depth: int
+    tenant_depth: int
+    total_depth: int
+    drain_rate: float  # requests per second
+
+
+def _retry_after(depth: int, rate: float) -> int:
+    return max(1, min(MAX_RETRY_AFTER, math.ceil(depth / max(rate, 0.1))))
+
+
+def load_read(*, info: ModelInfo, lane: str, tenant: str) -> Load:
+    if settings.FAIRLANE_ENGINE_MODE == "embedded":
+        from workers.host import host_get
+
+        stats = host_get().stats().get(info.name, {})
+        waiting = stats.get("num_waiting", 0)
+        return Load(lane_depth=waiting, tenant_depth=0, total_depth=waiting, drain_rate=1.0)
+    from workers.transport import queue_for, redis_sync
+
+    queue = queue_for(redis_sync(), info.name)
+    return Load(lane_depth=queue.depth(lane), tenant_depth=queue.depth(lane, tenant),
+                total_depth=queue.depth(), drain_rate=queue.drain_rate())
+
+
+def brownout_level(load: Load) -> int:
+    pressure = load.total_depth / settings.FAIRLANE_MAX_QUEUE_PER_LANE
+    if pressure >= settings.FAIRLANE_BROWNOUT_CAP_AT:
+        return 2
+    if pressure >= settings.FAIRLANE_BROWNOUT_SHED_AT:
+        return 1
+    return 0
+
+
+def load_admit(*, info: ModelInfo, lane: str, tenant: str, max_tokens: int) -> tuple[int, str]:
+    """Admit a request under the current load: its (possibly capped) max_tokens, and the value
+    of the x-fairlane-brownout header ("" when none applies). Raises when it must wait."""
+    load = load_read(info=info, lane=lane, tenant=tenant)
+    retry = _retry_after(load.lane_depth, load.drain_rate)
+    if load.tenant_depth >= settings.FAIRLANE_MAX_QUEUE_PER_TENANT:
+        raise RateLimited(f"{load.tenant_depth} of your requests are already waiting in the "
+                          f"{lane} lane; retry later.", retry_after=retry)
+    if load.lane_depth >= settings.FAIRLANE_MAX_QUEUE_PER_LANE:
+        raise Overloaded(f"The {lane} lane is full; retry later.", retry_after=retry)
+    level = brownout_level(load)
+    BROWNOUT_LEVEL.labels(info.name).set(level)
+    if level >= 1 and lane == "bulk":
+        BROWNOUT_ACTIONS.labels(info.name, "shed_bulk").inc()
+        exc = Overloaded("Under heavy load the bulk lane is shed (brownout); retry later.",
+                         retry_after=_retry_after(load.total_depth, load.drain_rate))
+        exc.headers = {"x-fairlane-brownout": "shed-bulk"}
+        raise exc
+    cap = settings.FAIRLANE_BROWNOUT_MAX_TOKENS
+    if level >= 2 and lane == "standard" and max_tokens > cap:
+        BROWNOUT_ACTIONS.labels(info.name, "cap_max_tokens").inc()
+        return cap, f"cap-max-tokens={cap}"
+    return max_tokens, ""
