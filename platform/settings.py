@@ -257,6 +257,8 @@ FAIRLANE_MIN_SHARE_STANDARD = float(os.environ.get("FAIRLANE_MIN_SHARE_STANDARD"
 FAIRLANE_MIN_SHARE_BULK = float(os.environ.get("FAIRLANE_MIN_SHARE_BULK", "0.05"))
 # Requests a GPU worker runs at once (its runner threads); its engine batches them all.
 FAIRLANE_WORKER_CONCURRENCY = env_int("FAIRLANE_WORKER_CONCURRENCY", 64)
+# A worker's last free sequence slots take realtime requests only.
+FAIRLANE_REALTIME_RESERVED_SLOTS = env_int("FAIRLANE_REALTIME_RESERVED_SLOTS", 2)
 # How often an idle or full worker looks at the queue again.
 FAIRLANE_PULL_INTERVAL_SECONDS = float(os.environ.get("FAIRLANE_PULL_INTERVAL_SECONDS", "0.05"))
 # Admission control: requests waiting per tenant (beyond: 429) and per lane (beyond: 503).

@@ -70,11 +70,12 @@ def run_taken(queue: FairQueue, taken: Taken, *, worker_id: str) -> None:
         queue.ack(id=taken.id, worker=worker_id)
 
 
-def engine_has_room(engine: AsyncEngine) -> bool:
-    """Room for one more sequence: a free slot, and KV blocks beyond the watermark."""
+def engine_free_slots(engine: AsyncEngine) -> int:
+    """Sequences the engine can take now: free slots, or none when its KV blocks run low."""
     stats = engine.stats()
-    slots = engine.engine.config.max_num_seqs - stats["num_running"] - stats["num_waiting"]
-    return slots > 0 and stats["kv_blocks_free"] > stats["kv_blocks_total"] * 0.05
+    if stats["kv_blocks_free"] <= stats["kv_blocks_total"] * 0.05:
+        return 0
+    return engine.engine.config.max_num_seqs - stats["num_running"] - stats["num_waiting"]
 
 
 class Puller:
@@ -132,10 +133,13 @@ class Puller:
         engine = host_get().engine(info)
         while not self._stop.is_set():
             try:
-                if self.in_flight() >= self.capacity or not engine_has_room(engine):
+                free = min(engine_free_slots(engine), self.capacity - self.in_flight())
+                if free <= 0:
                     self._stop.wait(settings.FAIRLANE_PULL_INTERVAL_SECONDS)
                     continue
-                taken = queue.dequeue(worker=self.worker_id)
+                # The last free slots wait for realtime requests, so one is always at hand.
+                realtime_only = free <= settings.FAIRLANE_REALTIME_RESERVED_SLOTS
+                taken = queue.dequeue(worker=self.worker_id, realtime_only=realtime_only)
                 if taken is None:
                     queue.wait_for_work(timeout=settings.FAIRLANE_PULL_INTERVAL_SECONDS)
                     continue

@@ -133,3 +133,11 @@ def test_concurrent_workers_never_take_a_request_twice(fq):
     for t in threads:
         t.join()
     assert sorted(taken) == sorted(ids)
+
+
+def test_reserved_slots_take_realtime_only(fq):
+    put(fq, "b", lane="bulk", n=2)
+    assert fq.dequeue(worker="w", realtime_only=True) is None
+    (rt,) = put(fq, "r", lane="realtime")
+    assert fq.dequeue(worker="w", realtime_only=True).id == rt
+    assert fq.dequeue(worker="w").lane == "bulk"

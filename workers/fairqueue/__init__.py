@@ -66,9 +66,11 @@ class FairQueue:
         return int(self._run("enqueue", id, tenant, lane, weight, cost, json.dumps(payload),
                              _now_ms()))
 
-    def dequeue(self, *, worker: str) -> Taken | None:
-        """The next request by lane, then fairness, leased to `worker`; None if none waits."""
-        reply = self._run("dequeue", worker, self.lease_ms, _now_ms(), self.decay, *self.shares)
+    def dequeue(self, *, worker: str, realtime_only: bool = False) -> Taken | None:
+        """The next request by lane, then fairness, leased to `worker`; None if none waits.
+        `realtime_only` takes only realtime requests (a worker's reserved last slots)."""
+        reply = self._run("dequeue", worker, self.lease_ms, _now_ms(), self.decay, *self.shares,
+                          1 if realtime_only else len(LANES))
         if not reply:
             return None
         id_, payload, tenant, lane, waited = (v.decode() if isinstance(v, bytes) else v

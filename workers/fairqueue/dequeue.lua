@@ -2,10 +2,12 @@
 -- then choose the lane (strict priority, except a lower lane below its minimum share of recent
 -- dispatches goes first), then the backlogged tenant with the lowest virtual token counter,
 -- charge it the request's input tokens divided by its weight, and lease the request.
--- KEYS[1] prefix; ARGV: worker lease_ms now_ms decay share_standard share_bulk
+-- KEYS[1] prefix; ARGV: worker lease_ms now_ms decay share_standard share_bulk lowest_lane
+-- (lowest_lane 1 takes realtime only: a worker keeps its last slots for realtime requests).
 local p, worker = KEYS[1], ARGV[1]
 local lease_ms, now, decay = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local lanes = {'realtime', 'standard', 'bulk'}
+local lowest = tonumber(ARGV[7] or '3')
 local min_share = {0, tonumber(ARGV[5]), tonumber(ARGV[6])}
 
 local function activate(lane, tenant)
@@ -37,7 +39,7 @@ end
 
 local backlog, served, total = {}, {}, 0
 for i, lane in ipairs(lanes) do
-  backlog[i] = tonumber(redis.call('HGET', p .. 'depth', lane) or '0') > 0
+  backlog[i] = i <= lowest and tonumber(redis.call('HGET', p .. 'depth', lane) or '0') > 0
   served[i] = tonumber(redis.call('HGET', p .. 'served', lane) or '0')
   total = total + served[i]
 end

@@ -3,6 +3,8 @@ same run and print ratios and absolute figures, the last line one JSON object.
 
   engine   the PyTorch engine against Hugging Face transformers (workers/engine/bench)
   serving  the full HTTP stack against the engine in-process (routing/bench.py)
+  fairness the Redis fair queue against FCFS, simulated workers and a real engine
+           (workers/fairqueue/bench.py)
 """
 
 from django.core.management.base import BaseCommand, CommandError
@@ -10,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 BENCHES = {
     "engine": "workers.engine.bench.main",
     "serving": "routing.bench",
+    "fairness": "workers.fairqueue.bench",
 }
 
 
