@@ -57,6 +57,7 @@ beat: venv
 
 # make bench ARGS="engine --quick"  |  make bench ARGS="serving --quick"
 bench: test-venv
+	$(PY) manage.py migrate --noinput -v0
 	$(PY) manage.py bench $(ARGS)
 
 clean:
