@@ -156,6 +156,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "tenants.tasks.budget_reservations_expire",
         "schedule": 60.0,
     },
+    "backends-probe": {
+        "task": "routing.tasks.backends_probe",
+        "schedule": float(os.environ.get("FAIRLANE_HEALTH_INTERVAL_SECONDS", "15")),
+    },
 }
 
 # --- auth, sessions, security ------------------------------------------------------------
@@ -276,6 +280,36 @@ FAIRLANE_HEARTBEAT_TTL_SECONDS = env_int("FAIRLANE_HEARTBEAT_TTL_SECONDS", 10)
 # first timeout, or a started one went silent for the idle timeout.
 FAIRLANE_FIRST_EVENT_TIMEOUT_SECONDS = env_int("FAIRLANE_FIRST_EVENT_TIMEOUT_SECONDS", 300)
 FAIRLANE_STREAM_IDLE_TIMEOUT_SECONDS = env_int("FAIRLANE_STREAM_IDLE_TIMEOUT_SECONDS", 60)
+
+# --- routing ----------------------------------------------------------------------------------
+# Key that provider credentials are encrypted under in the database (default: SECRET_KEY).
+FAIRLANE_CREDENTIALS_KEY = os.environ.get("FAIRLANE_CREDENTIALS_KEY") or SECRET_KEY
+# Health beat: how often each backend is probed, and when a backend with no successful probe
+# for that long is stale; after FAIRLANE_HEALTH_OFFLINE_AFTER failed probes in a row, offline.
+FAIRLANE_HEALTH_INTERVAL_SECONDS = env_int("FAIRLANE_HEALTH_INTERVAL_SECONDS", 15)
+FAIRLANE_HEALTH_STALE_SECONDS = env_int("FAIRLANE_HEALTH_STALE_SECONDS", 60)
+FAIRLANE_HEALTH_OFFLINE_AFTER = env_int("FAIRLANE_HEALTH_OFFLINE_AFTER", 3)
+# Circuit breaker per backend (per API process): open after this many failures in a row, or
+# at this failure ratio over the window once it has the minimum requests; after the cooldown
+# one trial request (half-open) decides whether it closes again.
+FAIRLANE_BREAKER_FAILURES = env_int("FAIRLANE_BREAKER_FAILURES", 5)
+FAIRLANE_BREAKER_RATIO = float(os.environ.get("FAIRLANE_BREAKER_RATIO", "0.5"))
+FAIRLANE_BREAKER_MIN_REQUESTS = env_int("FAIRLANE_BREAKER_MIN_REQUESTS", 20)
+FAIRLANE_BREAKER_WINDOW_SECONDS = env_int("FAIRLANE_BREAKER_WINDOW_SECONDS", 30)
+FAIRLANE_BREAKER_COOLDOWN_SECONDS = float(os.environ.get("FAIRLANE_BREAKER_COOLDOWN_SECONDS", "30"))
+# Retries when every backend in the chain failed before its first token: how many rounds,
+# the longest Retry-After worth waiting for (longer: answer 503 with that Retry-After), and the
+# base of the jittered exponential backoff after failures that named no wait.
+FAIRLANE_RETRIES = env_int("FAIRLANE_RETRIES", 2)
+FAIRLANE_RETRY_MAX_WAIT_SECONDS = float(os.environ.get("FAIRLANE_RETRY_MAX_WAIT_SECONDS", "10"))
+FAIRLANE_RETRY_BACKOFF_SECONDS = float(os.environ.get("FAIRLANE_RETRY_BACKOFF_SECONDS", "0.5"))
+# max_tokens sent to a remote backend when the request sets none and the backend's context
+# length is not configured (the budget reserves for it, so it is never left open-ended).
+FAIRLANE_DEFAULT_MAX_TOKENS = env_int("FAIRLANE_DEFAULT_MAX_TOKENS", 4096)
+# How long a request waits in a scarce backend's lease queue before falling through.
+FAIRLANE_LEASE_WAIT_SECONDS = float(os.environ.get("FAIRLANE_LEASE_WAIT_SECONDS", "5"))
+# How long the registry read by the router is reused before it is read again (seconds).
+FAIRLANE_ROUTING_CACHE_SECONDS = float(os.environ.get("FAIRLANE_ROUTING_CACHE_SECONDS", "2"))
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 LOGGING = {

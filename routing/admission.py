@@ -43,9 +43,6 @@ def model_for(*, caller: Caller, name: str) -> ModelInfo:
     return info
 
 
-def models_for(*, caller: Caller, available: list[ModelInfo]) -> list[ModelInfo]:
-    return [m for m in available if caller.agent.may_use_model(m.name)]
-
 
 def max_tokens_resolve(*, info: ModelInfo, prompts: list[list[int]],
                        max_tokens: int | None) -> int:

@@ -89,6 +89,8 @@ async def _sse(started: services.Started):
 
 async def _answer(started: services.Started) -> HttpResponse:
     headers = {"x-request-id": started.job.request_id}
+    if started.backend:
+        headers["x-fairlane-backend"] = started.backend
     if started.brownout:
         headers["x-fairlane-brownout"] = started.brownout
     if started.stream:
@@ -124,14 +126,13 @@ _created = int(time.time())
 async def models(request, caller):
     available = await database_sync_to_async(services.models_available)(caller=caller)
     return JsonResponse({"object": "list",
-                         "data": [model_object(m.name, _created) for m in available]})
+                         "data": [model_object(name, _created) for name in available]})
 
 
 @openai_view("GET")
 async def model_detail(request, caller, model_id: str):
     available = await database_sync_to_async(services.models_available)(caller=caller)
-    for info in available:
-        if info.name == model_id:
-            return JsonResponse(model_object(info.name, _created))
+    if model_id in available:
+        return JsonResponse(model_object(model_id, _created))
     raise ModelNotFound(f"The model '{model_id}' does not exist or you do not have access to it.",
                         param="model")

@@ -4,22 +4,31 @@ and turn the run's events into OpenAI objects."""
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 
 from routing.overload import load_admit
-from routing.ratelimit import Admitted, limiter_get
+from routing.backends import Call, Route
+from routing.dispatch import Attempt, Served, routes_walk
+from routing.ratelimit import Admitted, limiter_get, scopes_for
+from routing.router import Need, Plan, registry_get, route_plan
 from routing.admission import (
-    Caller, engine_sampling, generation_admit, max_tokens_resolve, model_for, models_for,
+    Caller, engine_sampling, generation_admit, max_tokens_resolve, model_for,
 )
 from routing.wire import parse
 from routing.wire.render import ChatFormat, CompletionFormat, embeddings_response
-from tenants.errors import ApplicationError, InvalidRequest, error_body_for, error_from_code
+from tenants.errors import (
+    ApplicationError, BackendUnavailable, InvalidRequest, ModelNotFound, error_body_for,
+    error_from_code,
+)
 from tenants.models import UsageRecord
 from workers.generation import GenerationJob, generation_settle_partial
-from workers.registry import ModelInfo, model_list_enabled, model_tokenizer, model_vocab_size
+from workers.registry import ModelInfo, model_tokenizer, model_vocab_size, usage_cost
 from workers.transport import StreamTimeout, dispatcher_get
 
 logger = logging.getLogger(__name__)
@@ -36,6 +45,7 @@ class Started:
     include_usage: bool
     admitted: Admitted
     brownout: str = ""  # the x-fairlane-brownout header, when the brownout changed the request
+    backend: str = ""  # the backend serving it (x-fairlane-backend)
 
 
 def _error(event: dict) -> ApplicationError:
@@ -78,43 +88,195 @@ def _completion_prompts(info: ModelInfo, tokenizer, prompts: list, param: str) -
     return [p if isinstance(p, list) else tokenizer.encode(p) for p in prompts]
 
 
-def _admit_generation(caller: Caller, kind: str, body) -> Started:
+def _prompt_texts(kind: str, request) -> tuple[list[dict], str]:
+    if kind == "chat":
+        return request.messages, ""
+    first = request.prompts[0]
+    return [], first if isinstance(first, str) else ""
+
+
+def _worst_prompt_tokens(messages: list[dict], prompt: str) -> int:
+    """No tokenizer at hand (a remote-only model): every token is at least one byte, plus the
+    chat format's few tokens per message."""
+    text = prompt + "".join(m["content"] for m in messages)
+    return len(text.encode()) + 8 * (len(messages) + 1)
+
+
+class _Generation:
+    """One request between parsing and dispatch: what each route would be sent and cost."""
+
+    def __init__(self, caller: Caller, kind: str, request) -> None:
+        self.caller, self.kind, self.request = caller, kind, request
+        self.sampling = request.sampling
+        self.request_id = uuid.uuid4().hex
+        self.messages, self.prompt = _prompt_texts(kind, request)
+        self.registry = registry_get()
+        routes = self.registry.routes.get(request.model)
+        if not routes or not caller.agent.may_use_model(request.model):
+            raise ModelNotFound(f"The model '{request.model}' does not exist or you do not "
+                                "have access to it.", param="model")
+        self.local = next((r for r in routes if r.backend.is_local), None)
+        self.tokenizer, self.token_prompts, self.local_max = None, None, 0
+        self.brownout = ""
+        if self.local is not None:
+            self._local_prepare(remote_too=len(routes) > 1)
+        token_ids = kind == "completion" and (len(request.prompts) > 1 or any(
+            isinstance(p, list) for p in request.prompts))
+        self.remote_prompt_tokens = _worst_prompt_tokens(self.messages, self.prompt)
+        self.num_prompts = len(self.token_prompts) if self.token_prompts else 1
+        self.need = Need(kind=kind, prompt_tokens=self._prompt_tokens(None),
+                         max_tokens=max(self.local_max, self._remote_max(None)),
+                         n=self.sampling.n, token_prompts=token_ids,
+                         logit_bias=bool(self.sampling.logit_bias),
+                         logprobs=self.sampling.logprobs is not None,
+                         tenant=str(caller.tenant.pk),
+                         prefix="".join(m["content"] for m in self.messages)[:512] or self.prompt[:512])
+        plan = self.plan()
+        if plan.unsupported:
+            raise InvalidRequest(f"No backend serving '{request.model}' supports this request "
+                                 "(token-id or batched prompts, logit_bias and completion "
+                                 "logprobs need the model's own tokenizer).")
+        self._jobs: dict[str, GenerationJob] = {}
+
+    def _local_prepare(self, *, remote_too: bool) -> None:
+        info, request = self.local.info, self.request
+        tokenizer = model_tokenizer(info)
+        try:
+            if self.kind == "chat":
+                prompts = [_chat_prompt(tokenizer, request.messages)]
+            else:
+                prompts = _completion_prompts(info, tokenizer, request.prompts, "prompt")
+        except InvalidRequest:
+            if not remote_too:
+                raise
+            self.local = None  # e.g. no chat template here: the remote backends may have one
+            return
+        self.tokenizer, self.token_prompts = tokenizer, prompts
+        self.local_max = max_tokens_resolve(info=info, prompts=prompts,
+                                            max_tokens=self.sampling.max_tokens)
+
+    def _prompt_tokens(self, route: Route | None) -> int:
+        if route is not None and route.backend.is_local:
+            return sum(len(p) for p in self.token_prompts)
+        if self.token_prompts and route is None:
+            return max(sum(len(p) for p in self.token_prompts), self.remote_prompt_tokens)
+        return self.remote_prompt_tokens
+
+    def _remote_max(self, route: Route | None) -> int:
+        if self.sampling.max_tokens is not None:
+            return self.sampling.max_tokens
+        context = route.backend.context_length if route is not None else 0
+        if context:
+            return max(context - self.remote_prompt_tokens // 4, 1)
+        return settings.FAIRLANE_DEFAULT_MAX_TOKENS
+
+    def max_tokens(self, route: Route) -> int:
+        return self.local_max if route.backend.is_local else self._remote_max(route)
+
+    def plan(self) -> Plan:
+        return route_plan(registry=registry_get(), agent_id=str(self.caller.agent.pk),
+                          model=self.request.model, need=self.need)
+
+    def cost(self, route: Route) -> int:
+        return usage_cost(route.info, prompt_tokens=self._prompt_tokens(route),
+                          completion_tokens=self.num_prompts * self.sampling.n
+                          * self.max_tokens(route))
+
+    def job(self, route: Route) -> GenerationJob:
+        if route.backend.name not in self._jobs:
+            caller = self.caller
+            self._jobs[route.backend.name] = GenerationJob(
+                request_id=self.request_id, kind="generate", model=route.info.to_dict(),
+                prompts=self.token_prompts if route.backend.is_local else [],
+                n=self.sampling.n, sampling=engine_sampling(self.sampling, self.max_tokens(route)),
+                tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk),
+                lane=caller.agent.effective_lane, weight=caller.tenant.weight)
+        return self._jobs[route.backend.name]
+
+    def call(self, route: Route) -> Call:
+        return Call(kind=self.kind, upstream=route.upstream, sampling=self.sampling,
+                    max_tokens=self.max_tokens(route), messages=self.messages,
+                    prompt=self.prompt, wants_logprobs=self.sampling.logprobs is not None)
+
+    def local_ready(self, route: Route, has_next: bool) -> None:
+        """Raises to skip the local engine for the next backend: its queue is full, or (with
+        another backend to go to) no GPU worker hosting the model is up."""
+        caller = self.caller
+        if has_next and settings.FAIRLANE_ENGINE_MODE == "celery" and not _hosted(route.model):
+            raise BackendUnavailable(f"No GPU worker hosts '{route.model}' now.")
+        try:
+            self.local_max, self.brownout = load_admit(
+                info=route.info, lane=caller.agent.effective_lane, tenant=str(caller.tenant.pk),
+                max_tokens=self.local_max)
+        except ApplicationError as exc:
+            exc.retryable = has_next
+            raise
+        self._jobs.pop(route.backend.name, None)  # the brownout may have capped max_tokens
+
+    def attempt(self, admitted: Admitted) -> Attempt:
+        caller = self.caller
+        return Attempt(request_id=self.request_id, tenant=caller.tenant, agent=caller.agent,
+                       api_key=caller.api_key, job_for=self.job, call_for=self.call,
+                       cost_for=self.cost, local_ready=self.local_ready)
+
+    def worst_tokens(self) -> int:
+        return self.need.prompt_tokens + self.num_prompts * self.sampling.n * self.need.max_tokens
+
+    def started(self, served: Served, admitted: Admitted) -> Started:
+        request, sampling = self.request, self.sampling
+        num_choices = self.num_prompts * sampling.n
+        is_local = served.route.backend.is_local
+        common = {"request_id": self.request_id, "model": request.model,
+                  "num_choices": num_choices, "tokenizer": self.tokenizer if is_local else None,
+                  "wants_logprobs": sampling.logprobs is not None}
+        if self.kind == "chat":
+            formatter = ChatFormat(**common)
+        else:
+            echo = None
+            if request.echo:
+                texts = [p if isinstance(p, str) else self.tokenizer.decode(p)
+                         for p in request.prompts]
+                echo = [texts[i // sampling.n] for i in range(num_choices)]
+            formatter = CompletionFormat(prompt_texts=echo, **common)
+        return Started(job=served.job, format=formatter, events=served.events,
+                       stream=request.stream, include_usage=request.include_usage,
+                       admitted=admitted, brownout=self.brownout if is_local else "",
+                       backend=served.route.backend.name)
+
+
+_live_models: tuple[float, set[str]] = (0.0, set())
+
+
+def _hosted(model: str) -> bool:
+    """Whether a live GPU worker advertises the model (heartbeats, read at most once a second)."""
+    global _live_models
+    checked, names = _live_models
+    if time.monotonic() - checked > 1.0:
+        from workers.worker import workers_live
+
+        names = {name for beat in workers_live() for name in beat["models"]}
+        _live_models = (time.monotonic(), names)
+    return model in names
+
+
+def _admit_generation(caller: Caller, kind: str, body) -> tuple[_Generation, Admitted]:
     """Everything before dispatch (synchronous: database and tokenizer work)."""
-    if kind == "chat":
-        request = parse.chat_request_parse(body)
-    else:
-        request = parse.completion_request_parse(body)
-    info = model_for(caller=caller, name=request.model)
-    tokenizer = model_tokenizer(info)
-    if kind == "chat":
-        prompts = [_chat_prompt(tokenizer, request.messages)]
-    else:
-        prompts = _completion_prompts(info, tokenizer, request.prompts, "prompt")
-    sampling = request.sampling
-    max_tokens = max_tokens_resolve(info=info, prompts=prompts, max_tokens=sampling.max_tokens)
-    max_tokens, brownout = load_admit(info=info, lane=caller.agent.effective_lane,
-                                      tenant=str(caller.tenant.pk), max_tokens=max_tokens)
-    job, admitted = generation_admit(caller=caller, info=info, prompts=prompts, kind="generate",
-                                     n=sampling.n, sampling=engine_sampling(sampling, max_tokens))
-    num_choices = len(prompts) * sampling.n
-    common = {"request_id": job.request_id, "model": info.name, "num_choices": num_choices,
-              "tokenizer": tokenizer, "wants_logprobs": sampling.logprobs is not None}
-    if kind == "chat":
-        formatter = ChatFormat(**common)
-    else:
-        echo = None
-        if request.echo:
-            texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in request.prompts]
-            echo = [texts[i // sampling.n] for i in range(num_choices)]
-        formatter = CompletionFormat(prompt_texts=echo, **common)
-    return Started(job=job, format=formatter, events=None, stream=request.stream,
-                   include_usage=request.include_usage, admitted=admitted, brownout=brownout)
+    request = (parse.chat_request_parse(body) if kind == "chat"
+               else parse.completion_request_parse(body))
+    generation = _Generation(caller, kind, request)
+    admitted = limiter_get().acquire(request_id=generation.request_id,
+                                     scopes=scopes_for(caller), tokens=generation.worst_tokens())
+    return generation, admitted
 
 
 async def generation_start(*, caller: Caller, kind: str, body) -> Started:
-    started = await database_sync_to_async(_admit_generation)(caller, kind, body)
-    started.events = await _dispatch(started.job, started.admitted)
-    return started
+    generation, admitted = await database_sync_to_async(_admit_generation)(caller, kind, body)
+    try:
+        served = await routes_walk(generation.attempt(admitted), generation.plan)
+    except BaseException:
+        limiter_get().release(admitted, tokens_used=0)
+        raise
+    return generation.started(served, admitted)
 
 
 async def _events_to_end(started: Started) -> AsyncIterator[dict]:
@@ -222,15 +384,19 @@ async def embeddings_create(*, caller: Caller, body) -> dict:
     raise ApplicationError("The request ended without a result.")
 
 
-def models_available(*, caller: Caller) -> list[ModelInfo]:
-    """Enabled models the agent may use and something can serve now: the embedded engines, or
-    a live GPU worker that advertises the model."""
-    from django.conf import settings
-
-    enabled = model_list_enabled()
-    if settings.FAIRLANE_ENGINE_MODE == "celery":
-        from workers.worker import workers_live
-
-        hosted = {name for beat in workers_live() for name in beat["models"]}
-        enabled = [m for m in enabled if m.name in hosted]
-    return models_for(caller=caller, available=enabled)
+def models_available(*, caller: Caller) -> list[str]:
+    """Model names the agent may use that something can serve now: a remote backend that is
+    not offline, the embedded engines, or a live GPU worker that advertises the model."""
+    names = []
+    for name, routes in registry_get().routes.items():
+        if not caller.agent.may_use_model(name):
+            continue
+        for route in routes:
+            if route.backend.is_local:
+                usable = settings.FAIRLANE_ENGINE_MODE == "embedded" or _hosted(name)
+            else:
+                usable = route.backend.health != "offline"
+            if usable:
+                names.append(name)
+                break
+    return sorted(names)

@@ -97,10 +97,26 @@ def child_env(**overrides) -> dict:
     db = settings.DATABASES["default"]
     url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
     return {**os.environ, "DATABASE_URL": url, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
-            "DJANGO_SETTINGS_MODULE": "settings", "REDIS_URL": settings.REDIS_URL, **overrides}
+            "DJANGO_SETTINGS_MODULE": "settings", "REDIS_URL": settings.REDIS_URL,
+            # Tests replace the database's rows between tests, which nothing does in a
+            # deployment: a server that outlives one test must not route by its snapshot.
+            "FAIRLANE_ROUTING_CACHE_SECONDS": "0", **overrides}
 
 
 @pytest.fixture
 def subprocess_env(transactional_db):
     """Tests using a child process commit their data (transactional_db) so it can see it."""
     return child_env()
+
+
+@pytest.fixture(autouse=True)
+def _routing_state_fresh():
+    """Each test starts with no cached registry and closed circuit breakers in this process
+    (a deployment keeps both for the life of the process)."""
+    from routing.breaker import breakers
+    from routing.router import registry_invalidate
+
+    registry_invalidate()
+    breakers.reset()
+    yield
+    registry_invalidate()

@@ -307,12 +307,13 @@ def _absorb_quietly(run: GenerationRun, index: int, item) -> None:
 
 
 def generation_settle(job: GenerationJob, usage: dict, *, status: str, backend: str,
-                      latency_ms: int, emit: Emit) -> None:
-    """Charge the request's usage once (idempotent per request id), then emit `done`."""
+                      latency_ms: int, emit: Emit, cost_microcents: int | None = None) -> None:
+    """Charge the request's usage once (idempotent per request id), then emit `done`. The
+    cost is the model's prices applied to the usage unless the backend reported its own."""
     info = job.model_info
-    cost = usage_cost(info, prompt_tokens=usage["prompt_tokens"],
-                      completion_tokens=usage["completion_tokens"],
-                      cached_tokens=usage["cached_tokens"])
+    cost = cost_microcents if cost_microcents is not None else usage_cost(
+        info, prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
+        cached_tokens=usage["cached_tokens"])
     try:
         budget_settle(
             tenant=Tenant(pk=job.tenant_id), request_id=job.request_id, cost_microcents=cost,

@@ -29,6 +29,8 @@ def _piece(tokenizer, token_id: int) -> str:
 
 
 def _chat_logprob_entries(tokenizer, event: dict) -> list[dict]:
+    if "entries" in event:  # a remote backend's, already in OpenAI's shape
+        return event["entries"]
     entries = []
     tops = event.get("top_logprobs") or [None] * len(event["token_ids"])
     for token_id, logprob, top in zip(event["token_ids"], event["logprobs"] or [], tops):

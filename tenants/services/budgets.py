@@ -118,6 +118,41 @@ def budget_reserve(*, tenant: Tenant, agent: Agent, amount_microcents: int, requ
                              param="request_id") from None
 
 
+def budget_reserve_adjust(*, tenant: Tenant, request_id: str, amount_microcents: int,
+                          now: datetime | None = None) -> Reservation:
+    """Change a held reservation to a new worst case (the request moved to a backend with
+    other prices). Growing it takes the difference under the same conditional UPDATE as a
+    reservation, so it raises BudgetExhausted and leaves the hold as it was when the budget
+    cannot cover it; shrinking it always succeeds."""
+    amount = _amount_clean(amount_microcents, param="amount_microcents")
+    now = now or timezone.now()
+    with transaction.atomic():
+        reservation = _reservation_lock(tenant=tenant, request_id=request_id)
+        if reservation.status != Reservation.Status.HELD:
+            raise InvalidRequest("The reservation is no longer held.", param="request_id")
+        delta = amount - reservation.amount_microcents
+        windows = [(reservation.agent_window_id, "agent's"),
+                   (reservation.tenant_window_id, "tenant's")]
+        for window_id, owner in windows:
+            if window_id is None or delta == 0:
+                continue
+            query = BudgetWindow.objects.filter(pk=window_id)
+            if delta > 0:  # a constant limit, so PostgreSQL re-checks the row as it locks it
+                limit = (BudgetWindow.objects.filter(pk=window_id)
+                         .values_list("budget__limit_microcents", flat=True).get())
+                query = query.filter(
+                    reserved_microcents__lte=limit - delta - F("spent_microcents"))
+            if not query.update(reserved_microcents=F("reserved_microcents") + delta):
+                window = BudgetWindow.objects.get(pk=window_id)
+                raise BudgetExhausted(
+                    f"The {owner} budget cannot cover this request's worst-case cost; it "
+                    f"resets at {window.end.isoformat()}.",
+                    retry_after=int((window.end - now).total_seconds()) + 1)
+        reservation.amount_microcents = amount
+        reservation.save(update_fields=["amount_microcents"])
+        return reservation
+
+
 def _windows_unhold(*, reservation: Reservation, charge: int) -> None:
     """Free the reservation's hold and charge `charge` in the windows it was made in (not
     today's, when a request reserved before midnight settles after it)."""

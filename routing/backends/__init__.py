@@ -1,0 +1,85 @@
+"""Backend adapters: one protocol over every kind (capabilities and prices on the Route, a
+cheap health probe, a streamed call; leases in routing/leases.py). Remote calls share one
+httpx.AsyncClient per event loop (pooled connections; asyncio clients belong to their loop)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+
+from routing.backends.anthropic import anthropic_probe, anthropic_stream
+from routing.backends.base import BackendSpec, Call, Route, UpstreamError
+from routing.backends.openai_format import OPENAI_KINDS, openai_embed, openai_probe, openai_stream
+from routing.credentials import credential_resolve
+from tenants.errors import ApplicationError
+
+_clients: dict[int, httpx.AsyncClient] = {}
+POOL = httpx.Limits(max_connections=4096, max_keepalive_connections=256)
+
+
+def http_client() -> httpx.AsyncClient:
+    loop = asyncio.get_running_loop()
+    client = _clients.get(id(loop))
+    if client is None or client.is_closed:
+        client = _clients[id(loop)] = httpx.AsyncClient(limits=POOL)
+    return client
+
+
+def _timeout(spec: BackendSpec) -> httpx.Timeout:
+    return httpx.Timeout(spec.timeout_seconds, connect=min(spec.timeout_seconds, 5.0))
+
+
+def _secret(spec: BackendSpec) -> str:
+    try:
+        return credential_resolve(ref=spec.credential_ref, encrypted=spec.credential_encrypted,
+                                  backend=spec.name)
+    except ApplicationError as exc:
+        raise UpstreamError("backend_unavailable", exc.message) from None
+
+
+async def backend_stream(route: Route, call: Call) -> AsyncIterator[dict]:
+    """A remote backend's answer as platform events (token, finish, usage). Any failure,
+    connection errors and timeouts included, is an UpstreamError."""
+    spec = route.backend
+    if spec.kind in OPENAI_KINDS:
+        stream = openai_stream
+    elif spec.kind == "anthropic":
+        stream = anthropic_stream
+    else:
+        raise UpstreamError("backend_unavailable", f"{spec.name}: no remote adapter for "
+                                                   f"kind {spec.kind}")
+    try:
+        async for event in stream(http_client(), spec, call, _secret(spec), _timeout(spec)):
+            yield event
+    except httpx.TimeoutException as exc:
+        raise UpstreamError("timeout", f"{spec.name}: {type(exc).__name__}") from None
+    except httpx.HTTPError as exc:
+        raise UpstreamError("backend_unavailable", f"{spec.name}: {type(exc).__name__}") from None
+
+
+async def backend_probe(spec: BackendSpec) -> None:
+    """Raises UpstreamError unless the backend answers a free request (its model list)."""
+    probe = anthropic_probe if spec.kind == "anthropic" else openai_probe
+    try:
+        await probe(http_client(), spec, _secret(spec), _timeout(spec))
+    except httpx.TimeoutException as exc:
+        raise UpstreamError("timeout", f"{spec.name}: {type(exc).__name__}") from None
+    except httpx.HTTPError as exc:
+        raise UpstreamError("backend_unavailable", f"{spec.name}: {type(exc).__name__}") from None
+
+
+async def backend_embed(route: Route, inputs: list) -> dict:
+    spec = route.backend
+    try:
+        return await openai_embed(http_client(), spec, route.upstream, inputs, _secret(spec),
+                                  _timeout(spec))
+    except httpx.TimeoutException as exc:
+        raise UpstreamError("timeout", f"{spec.name}: {type(exc).__name__}") from None
+    except httpx.HTTPError as exc:
+        raise UpstreamError("backend_unavailable", f"{spec.name}: {type(exc).__name__}") from None
+
+
+__all__ = ["BackendSpec", "Call", "Route", "UpstreamError", "backend_embed", "backend_probe",
+           "backend_stream", "http_client"]

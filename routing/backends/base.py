@@ -1,0 +1,141 @@
+"""One protocol for every backend: its capabilities, a cheap health probe, and a streamed
+call that yields the platform's generation events (see workers/generation.py), so the /v1
+renderers do not care where tokens came from.
+
+An adapter raises UpstreamError for anything that went wrong; `fall_through` says whether
+another backend may be tried (an outage, a 429) or the client must hear it (bad input, a
+content filter).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import time
+from dataclasses import dataclass, field
+
+from routing.wire.parse import Sampling
+from workers.registry import ModelInfo
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """A Backend row, detached from the ORM (the router keeps a snapshot in memory)."""
+
+    name: str
+    kind: str
+    base_url: str = ""
+    credential_ref: str = ""
+    credential_encrypted: str = ""
+    context_length: int = 0
+    hidden_states: bool = False
+    accelerator: str = "gpu"
+    max_concurrency: int = 0
+    continuous_batching: bool = False
+    paged_kv: bool = False
+    zone: str = ""
+    energy_mj_per_token: int = 0
+    carbon_g_per_kwh: int = 0
+    lease_seconds: int = 0
+    queue_depth: int = 0
+    timeout_seconds: float = 60.0
+    health: str = "unknown"
+    probe_p95_ms: float = 0.0
+
+    @property
+    def is_local(self) -> bool:
+        return self.kind == "local"
+
+    def capabilities(self) -> dict:
+        return {"context_length": self.context_length, "hidden_states": self.hidden_states,
+                "accelerator": self.accelerator, "max_concurrency": self.max_concurrency,
+                "continuous_batching": self.continuous_batching, "paged_kv": self.paged_kv,
+                "zone": self.zone}
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One way to serve a model: a backend, its name for the model, and its prices."""
+
+    backend: BackendSpec
+    model: str
+    upstream: str
+    info: ModelInfo
+
+    @property
+    def is_paid(self) -> bool:
+        info = self.info
+        return bool(info.price_input_per_mtok or info.price_output_per_mtok
+                    or info.price_cached_per_mtok)
+
+
+@dataclass(slots=True)
+class Call:
+    """What a remote backend is asked: OpenAI-shaped, translated by each adapter."""
+
+    kind: str  # "chat" | "completion"
+    upstream: str
+    sampling: Sampling
+    max_tokens: int
+    messages: list[dict] = field(default_factory=list)
+    prompt: str = ""
+    wants_logprobs: bool = False
+
+
+class UpstreamError(Exception):
+    """A backend failed or refused. `code` is one of the platform's error codes."""
+
+    def __init__(self, code: str, message: str, *, status: int = 0,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.status, self.retry_after = code, message, status, retry_after
+
+    @property
+    def fall_through(self) -> bool:
+        """Another backend may serve it: the client's own mistakes and content filters are
+        surfaced instead (they would fail, or be laundered, elsewhere too)."""
+        return self.code not in {"invalid_request", "content_filtered",
+                                 "context_length_exceeded"}
+
+    @property
+    def is_failure(self) -> bool:
+        """Counts against the backend's circuit breaker (a 429 is a wait, not a fault)."""
+        return self.fall_through and self.code != "rate_limited"
+
+
+def retry_after_parse(headers) -> float | None:
+    """Seconds to wait from `retry-after-ms` (OpenAI's, more precise) or `Retry-After`
+    (seconds or an HTTP date)."""
+    value = headers.get("retry-after-ms")
+    if value:
+        try:
+            return max(float(value) / 1000, 0.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        return max(parsed.timestamp() - time.time(), 0.0) if parsed else None
+
+
+def error_for_status(status: int, message: str, retry_after: float | None) -> UpstreamError:
+    if status == 429:
+        return UpstreamError("rate_limited", message, status=status, retry_after=retry_after)
+    if status in (400, 413, 422):
+        return UpstreamError("invalid_request", message, status=status)
+    if status in (401, 403):  # our credential is wrong: the operator's problem, not the client's
+        return UpstreamError("backend_unavailable", f"authentication failed: {message}",
+                             status=status)
+    if status in (408, 504):
+        return UpstreamError("timeout", message, status=status, retry_after=retry_after)
+    return UpstreamError("backend_unavailable", message, status=status, retry_after=retry_after)
+
+
+def estimate_tokens(text: str) -> int:
+    """An upper-bound-leaning count for text we have no tokenizer for: byte-level BPE
+    tokenizers average about 4 bytes per English token; never zero for non-empty text."""
+    return max(math.ceil(len(text.encode()) / 4), 1 if text else 0)

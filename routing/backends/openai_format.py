@@ -1,0 +1,161 @@
+"""OpenAI's wire format: OpenAI itself, OpenAI-compatible servers (vLLM, TGI, ...), OpenRouter
+(the same format with a `cost` in its usage, and `: OPENROUTER PROCESSING` comment lines) and
+remote Fairlane engines (our own /v1 API, which also serves embeddings: hidden states).
+
+Every call is streamed upstream with `stream_options.include_usage`, so usage comes from the
+provider's final chunk; a non-streaming client gets the collected answer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+
+from routing.backends.base import BackendSpec, Call, UpstreamError, error_for_status, retry_after_parse
+
+OPENAI_KINDS = {"openai", "openai_compatible", "openrouter", "fairlane"}
+
+
+def _headers(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"} if secret else {}
+
+
+def request_body(spec: BackendSpec, call: Call) -> tuple[str, dict]:
+    s = call.sampling
+    body: dict = {"model": call.upstream, "stream": True,
+                  "stream_options": {"include_usage": True},
+                  "temperature": s.temperature, "top_p": s.top_p, "n": s.n}
+    # OpenAI's newer models take only max_completion_tokens; servers that copy the API take
+    # max_tokens.
+    body["max_completion_tokens" if spec.kind == "openai" else "max_tokens"] = call.max_tokens
+    if s.stop:
+        body["stop"] = list(s.stop)
+    if s.seed is not None:
+        body["seed"] = s.seed
+    if s.presence_penalty:
+        body["presence_penalty"] = s.presence_penalty
+    if s.frequency_penalty:
+        body["frequency_penalty"] = s.frequency_penalty
+    if spec.kind in {"fairlane", "openai_compatible"}:  # vLLM's extensions, and ours
+        if s.top_k > 0:
+            body["top_k"] = s.top_k
+        if s.repetition_penalty != 1.0:
+            body["repetition_penalty"] = s.repetition_penalty
+        if s.min_tokens:
+            body["min_tokens"] = s.min_tokens
+    if s.logit_bias:
+        body["logit_bias"] = {str(k): v for k, v in s.logit_bias}
+    if call.kind == "chat":
+        body["messages"] = call.messages
+        if call.wants_logprobs:
+            body["logprobs"] = True
+            if s.logprobs:
+                body["top_logprobs"] = s.logprobs
+        return "/v1/chat/completions", body
+    body["prompt"] = call.prompt
+    if call.wants_logprobs:
+        body["logprobs"] = s.logprobs or 0
+    return "/v1/completions", body
+
+
+async def _raise_for_status(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    raw = await response.aread()
+    message, code = raw[:500].decode(errors="replace"), ""
+    try:
+        error = json.loads(raw).get("error") or {}
+        message, code = error.get("message") or message, str(error.get("code") or "")
+    except (ValueError, AttributeError):
+        pass
+    if code == "content_filter" or "content management policy" in message:
+        raise UpstreamError("content_filtered", message, status=response.status_code)
+    raise error_for_status(response.status_code, message, retry_after_parse(response.headers))
+
+
+def _token_event(choice: dict, kind: str) -> dict | None:
+    index = choice.get("index", 0)
+    text = (choice.get("delta") or {}).get("content") if kind == "chat" else choice.get("text")
+    logprobs = choice.get("logprobs")
+    if not text and not logprobs:
+        return None
+    event = {"type": "token", "choice": index, "text": text or "", "token_ids": [],
+             "logprobs": None, "top_logprobs": None}
+    if kind == "chat" and logprobs and logprobs.get("content"):
+        event["entries"] = logprobs["content"]
+        event["logprobs"] = [entry["logprob"] for entry in logprobs["content"]]
+    elif kind == "completion" and logprobs and logprobs.get("token_logprobs"):
+        event["logprobs"] = logprobs["token_logprobs"]
+    return event
+
+
+def usage_event(usage: dict) -> dict:
+    details = usage.get("prompt_tokens_details") or {}
+    event = {"type": "usage", "prompt_tokens": int(usage.get("prompt_tokens") or 0),
+             "completion_tokens": int(usage.get("completion_tokens") or 0),
+             "cached_tokens": int(details.get("cached_tokens") or 0)}
+    if usage.get("cost") is not None:  # OpenRouter: what the call cost, in dollars
+        event["cost_usd"] = float(usage["cost"])
+    return event
+
+
+async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call,
+                        secret: str, timeout: httpx.Timeout) -> AsyncIterator[dict]:
+    path, body = request_body(spec, call)
+    async with client.stream("POST", spec.base_url.rstrip("/") + path, json=body,
+                             headers=_headers(secret), timeout=timeout) as response:
+        await _raise_for_status(response)
+        is_done = False
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue  # blank lines, `event:` and comments such as OpenRouter's keep-alive
+            data = line[5:].strip()
+            if data == "[DONE]":
+                is_done = True
+                break
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise UpstreamError("backend_unavailable", "unparseable stream chunk") from None
+            if chunk.get("error"):  # OpenRouter reports upstream failures mid-stream
+                error = chunk["error"]
+                raise UpstreamError("backend_unavailable", str(error.get("message", error)))
+            for choice in chunk.get("choices") or ():
+                event = _token_event(choice, call.kind)
+                if event is not None:
+                    yield event
+                reason = choice.get("finish_reason")
+                if reason == "content_filter":
+                    raise UpstreamError("content_filtered",
+                                        "The provider's content filter stopped the answer.")
+                if reason:
+                    yield {"type": "finish", "choice": choice.get("index", 0),
+                           "reason": "length" if reason == "length" else "stop"}
+            if chunk.get("usage"):
+                yield usage_event(chunk["usage"])
+        if not is_done:
+            raise UpstreamError("backend_unavailable", "the stream ended without [DONE]")
+
+
+async def openai_probe(client: httpx.AsyncClient, spec: BackendSpec, secret: str, timeout: httpx.Timeout) -> None:
+    """GET /v1/models: free on every provider, and it checks the credential too."""
+    response = await client.get(spec.base_url.rstrip("/") + "/v1/models",
+                                headers=_headers(secret), timeout=timeout)
+    if response.status_code >= 400:
+        raise error_for_status(response.status_code, response.text[:200],
+                               retry_after_parse(response.headers))
+
+
+async def openai_embed(client: httpx.AsyncClient, spec: BackendSpec, upstream: str,
+                       inputs: list, secret: str,
+                       timeout: httpx.Timeout) -> dict:
+    """Embeddings from a backend with hidden states: {"vectors": {index: b64}, usage}."""
+    response = await client.post(spec.base_url.rstrip("/") + "/v1/embeddings",
+                                 json={"model": upstream, "input": inputs,
+                                       "encoding_format": "base64"},
+                                 headers=_headers(secret), timeout=timeout)
+    await _raise_for_status(response)
+    body = response.json()
+    return {"vectors": {item["index"]: item["embedding"] for item in body["data"]},
+            "prompt_tokens": int((body.get("usage") or {}).get("prompt_tokens") or 0)}

@@ -1,0 +1,223 @@
+"""Routing decisions: which backends may serve a request, in which order.
+
+The registry (backends, their models and prices, agents' routing) is read from the database
+into an in-process snapshot, reused for FAIRLANE_ROUTING_CACHE_SECONDS and dropped at once
+when this process changes it, so a decision touches no database or network: candidates are
+filtered by capability, health and circuit state, then ordered by the agent's policy.
+Budgets and leases are applied as the chain is walked (routing/dispatch.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db.models.signals import post_delete, post_save
+
+from routing.backends.base import BackendSpec, Route
+from routing.breaker import breakers
+from routing.models import KIND_ORDER, AgentRouting, Backend, BackendModel, Health, Policy
+from workers.models import ServedModel
+from workers.registry import ModelInfo, usage_cost
+
+LOCAL_DEFAULT = BackendSpec(name="local", kind="local", health=Health.LIVE,
+                            continuous_batching=True, paged_kv=True, hidden_states=True)
+_SPEC_FIELDS = [f for f in BackendSpec.__slots__ if f != "name"]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPlan:
+    chain: tuple[str, ...] = ()
+    policy: str = Policy.CHAIN
+    cascade: tuple[str, ...] = ()
+    cascade_threshold: float = -1.0
+
+
+@dataclass
+class Registry:
+    backends: dict[str, BackendSpec] = field(default_factory=dict)
+    routes: dict[str, list[Route]] = field(default_factory=dict)  # model -> routes
+    agents: dict[str, AgentPlan] = field(default_factory=dict)
+    loaded_at: float = 0.0
+
+
+def spec_of(row: Backend) -> BackendSpec:
+    return BackendSpec(name=row.name, **{f: getattr(row, f) for f in _SPEC_FIELDS})
+
+
+def registry_load() -> Registry:
+    registry = Registry(loaded_at=time.monotonic())
+    local = None
+    for row in Backend.objects.filter(is_enabled=True):
+        spec = spec_of(row)
+        registry.backends[spec.name] = spec
+        if spec.is_local and local is None:
+            local = spec
+    has_disabled_local = Backend.objects.filter(kind="local", is_enabled=False).exists()
+    if local is None and not has_disabled_local:
+        local = LOCAL_DEFAULT  # the platform's own engines serve without any registration
+        registry.backends[local.name] = local
+    if local is not None:
+        for row in ServedModel.objects.filter(is_enabled=True):
+            registry.routes.setdefault(row.name, []).append(
+                Route(backend=local, model=row.name, upstream=row.name, info=ModelInfo.of(row)))
+    for row in BackendModel.objects.filter(backend__is_enabled=True).select_related("backend"):
+        spec = registry.backends[row.backend.name]
+        if spec.is_local:
+            continue
+        info = ModelInfo(name=row.model, source=f"backend:{spec.name}",
+                         price_input_per_mtok=row.price_input_per_mtok,
+                         price_output_per_mtok=row.price_output_per_mtok,
+                         price_cached_per_mtok=row.price_cached_per_mtok)
+        registry.routes.setdefault(row.model, []).append(
+            Route(backend=spec, model=row.model, upstream=row.upstream_name or row.model,
+                  info=info))
+    for row in AgentRouting.objects.all():
+        registry.agents[str(row.agent_id)] = AgentPlan(
+            chain=tuple(row.chain or ()), policy=row.policy, cascade=tuple(row.cascade or ()),
+            cascade_threshold=row.cascade_threshold)
+    return registry
+
+
+_lock = threading.Lock()
+_registry: Registry | None = None
+
+
+def registry_get() -> Registry:
+    """The snapshot (synchronous: it may read the database)."""
+    global _registry
+    current = _registry
+    if current is None or time.monotonic() - current.loaded_at > settings.FAIRLANE_ROUTING_CACHE_SECONDS:
+        with _lock:
+            current = _registry
+            if current is None or (time.monotonic() - current.loaded_at
+                                   > settings.FAIRLANE_ROUTING_CACHE_SECONDS):
+                current = _registry = registry_load()
+    return current
+
+
+def registry_invalidate(*args, **kwargs) -> None:
+    global _registry
+    _registry = None
+
+
+for _model in (Backend, BackendModel, AgentRouting, ServedModel):
+    post_save.connect(registry_invalidate, sender=_model, dispatch_uid=f"routing-{_model.__name__}")
+    post_delete.connect(registry_invalidate, sender=_model,
+                        dispatch_uid=f"routing-del-{_model.__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """What a request needs from a backend."""
+
+    kind: str  # chat | completion | embed
+    prompt_tokens: int = 0  # worst case, for prices
+    max_tokens: int = 0
+    n: int = 1
+    token_prompts: bool = False  # prompts given as token ids (our tokenizer's)
+    logit_bias: bool = False  # token ids too
+    logprobs: bool = False
+    tenant: str = ""
+    prefix: str = ""  # the prompt's beginning, for KV affinity
+
+
+def route_supports(route: Route, need: Need) -> bool:
+    spec = route.backend
+    if spec.is_local:
+        return True
+    same_tokenizer = spec.kind == "fairlane"  # another Fairlane serves our models' tokenizers
+    if need.kind == "embed":
+        return spec.hidden_states and spec.kind in {"fairlane", "openai_compatible", "openai"}
+    if (need.token_prompts or need.logit_bias) and not same_tokenizer:
+        return False
+    if need.logprobs and (need.kind == "completion" or spec.kind == "anthropic"):
+        return False
+    if spec.kind == "anthropic" and (need.kind != "chat" or need.n > 1):
+        return False
+    return not spec.context_length or need.prompt_tokens // 4 + need.max_tokens <= spec.context_length
+
+
+def _health_rank(spec: BackendSpec) -> int:
+    return 1 if spec.health == Health.STALE else 0
+
+
+def _default_rank(spec: BackendSpec) -> tuple[int, str]:
+    kind = KIND_ORDER.index(spec.kind) if spec.kind in KIND_ORDER else len(KIND_ORDER)
+    return kind, spec.name
+
+
+_round_robin = itertools.count()
+
+
+def _affinity_score(need: Need, spec: BackendSpec) -> int:
+    digest = hashlib.blake2b(f"{need.tenant}\x00{need.prefix}\x00{spec.name}".encode(),
+                             digest_size=8).digest()
+    return -int.from_bytes(digest, "big")  # rendezvous hashing: highest score first
+
+
+def _is_overloaded(spec: BackendSpec) -> bool:
+    return bool(spec.max_concurrency) and breakers.inflight(spec.name) >= spec.max_concurrency
+
+
+def _policy_key(policy: str, need: Need):
+    inf = float("inf")
+    if policy == Policy.LEAST_BUSY:
+        return lambda r: breakers.inflight(r.backend.name) / max(r.backend.max_concurrency, 1)
+    if policy == Policy.LATENCY:  # this process's rolling p95, else the health probe's
+        return lambda r: breakers.p95_ms(r.backend.name) or r.backend.probe_p95_ms
+    if policy == Policy.COST:
+        return lambda r: usage_cost(r.info, prompt_tokens=need.prompt_tokens,
+                                    completion_tokens=need.max_tokens * need.n)
+    if policy == Policy.ENERGY:  # unknown (0) sorts last
+        return lambda r: r.backend.energy_mj_per_token or inf
+    if policy == Policy.CARBON:
+        return lambda r: (r.backend.energy_mj_per_token * r.backend.carbon_g_per_kwh) or inf
+    if policy == Policy.AFFINITY:  # the same tenant and prefix to the same backend, unless busy
+        return lambda r: (_is_overloaded(r.backend), _affinity_score(need, r.backend))
+    return None
+
+
+@dataclass
+class Plan:
+    routes: list[Route]
+    agent: AgentPlan
+    blocked_for: float = 0.0  # when every candidate is open/cooling: seconds until one is not
+    unsupported: bool = False  # the model exists but no backend can serve this request
+
+
+def route_plan(*, registry: Registry, agent_id: str, model: str, need: Need,
+               policy: str | None = None) -> Plan:
+    """The backends to try for this request, in order (empty if none can serve it now)."""
+    agent = registry.agents.get(agent_id, AgentPlan())
+    routes = registry.routes.get(model, [])
+    if agent.chain:
+        position = {name: i for i, name in enumerate(agent.chain)}
+        routes = sorted((r for r in routes if r.backend.name in position),
+                        key=lambda r: position[r.backend.name])
+    else:
+        routes = sorted(routes, key=lambda r: _default_rank(r.backend))
+    capable = [r for r in routes if route_supports(r, need)]
+    usable = [r for r in capable if r.backend.health != Health.OFFLINE
+              and breakers.available(r.backend.name)]
+    plan = Plan(routes=usable, agent=agent, unsupported=bool(routes) and not capable)
+    if capable and not usable:
+        waits = [breakers.blocked_for(r.backend.name) for r in capable]
+        plan.blocked_for = min((w for w in waits if w > 0), default=0.0)
+    policy = policy or agent.policy
+    if policy == Policy.ROUND_ROBIN and usable:
+        shift = next(_round_robin) % len(usable)
+        usable[:] = usable[shift:] + usable[:shift]
+    key = _policy_key(policy, need)
+    if key is not None:
+        usable.sort(key=key)
+    usable.sort(key=lambda r: _health_rank(r.backend))  # stable: stale ones last
+    return plan
+
+
+def model_names(registry: Registry) -> list[str]:
+    return sorted(registry.routes)
