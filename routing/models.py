@@ -84,6 +84,8 @@ class Backend(models.Model):
     probe_p50_ms = models.FloatField(default=0.0)
     probe_p95_ms = models.FloatField(default=0.0)
     probe_error_rate = models.FloatField(default=0.0)
+    # The last probes, newest last: [[milliseconds, ok], ...].
+    probe_samples = models.JSONField(default=list, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -109,6 +109,7 @@ class _Generation:
         self.caller, self.kind, self.request = caller, kind, request
         self.sampling = request.sampling
         self.request_id = uuid.uuid4().hex
+        self.lane = caller.agent.lane or caller.tenant.default_lane
         self.messages, self.prompt = _prompt_texts(kind, request)
         self.registry = registry_get()
         routes = self.registry.routes.get(request.model)
@@ -190,7 +191,7 @@ class _Generation:
                 prompts=self.token_prompts if route.backend.is_local else [],
                 n=self.sampling.n, sampling=engine_sampling(self.sampling, self.max_tokens(route)),
                 tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk),
-                lane=caller.agent.effective_lane, weight=caller.tenant.weight)
+                lane=self.lane, weight=caller.tenant.weight)
         return self._jobs[route.backend.name]
 
     def call(self, route: Route) -> Call:
@@ -206,7 +207,7 @@ class _Generation:
             raise BackendUnavailable(f"No GPU worker hosts '{route.model}' now.")
         try:
             self.local_max, self.brownout = load_admit(
-                info=route.info, lane=caller.agent.effective_lane, tenant=str(caller.tenant.pk),
+                info=route.info, lane=self.lane, tenant=str(caller.tenant.pk),
                 max_tokens=self.local_max)
         except ApplicationError as exc:
             exc.retryable = has_next

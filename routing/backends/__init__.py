@@ -5,6 +5,7 @@ httpx.AsyncClient per event loop (pooled connections; asyncio clients belong to 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncIterator
 
 import httpx
@@ -15,15 +16,15 @@ from routing.backends.openai_format import OPENAI_KINDS, openai_embed, openai_pr
 from routing.credentials import credential_resolve
 from tenants.errors import ApplicationError
 
-_clients: dict[int, httpx.AsyncClient] = {}
+_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 POOL = httpx.Limits(max_connections=4096, max_keepalive_connections=256)
 
 
 def http_client() -> httpx.AsyncClient:
     loop = asyncio.get_running_loop()
-    client = _clients.get(id(loop))
+    client = _clients.get(loop)
     if client is None or client.is_closed:
-        client = _clients[id(loop)] = httpx.AsyncClient(limits=POOL)
+        client = _clients[loop] = httpx.AsyncClient(limits=POOL)
     return client
 
 

@@ -1,0 +1,93 @@
+"""Backend health, probed by a Celery beat task (routing.tasks.backends_probe) with requests
+that cost nothing (the model list; never a paid completion). The local engine pool's health
+is its workers' heartbeats. A backend is live after a successful probe, stale when its last
+success is older than FAIRLANE_HEALTH_STALE_SECONDS (still routed to, last), offline after
+FAIRLANE_HEALTH_OFFLINE_AFTER failures in a row (not routed to); one success brings it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from routing.backends import UpstreamError, backend_probe
+from routing.models import Backend, Health
+from routing.router import spec_of
+from workers.models import ServedModel
+
+SAMPLES = 20
+
+
+async def _probe_remote(backend: Backend) -> tuple[float, bool, str]:
+    started = time.perf_counter()
+    try:
+        await backend_probe(spec_of(backend))
+        return (time.perf_counter() - started) * 1000, True, ""
+    except UpstreamError as exc:
+        return (time.perf_counter() - started) * 1000, False, f"{exc.code}: {exc.message}"[:300]
+
+
+def _probe_local() -> tuple[float, bool, str]:
+    if settings.FAIRLANE_ENGINE_MODE == "embedded":
+        return 0.0, True, ""
+    from workers.worker import workers_live
+
+    models = set(ServedModel.objects.filter(is_enabled=True).values_list("name", flat=True))
+    hosted = {name for beat in workers_live() for name in beat["models"]}
+    if hosted & models:
+        return 0.0, True, ""
+    return 0.0, False, "no live GPU worker hosts a registered model"
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(int(len(ordered) * q), len(ordered) - 1)]
+
+
+def health_record(backend: Backend, latency_ms: float, ok: bool, detail: str, now=None) -> Backend:
+    now = now or timezone.now()
+    samples = (backend.probe_samples + [[round(latency_ms, 3), ok]])[-SAMPLES:]
+    backend.probe_samples = samples
+    good = [ms for ms, success in samples if success]
+    backend.probe_p50_ms, backend.probe_p95_ms = _percentile(good, 0.5), _percentile(good, 0.95)
+    backend.probe_error_rate = sum(1 for _, success in samples if not success) / len(samples)
+    backend.health_checked_at = now
+    if ok:
+        backend.health_ok_at, backend.health, backend.health_detail = now, Health.LIVE, ""
+    else:
+        backend.health_detail = detail
+        failures = 0
+        for _, success in reversed(samples):
+            if success:
+                break
+            failures += 1
+        if failures >= settings.FAIRLANE_HEALTH_OFFLINE_AFTER:
+            backend.health = Health.OFFLINE
+        elif backend.health_ok_at and now - backend.health_ok_at > timedelta(
+                seconds=settings.FAIRLANE_HEALTH_STALE_SECONDS):
+            backend.health = Health.STALE
+    backend.save(update_fields=["probe_samples", "probe_p50_ms", "probe_p95_ms",
+                                "probe_error_rate", "health_checked_at", "health_ok_at",
+                                "health", "health_detail"])
+    return backend
+
+
+def backends_probe() -> dict[str, str]:
+    """Probe every enabled backend once (concurrently); their health by name."""
+    backends = list(Backend.objects.filter(is_enabled=True))
+    remote = [b for b in backends if b.kind != "local"]
+
+    async def probe_all():
+        return await asyncio.gather(*(_probe_remote(b) for b in remote))
+
+    results = dict(zip((b.pk for b in remote), asyncio.run(probe_all()) if remote else []))
+    for backend in backends:
+        result = results.get(backend.pk) if backend.kind != "local" else _probe_local()
+        health_record(backend, *result)
+    return {b.name: b.health for b in backends}

@@ -1,0 +1,76 @@
+"""Writes to the backend registry: backends (their credential encrypted or referenced, never
+stored plain), the models each serves with prices, and agents' routing. Every write is
+validated like a form, so bad input is an InvalidRequest naming the field."""
+
+from __future__ import annotations
+
+from tenants.errors import InvalidRequest
+from tenants.models import Agent
+from tenants.services.validation import save_validated
+from routing.credentials import credential_encrypt, credential_ref_check
+from routing.models import AgentRouting, Backend, BackendKind, BackendModel, Policy
+
+SETTABLE = {"base_url", "credential_ref", "context_length", "hidden_states", "accelerator",
+            "max_concurrency", "continuous_batching", "paged_kv", "zone", "energy_mj_per_token",
+            "carbon_g_per_kwh", "lease_seconds", "queue_depth", "timeout_seconds", "is_enabled"}
+
+
+def backend_register(*, name: str, kind: str, credential: str | None = None,
+                     **fields) -> Backend:
+    """Add a backend, or change the one with that name. `credential` (a plain secret) is
+    encrypted before it is stored; pass credential_ref="env:NAME" to keep it out of the
+    database altogether."""
+    if kind not in BackendKind.values:
+        raise InvalidRequest(f"kind must be one of {BackendKind.values}.", param="kind")
+    unknown = set(fields) - SETTABLE
+    if unknown:
+        raise InvalidRequest(f"Unknown backend field(s): {sorted(unknown)}.",
+                             param=sorted(unknown)[0])
+    credential_ref_check(fields.get("credential_ref", ""))
+    if kind != BackendKind.LOCAL and not fields.get("base_url") and not Backend.objects.filter(
+            name=name).exclude(base_url="").exists():
+        raise InvalidRequest("A remote backend needs base_url.", param="base_url")
+    backend = Backend.objects.filter(name=name).first() or Backend(name=name)
+    backend.kind = kind
+    for field, value in fields.items():
+        setattr(backend, field, value)
+    if credential is not None:
+        backend.credential_encrypted = credential_encrypt(credential) if credential else ""
+        if credential:
+            backend.credential_ref = ""
+    elif fields.get("credential_ref"):
+        backend.credential_encrypted = ""
+    return save_validated(backend, unique_param="name")
+
+
+def backend_model_set(*, backend: Backend, model: str, upstream_name: str = "",
+                      price_input_per_mtok: int = 0, price_output_per_mtok: int = 0,
+                      price_cached_per_mtok: int = 0) -> BackendModel:
+    row = BackendModel.objects.filter(backend=backend, model=model).first() or BackendModel(
+        backend=backend, model=model)
+    row.upstream_name = upstream_name
+    row.price_input_per_mtok = price_input_per_mtok
+    row.price_output_per_mtok = price_output_per_mtok
+    row.price_cached_per_mtok = price_cached_per_mtok
+    return save_validated(row, unique_param="model")
+
+
+def agent_routing_set(*, agent: Agent, chain: list[str] | None = None,
+                      policy: str = Policy.CHAIN, cascade: list[str] | None = None,
+                      cascade_threshold: float = -1.0) -> AgentRouting:
+    chain, cascade = list(chain or []), list(cascade or [])
+    if policy not in Policy.values:
+        raise InvalidRequest(f"policy must be one of {Policy.values}.", param="policy")
+    if not all(isinstance(n, str) for n in chain + cascade):
+        raise InvalidRequest("chain and cascade are lists of names.", param="chain")
+    known = set(Backend.objects.filter(name__in=chain).values_list("name", flat=True))
+    known |= {"local"} & set(chain)  # the built-in local engine pool
+    missing = [n for n in chain if n not in known]
+    if missing:
+        raise InvalidRequest(f"Unknown backend(s) in chain: {missing}.", param="chain")
+    if len(cascade) == 1:
+        raise InvalidRequest("A cascade needs at least two models.", param="cascade")
+    row = AgentRouting.objects.filter(agent=agent).first() or AgentRouting(agent=agent)
+    row.chain, row.policy, row.cascade = chain, policy, cascade
+    row.cascade_threshold = float(cascade_threshold)
+    return save_validated(row)
