@@ -128,6 +128,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
 else:
     DATABASES["default"]["ENGINE"] = "django_prometheus.db.backends.postgresql"
+    # A bounded pool per process: Django's ASGI handler gives each request a thread of its
+    # own, so without it 500 concurrent requests would open 500 connections (PostgreSQL's
+    # default limit is 100). A request waits for a free connection instead.
+    DATABASES["default"]["OPTIONS"] = {"pool": {
+        "min_size": 1, "max_size": int(os.environ.get("FAIRLANE_DB_POOL_SIZE", "16")),
+        "timeout": float(os.environ.get("FAIRLANE_DB_POOL_TIMEOUT_SECONDS", "30"))}}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- redis: channel layer, counters, Celery -------------------------------------------------

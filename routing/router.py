@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -83,20 +82,18 @@ def registry_load() -> Registry:
     return registry
 
 
-_lock = threading.Lock()
 _registry: Registry | None = None
 
 
 def registry_get() -> Registry:
-    """The snapshot (synchronous: it may read the database)."""
+    """The snapshot (synchronous: it may read the database). No lock: two threads that find
+    it stale both read it, which is harmless, whereas a thread waiting on a lock while holding
+    a pooled database connection could starve the one loading it."""
     global _registry
     current = _registry
-    if current is None or time.monotonic() - current.loaded_at > settings.FAIRLANE_ROUTING_CACHE_SECONDS:
-        with _lock:
-            current = _registry
-            if current is None or (time.monotonic() - current.loaded_at
-                                   > settings.FAIRLANE_ROUTING_CACHE_SECONDS):
-                current = _registry = registry_load()
+    if current is None or (time.monotonic() - current.loaded_at
+                           > settings.FAIRLANE_ROUTING_CACHE_SECONDS):
+        current = _registry = registry_load()
     return current
 
 
