@@ -91,6 +91,8 @@ async def _answer(started: services.Started) -> HttpResponse:
     headers = {"x-request-id": started.job.request_id}
     if started.backend:
         headers["x-fairlane-backend"] = started.backend
+    if started.cascade:
+        headers["x-fairlane-cascade"] = started.cascade
     if started.brownout:
         headers["x-fairlane-brownout"] = started.brownout
     if started.stream:

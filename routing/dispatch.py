@@ -276,7 +276,6 @@ async def _remote_events(job: GenerationJob, route: Route, call: Call,
                          started: float) -> AsyncIterator[dict]:
     """A remote answer as the engine's events, settled once at the end (also when the client
     leaves or the stream is cut: what was streamed is charged)."""
-    yield {"type": "accepted"}
     usage: dict | None = None
     tokens: list[dict] = []
     status, tail = UsageRecord.Status.OK, []

@@ -3,6 +3,7 @@ and turn the run's events into OpenAI objects."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -43,9 +44,10 @@ class Started:
     events: AsyncIterator[dict]
     stream: bool
     include_usage: bool
-    admitted: Admitted
+    admitted: Admitted | None  # None: nothing to give back (a replayed cascade answer)
     brownout: str = ""  # the x-fairlane-brownout header, when the brownout changed the request
     backend: str = ""  # the backend serving it (x-fairlane-backend)
+    cascade: str = ""  # the tier that answered and its confidence (x-fairlane-cascade)
 
 
 def _error(event: dict) -> ApplicationError:
@@ -223,13 +225,16 @@ class _Generation:
     def worst_tokens(self) -> int:
         return self.need.prompt_tokens + self.num_prompts * self.sampling.n * self.need.max_tokens
 
-    def started(self, served: Served, admitted: Admitted) -> Started:
+    def started(self, served: Served, admitted: Admitted | None, *,
+                wants_logprobs: bool | None = None) -> Started:
         request, sampling = self.request, self.sampling
+        if wants_logprobs is None:
+            wants_logprobs = sampling.logprobs is not None
         num_choices = self.num_prompts * sampling.n
         is_local = served.route.backend.is_local
         common = {"request_id": self.request_id, "model": request.model,
                   "num_choices": num_choices, "tokenizer": self.tokenizer if is_local else None,
-                  "wants_logprobs": sampling.logprobs is not None}
+                  "wants_logprobs": wants_logprobs}
         if self.kind == "chat":
             formatter = ChatFormat(**common)
         else:
@@ -260,24 +265,85 @@ def _hosted(model: str) -> bool:
     return model in names
 
 
-def _admit_generation(caller: Caller, kind: str, body) -> tuple[_Generation, Admitted]:
+def _admit_generation(caller: Caller, kind: str, request) -> tuple[_Generation, Admitted]:
     """Everything before dispatch (synchronous: database and tokenizer work)."""
-    request = (parse.chat_request_parse(body) if kind == "chat"
-               else parse.completion_request_parse(body))
     generation = _Generation(caller, kind, request)
     admitted = limiter_get().acquire(request_id=generation.request_id,
                                      scopes=scopes_for(caller), tokens=generation.worst_tokens())
     return generation, admitted
 
 
-async def generation_start(*, caller: Caller, kind: str, body) -> Started:
-    generation, admitted = await database_sync_to_async(_admit_generation)(caller, kind, body)
+async def _start(caller: Caller, kind: str, request) -> tuple[_Generation, Served, Admitted]:
+    generation, admitted = await database_sync_to_async(_admit_generation)(caller, kind,
+                                                                           request)
     try:
         served = await routes_walk(generation.attempt(admitted), generation.plan)
     except BaseException:
         limiter_get().release(admitted, tokens_used=0)
         raise
+    return generation, served, admitted
+
+
+async def generation_start(*, caller: Caller, kind: str, body) -> Started:
+    request = (parse.chat_request_parse(body) if kind == "chat"
+               else parse.completion_request_parse(body))
+    tiers = await database_sync_to_async(_cascade_tiers)(caller, request.model)
+    for tier in tiers[:-1]:
+        started = await _cascade_try(caller, kind, request, tier)
+        if started is not None:
+            return started
+    if tiers[-1] != request.model:
+        request = dataclasses.replace(request, model=tiers[-1])
+    generation, served, admitted = await _start(caller, kind, request)
     return generation.started(served, admitted)
+
+
+def _cascade_tiers(caller: Caller, model: str) -> list[str]:
+    """The agent's cascade when it lists the model asked for (cheapest first), else just it."""
+    plan = registry_get().agents.get(str(caller.agent.pk))
+    if plan is None or model not in plan.cascade:
+        return [model]
+    return [m for m in plan.cascade if caller.agent.may_use_model(m)] or [model]
+
+
+async def _cascade_try(caller: Caller, kind: str, request, tier: str) -> Started | None:
+    """Ask a cheaper tier, whole (not streamed), with log-probabilities; its answer if its
+    mean token log-probability reaches the agent's threshold, else None (escalate). The
+    tier's call is metered as its own ledger row (`<request id>` of that call)."""
+    sampling = request.sampling
+    if sampling.logprobs is None:
+        sampling = dataclasses.replace(sampling, logprobs=0)
+    try:
+        generation, served, admitted = await _start(
+            caller, kind, dataclasses.replace(request, model=tier, stream=False,
+                                              sampling=sampling))
+    except ApplicationError as exc:
+        if exc.status < 500 and exc.code != "budget_exhausted":
+            raise  # the client's own mistake reads the same on every tier
+        return None
+    started = generation.started(served, admitted)
+    events = [event async for event in _events_to_end(started)]
+    logprobs = [lp for e in events if e["type"] == "token" for lp in (e["logprobs"] or ())]
+    done = next((e for e in events if e["type"] == "done"), None)
+    if (not logprobs or done is None or done["status"] != UsageRecord.Status.OK
+            or any(e["type"] == "error" for e in events)):
+        return None
+    mean = sum(logprobs) / len(logprobs)
+    threshold = registry_get().agents[str(caller.agent.pk)].cascade_threshold
+    logger.info("request %s: cascade tier %s mean logprob %.3f (threshold %.3f)",
+                generation.request_id, tier, mean, threshold)
+    if mean < threshold:
+        return None
+    replay = generation.started(served, None, wants_logprobs=request.sampling.logprobs is not None)
+    replay.stream, replay.include_usage = request.stream, request.include_usage
+    replay.events = _replayed(events)
+    replay.cascade = f"{tier}; mean_logprob={mean:.4f}"
+    return replay
+
+
+async def _replayed(events: list[dict]) -> AsyncIterator[dict]:
+    for event in events:
+        yield event
 
 
 async def _events_to_end(started: Started) -> AsyncIterator[dict]:
@@ -300,7 +366,8 @@ async def _events_to_end(started: Started) -> AsyncIterator[dict]:
             yield event
     finally:
         # The request's rate-limit slot is free again, and its unused tokens go back.
-        limiter_get().release(started.admitted, tokens_used=_tokens_used(seen))
+        if started.admitted is not None:
+            limiter_get().release(started.admitted, tokens_used=_tokens_used(seen))
 
 
 def _tokens_used(events: list[dict]) -> int:

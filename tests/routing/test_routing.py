@@ -325,3 +325,31 @@ async def test_unknown_models_and_unsupported_requests_are_clear_4xx(key, agent,
     response = await chat(key, n=2)  # Anthropic has no n; nothing else serves "m"
     assert response.status_code == 400
     assert fake.stats["requests"] == 0
+
+
+async def test_a_cascade_answers_from_the_cheap_tier_when_confident_else_escalates(
+        key, agent, fakes):
+    cheap, best = fakes("openai"), fakes("openai")
+    cheap.logprob = -2.5  # unsure
+    await database_sync_to_async(register)("cheap", cheap, model="small-m", prices=PRICES)
+    await database_sync_to_async(register)("best", best, model="big-m", prices=PRICES)
+    await database_sync_to_async(agent_routing_set)(
+        agent=agent, cascade=["small-m", "big-m"], cascade_threshold=-1.0)
+    response = await chat(key, model="big-m")
+    assert response.status_code == 200 and response["x-fairlane-backend"] == "best"
+    assert json.loads(response.content)["model"] == "big-m"
+    assert cheap.requests[0]["logprobs"] is True and best.stats["ok"] == 1
+    escalated = await database_sync_to_async(rows)()
+    assert sorted(r.backend for r in escalated) == ["best", "cheap"]  # both calls are paid for
+
+    cheap.logprob = -0.2  # sure enough
+    payloads = await streamed(await chat(key, model="big-m", stream=True))
+    text = "".join(p["choices"][0]["delta"].get("content") or "" for p in payloads
+                   if isinstance(p, dict) and p.get("choices"))
+    assert text == "t0 t1 t2 t3 t4 " and payloads[-1] == "[DONE]"
+    assert all(p["model"] == "small-m" for p in payloads if isinstance(p, dict))
+    assert all(p["choices"][0]["logprobs"] is None for p in payloads
+               if isinstance(p, dict) and p.get("choices"))  # not asked for: not sent
+    assert best.stats["ok"] == 1  # not asked this time
+    response = await chat(key, model="big-m")
+    assert response["x-fairlane-cascade"] == "small-m; mean_logprob=-0.2000"

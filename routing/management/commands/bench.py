@@ -5,6 +5,8 @@ same run and print ratios and absolute figures, the last line one JSON object.
   serving  the full HTTP stack against the engine in-process (routing/bench.py)
   fairness the Redis fair queue against FCFS, simulated workers and a real engine
            (workers/fairqueue/bench.py)
+  routing  routing decisions per policy with 100 backends, against reading the registry
+           from the database each time (routing/bench_routing.py)
 """
 
 from django.core.management.base import BaseCommand, CommandError
@@ -13,6 +15,7 @@ BENCHES = {
     "engine": "workers.engine.bench.main",
     "serving": "routing.bench",
     "fairness": "workers.fairqueue.bench",
+    "routing": "routing.bench_routing",
 }
 
 
