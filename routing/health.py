@@ -29,6 +29,8 @@ async def _probe_remote(backend: Backend) -> tuple[float, bool, str]:
         return (time.perf_counter() - started) * 1000, True, ""
     except UpstreamError as exc:
         return (time.perf_counter() - started) * 1000, False, f"{exc.code}: {exc.message}"[:300]
+    except Exception as exc:  # one broken backend must not stop the others' probes
+        return (time.perf_counter() - started) * 1000, False, f"probe failed: {type(exc).__name__}"
 
 
 def _probe_local() -> tuple[float, bool, str]:

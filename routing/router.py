@@ -139,8 +139,11 @@ def route_supports(route: Route, need: Need) -> bool:
     return not spec.context_length or need.prompt_tokens // 4 + need.max_tokens <= spec.context_length
 
 
+_HEALTH_RANK = {Health.LIVE: 0, Health.UNKNOWN: 1, Health.STALE: 2}
+
+
 def _health_rank(spec: BackendSpec) -> int:
-    return 1 if spec.health == Health.STALE else 0
+    return _HEALTH_RANK.get(spec.health, 2)
 
 
 def _default_rank(spec: BackendSpec) -> tuple[int, str]:
@@ -212,7 +215,7 @@ def route_plan(*, registry: Registry, agent_id: str, model: str, need: Need,
     key = _policy_key(policy, need)
     if key is not None:
         usable.sort(key=key)
-    usable.sort(key=lambda r: _health_rank(r.backend))  # stable: stale ones last
+    usable.sort(key=lambda r: _health_rank(r.backend))  # stable: live, never probed, stale
     return plan
 
 

@@ -56,7 +56,9 @@ async def backend_stream(route: Route, call: Call) -> AsyncIterator[dict]:
             yield event
     except httpx.TimeoutException as exc:
         raise UpstreamError("timeout", f"{spec.name}: {type(exc).__name__}") from None
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
+        # ValueError covers what httpx raises before sending: a credential that is not valid
+        # in a header (UnicodeEncodeError), a malformed URL.
         raise UpstreamError("backend_unavailable", f"{spec.name}: {type(exc).__name__}") from None
 
 
@@ -67,7 +69,9 @@ async def backend_probe(spec: BackendSpec) -> None:
         await probe(http_client(), spec, _secret(spec), _timeout(spec))
     except httpx.TimeoutException as exc:
         raise UpstreamError("timeout", f"{spec.name}: {type(exc).__name__}") from None
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
+        # ValueError covers what httpx raises before sending: a credential that is not valid
+        # in a header (UnicodeEncodeError), a malformed URL.
         raise UpstreamError("backend_unavailable", f"{spec.name}: {type(exc).__name__}") from None
 
 
@@ -78,7 +82,9 @@ async def backend_embed(route: Route, inputs: list) -> dict:
                                   _timeout(spec))
     except httpx.TimeoutException as exc:
         raise UpstreamError("timeout", f"{spec.name}: {type(exc).__name__}") from None
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
+        # ValueError covers what httpx raises before sending: a credential that is not valid
+        # in a header (UnicodeEncodeError), a malformed URL.
         raise UpstreamError("backend_unavailable", f"{spec.name}: {type(exc).__name__}") from None
 
 

@@ -225,8 +225,6 @@ def test_stale_sorts_last_and_offline_is_excluded_whatever_the_policy():
     assert order(reg) == ["c-live", "a-stale"]
 
 
-@pytest.mark.xfail(strict=True, reason="routing/router.py _health_rank ranks UNKNOWN like LIVE; "
-                   "routing/models.py documents UNKNOWN as 'routable, ranked after live ones'")
 def test_a_never_probed_backend_ranks_after_live_ones():
     reg = registry(spec("a-new", health=Health.UNKNOWN), spec("b-live", health=Health.LIVE),
                    spec("c-stale", health=Health.STALE))
@@ -370,8 +368,10 @@ def test_a_registered_local_backend_replaces_the_built_in_one_and_a_disabled_one
     model_register(name="tiny", source="preset:tiny")
     remote("remote", "openai")
     pool = backend_register(name="gpu-pool", kind="local", max_concurrency=8)
+    backend_model_set(backend=pool, model="tiny")  # the pool serves the registered models
+    backend_model_set(backend=pool, model="not-registered")
     reg = registry_load()
-    assert "local" not in reg.backends
+    assert "local" not in reg.backends and "not-registered" not in reg.routes
     assert order(reg, model="tiny") == ["gpu-pool", "remote"]
     assert reg.routes["tiny"][0].backend.max_concurrency == 8
 
