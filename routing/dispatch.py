@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from routing.backends import Call, Route, UpstreamError, backend_stream
+from routing.backends import Call, Route, UpstreamError, backend_embed, backend_stream
 from routing.backends.base import estimate_tokens
 from routing.breaker import breakers
 from routing.leases import lease_acquire, leases_get
@@ -255,6 +255,10 @@ async def _local(attempt: Attempt, route: Route) -> Served:
 async def _remote(attempt: Attempt, route: Route, started: float) -> Served:
     call = attempt.call_for(route)
     job = attempt.job_for(route)
+    if call.kind == "embed":
+        result = await backend_embed(route, call.inputs)
+        return Served(route=route, job=job, events=_embedded_events(job, route, call, result,
+                                                                    started))
     stream = backend_stream(route, call)
     head: list[dict] = []
     try:
@@ -311,6 +315,21 @@ async def _remote_events(job: GenerationJob, route: Route, call: Call,
         yield event
 
 
+async def _embedded_events(job: GenerationJob, route: Route, call: Call, result: dict,
+                           started: float) -> AsyncIterator[dict]:
+    for index, b64 in sorted(result["vectors"].items()):
+        yield {"type": "embedding", "index": index, "b64": b64}
+    prompt = result["prompt_tokens"] or sum(
+        estimate_tokens(i) if isinstance(i, str) else len(i) for i in call.inputs)
+    usage = {"prompt_tokens": prompt, "completion_tokens": 0, "cached_tokens": 0}
+    tail: list[dict] = []
+    await asyncio.to_thread(_remote_settle, job, route, {**usage, "total_tokens": prompt},
+                            UsageRecord.Status.OK, int((time.monotonic() - started) * 1000),
+                            tail.append)
+    for event in tail:
+        yield event
+
+
 def _usage(reported: dict | None, call: Call, tokens: list[dict]) -> dict:
     """The provider's usage; counted here when it sent none (never zero for a real answer)."""
     if reported is not None and (reported["prompt_tokens"] or reported["completion_tokens"]):
@@ -320,8 +339,13 @@ def _usage(reported: dict | None, call: Call, tokens: list[dict]) -> dict:
         usage["counted"] = "provider"
     else:
         text = "".join(e["text"] for e in tokens)
-        prompt_text = call.prompt or "\n".join(m["content"] for m in call.messages)
-        usage = {"prompt_tokens": estimate_tokens(prompt_text) + 4 * len(call.messages),
+        prompts = call.prompt if isinstance(call.prompt, list) else [call.prompt]
+        if prompts and isinstance(prompts[0], int):
+            prompts = [prompts]
+        prompt_tokens = sum(len(p) if isinstance(p, list) else estimate_tokens(p)
+                            for p in prompts)
+        prompt_tokens += sum(estimate_tokens(m["content"]) + 4 for m in call.messages)
+        usage = {"prompt_tokens": prompt_tokens,
                  "completion_tokens": max(len(tokens), estimate_tokens(text)),
                  "cached_tokens": 0, "counted": "local"}
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]

@@ -19,7 +19,7 @@ from routing.dispatch import Attempt, Served, routes_walk
 from routing.ratelimit import Admitted, limiter_get, scopes_for
 from routing.router import Need, Plan, registry_get, route_plan
 from routing.admission import (
-    Caller, engine_sampling, generation_admit, max_tokens_resolve, model_for,
+    Caller, engine_sampling, max_tokens_resolve,
 )
 from routing.wire import parse
 from routing.wire.render import ChatFormat, CompletionFormat, embeddings_response
@@ -30,7 +30,7 @@ from tenants.errors import (
 from tenants.models import UsageRecord
 from workers.generation import GenerationJob, generation_settle_partial
 from workers.registry import ModelInfo, model_tokenizer, model_vocab_size, usage_cost
-from workers.transport import StreamTimeout, dispatcher_get
+from workers.transport import StreamTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -54,21 +54,6 @@ def _error(event: dict) -> ApplicationError:
     return error_from_code(event["code"], event["message"], param=event.get("param"))
 
 
-async def _dispatch(job: GenerationJob, admitted: Admitted) -> AsyncIterator[dict]:
-    """The run's events after `accepted`; a refusal before it raises here, as a 4xx/5xx."""
-    events = dispatcher_get().events(job)
-    try:
-        first = await anext(events)
-    except BaseException:
-        limiter_get().release(admitted, tokens_used=0)
-        raise
-    if first["type"] == "error":
-        await events.aclose()
-        limiter_get().release(admitted, tokens_used=0)
-        raise _error(first)
-    return events
-
-
 def _chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
     if not tokenizer.chat_template:
         raise InvalidRequest("This model has no chat template; use /v1/completions.",
@@ -90,18 +75,23 @@ def _completion_prompts(info: ModelInfo, tokenizer, prompts: list, param: str) -
     return [p if isinstance(p, list) else tokenizer.encode(p) for p in prompts]
 
 
-def _prompt_texts(kind: str, request) -> tuple[list[dict], str]:
+def _prompt_texts(kind: str, request) -> tuple[list[dict], str | list]:
+    """What a remote backend is sent: the messages, or the prompt as given (token ids and
+    batches only reach backends sharing our tokenizers; see router.route_supports)."""
     if kind == "chat":
         return request.messages, ""
-    first = request.prompts[0]
-    return [], first if isinstance(first, str) else ""
+    prompts = request.prompts
+    return [], prompts[0] if len(prompts) == 1 else prompts
 
 
-def _worst_prompt_tokens(messages: list[dict], prompt: str) -> int:
+def _worst_prompt_tokens(messages: list[dict], prompt: str | list) -> int:
     """No tokenizer at hand (a remote-only model): every token is at least one byte, plus the
-    chat format's few tokens per message."""
-    text = prompt + "".join(m["content"] for m in messages)
-    return len(text.encode()) + 8 * (len(messages) + 1)
+    chat format's few tokens per message; token ids count as themselves."""
+    prompts = prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) \
+        else [prompt]
+    tokens = sum(len(p) if isinstance(p, list) else len(p.encode()) for p in prompts)
+    return tokens + len("".join(m["content"] for m in messages).encode()) \
+        + 8 * (len(messages) + 1)
 
 
 class _Generation:
@@ -133,7 +123,8 @@ class _Generation:
                          logit_bias=bool(self.sampling.logit_bias),
                          logprobs=self.sampling.logprobs is not None,
                          tenant=str(caller.tenant.pk),
-                         prefix="".join(m["content"] for m in self.messages)[:512] or self.prompt[:512])
+                         prefix=("".join(m["content"] for m in self.messages)
+                                 or str(self.prompt))[:512])
         plan = self.plan()
         if plan.unsupported:
             raise InvalidRequest(f"No backend serving '{request.model}' supports this request "
@@ -417,26 +408,88 @@ async def started_collect(started: Started) -> dict:
     raise ApplicationError("The request ended without a result.")
 
 
-def _admit_embedding(caller: Caller, body) -> tuple[GenerationJob, Admitted, str, str]:
-    request = parse.embedding_request_parse(body)
-    info = model_for(caller=caller, name=request.model)
-    tokenizer = model_tokenizer(info)
-    if request.extra.get("dimensions"):
-        raise InvalidRequest("'dimensions' is not supported: this model's embeddings have a "
-                             "fixed size.", param="dimensions")
-    prompts = _completion_prompts(info, tokenizer, request.inputs, "input")
-    max_tokens_resolve(info=info, prompts=prompts, max_tokens=0)
-    load_admit(info=info, lane=caller.agent.effective_lane, tenant=str(caller.tenant.pk),
-               max_tokens=0)
-    job, admitted = generation_admit(caller=caller, info=info, prompts=prompts, kind="embed")
-    return job, admitted, info.name, request.encoding_format
+class _Embedding:
+    """An embeddings request between parsing and dispatch: the local engine's mean-pooled
+    hidden states, or a remote backend with hidden states (another Fairlane, or an
+    OpenAI-compatible embeddings endpoint), in the agent's chain order."""
+
+    def __init__(self, caller: Caller, request) -> None:
+        self.caller, self.request = caller, request
+        self.request_id = uuid.uuid4().hex
+        self.lane = caller.agent.lane or caller.tenant.default_lane
+        if request.extra.get("dimensions"):
+            raise InvalidRequest("'dimensions' is not supported: this model's embeddings have "
+                                 "a fixed size.", param="dimensions")
+        routes = registry_get().routes.get(request.model)
+        if not routes or not caller.agent.may_use_model(request.model):
+            raise ModelNotFound(f"The model '{request.model}' does not exist or you do not "
+                                "have access to it.", param="model")
+        self.local = next((r for r in routes if r.backend.is_local), None)
+        self.token_prompts = None
+        if self.local is not None:
+            info = self.local.info
+            self.token_prompts = _completion_prompts(info, model_tokenizer(info),
+                                                     request.inputs, "input")
+            max_tokens_resolve(info=info, prompts=self.token_prompts, max_tokens=0)
+        texts = [i for i in request.inputs if isinstance(i, str)]
+        self.remote_tokens = sum(_worst_prompt_tokens([], t) for t in texts) + sum(
+            len(i) for i in request.inputs if isinstance(i, list))
+        self.need = Need(kind="embed", prompt_tokens=self.remote_tokens,
+                         token_prompts=len(texts) < len(request.inputs),
+                         tenant=str(caller.tenant.pk))
+        if not self.plan().routes and self.plan().unsupported:
+            raise InvalidRequest(f"No backend serving '{request.model}' returns embeddings.",
+                                 param="model")
+        self.admitted = limiter_get().acquire(request_id=self.request_id,
+                                              scopes=scopes_for(caller),
+                                              tokens=self._tokens(None))
+
+    def _tokens(self, route: Route | None) -> int:
+        if route is not None and route.backend.is_local or route is None and self.token_prompts:
+            return sum(len(p) for p in self.token_prompts)
+        return self.remote_tokens
+
+    def plan(self) -> Plan:
+        return route_plan(registry=registry_get(), agent_id=str(self.caller.agent.pk),
+                          model=self.request.model, need=self.need)
+
+    def cost(self, route: Route) -> int:
+        return usage_cost(route.info, prompt_tokens=self._tokens(route), completion_tokens=0)
+
+    def job(self, route: Route) -> GenerationJob:
+        caller = self.caller
+        return GenerationJob(request_id=self.request_id, kind="embed", model=route.info.to_dict(),
+                             prompts=self.token_prompts if route.backend.is_local else [],
+                             tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk),
+                             lane=self.lane, weight=caller.tenant.weight)
+
+    def call(self, route: Route) -> Call:
+        return Call(kind="embed", upstream=route.upstream, sampling=None, max_tokens=0,
+                    inputs=list(self.request.inputs))
+
+    def local_ready(self, route: Route, has_next: bool) -> None:
+        if has_next and settings.FAIRLANE_ENGINE_MODE == "celery" and not _hosted(route.model):
+            raise BackendUnavailable(f"No GPU worker hosts '{route.model}' now.")
+        load_admit(info=route.info, lane=self.lane, tenant=str(self.caller.tenant.pk),
+                   max_tokens=0)
+
+    def attempt(self) -> Attempt:
+        caller = self.caller
+        return Attempt(request_id=self.request_id, tenant=caller.tenant, agent=caller.agent,
+                       api_key=caller.api_key, job_for=self.job, call_for=self.call,
+                       cost_for=self.cost, local_ready=self.local_ready)
 
 
 async def embeddings_create(*, caller: Caller, body) -> dict:
-    job, admitted, model, encoding = await database_sync_to_async(_admit_embedding)(caller, body)
-    events = await _dispatch(job, admitted)
-    started = Started(job=job, format=None, events=events, stream=False, include_usage=False,
-                      admitted=admitted)
+    request = parse.embedding_request_parse(body)
+    embedding = await database_sync_to_async(_Embedding)(caller, request)
+    try:
+        served = await routes_walk(embedding.attempt(), embedding.plan)
+    except BaseException:
+        limiter_get().release(embedding.admitted, tokens_used=0)
+        raise
+    started = Started(job=served.job, format=None, events=served.events, stream=False,
+                      include_usage=False, admitted=embedding.admitted)
     vectors: dict[int, str] = {}
     error = None
     async for event in _events_to_end(started):
@@ -447,8 +500,8 @@ async def embeddings_create(*, caller: Caller, body) -> dict:
         elif event["type"] == "done":
             if error is not None:
                 raise error
-            return embeddings_response(model=model, vectors=vectors, usage=event["usage"],
-                                       encoding_format=encoding)
+            return embeddings_response(model=request.model, vectors=vectors,
+                                       usage=event["usage"], encoding_format=request.encoding_format)
     raise ApplicationError("The request ended without a result.")
 
 

@@ -73,13 +73,14 @@ class Route:
 class Call:
     """What a remote backend is asked: OpenAI-shaped, translated by each adapter."""
 
-    kind: str  # "chat" | "completion"
+    kind: str  # "chat" | "completion" | "embed"
     upstream: str
-    sampling: Sampling
+    sampling: Sampling | None
     max_tokens: int
     messages: list[dict] = field(default_factory=list)
-    prompt: str = ""
+    prompt: str | list = ""  # completions: text, token ids, or a batch of either
     wants_logprobs: bool = False
+    inputs: list = field(default_factory=list)  # embeddings
 
 
 class UpstreamError(Exception):

@@ -23,7 +23,6 @@ import argparse
 import heapq
 import json
 import random
-import statistics
 import time
 import uuid
 from dataclasses import dataclass, field
