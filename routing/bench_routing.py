@@ -22,7 +22,9 @@ from django.db import transaction
 
 from routing.breaker import breakers
 from routing.models import Backend, BackendKind, BackendModel, Policy
-from routing.router import AgentPlan, Need, registry_get, registry_invalidate, registry_load, route_plan
+from routing.router import (
+    AgentPlan, Need, registry_get, registry_invalidate, registry_load, route_plan,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "bench-routing-model"
@@ -49,7 +51,8 @@ def _register(count: int, rng: random.Random) -> list[str]:
         for i in range(count):
             backend = Backend.objects.create(
                 name=f"{PREFIX}{i:03d}", kind=KINDS[i % len(KINDS)],
-                base_url=f"http://127.0.0.1:{20000 + i}", context_length=rng.choice([0, 8192, 32768]),
+                base_url=f"http://127.0.0.1:{20000 + i}",
+                context_length=rng.choice([0, 8192, 32768]),
                 max_concurrency=rng.randint(1, 64), zone=f"zone-{i % 7}",
                 energy_mj_per_token=rng.randint(0, 500), carbon_g_per_kwh=rng.randint(20, 700),
                 probe_p95_ms=rng.uniform(20, 900),
@@ -134,7 +137,8 @@ def run(argv: list[str] | None = None) -> dict:
         print(f"{args.backends} backends, {decisions} decisions per policy")
         print(f"baseline (registry from the database each time): p50 {base['p50_us']} us, "
               f"p99 {base['p99_us']} us, {base['per_second']}/s")
-        print(f"{'policy':<12} {'per second':>12} {'p50 us':>9} {'p99 us':>9} {'vs baseline p50':>16}")
+        print(f"{'policy':<12} {'per second':>12} {'p50 us':>9} {'p99 us':>9} "
+              f"{'vs baseline p50':>16}")
         for policy in Policy.values:
             _measure(ours(policy), needs[:200])  # warm-up
             figures = _summary(_measure(ours(policy), needs))

@@ -204,7 +204,9 @@ def _failed(attempt: Attempt, route: Route, exc: UpstreamError) -> None:
         ROUTE_ATTEMPTS.labels(name, "refused").inc()
         raise _upstream_error(exc, route)
     if exc.code == "rate_limited":
-        wait = exc.retry_after if exc.retry_after is not None else settings.FAIRLANE_RETRY_BACKOFF_SECONDS
+        wait = exc.retry_after
+        if wait is None:
+            wait = settings.FAIRLANE_RETRY_BACKOFF_SECONDS
         breakers.cool(name, wait)  # nobody in this process sends to it before it said
         attempt.waits.append(wait)
         ROUTE_ATTEMPTS.labels(name, "rate_limited").inc()

@@ -136,7 +136,9 @@ def route_supports(route: Route, need: Need) -> bool:
         return False
     if spec.kind == "anthropic" and (need.kind != "chat" or need.n > 1):
         return False
-    return not spec.context_length or need.prompt_tokens // 4 + need.max_tokens <= spec.context_length
+    # prompt_tokens is a worst case (a byte a token); about 4 bytes a token is typical
+    return (not spec.context_length
+            or need.prompt_tokens // 4 + need.max_tokens <= spec.context_length)
 
 
 _HEALTH_RANK = {Health.LIVE: 0, Health.UNKNOWN: 1, Health.STALE: 2}

@@ -501,7 +501,8 @@ async def embeddings_create(*, caller: Caller, body) -> dict:
             if error is not None:
                 raise error
             return embeddings_response(model=request.model, vectors=vectors,
-                                       usage=event["usage"], encoding_format=request.encoding_format)
+                                       usage=event["usage"],
+                                       encoding_format=request.encoding_format)
     raise ApplicationError("The request ended without a result.")
 
 

@@ -5,14 +5,16 @@ httpx.AsyncClient per event loop (pooled connections; asyncio clients belong to 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections.abc import AsyncIterator
 
 import httpx
 
-from routing.backends.anthropic import anthropic_probe, anthropic_stream
-from routing.backends.base import BackendSpec, Call, Route, UpstreamError
-from routing.backends.openai_format import OPENAI_KINDS, openai_embed, openai_probe, openai_stream
+from routing.backends import anthropic, openai_format
+from routing.backends.anthropic import anthropic_stream
+from routing.backends.base import BackendSpec, Call, Route, UpstreamError, models_probe
+from routing.backends.openai_format import OPENAI_KINDS, openai_embed, openai_stream
 from routing.credentials import credential_resolve
 from tenants.errors import ApplicationError
 
@@ -40,6 +42,18 @@ def _secret(spec: BackendSpec) -> str:
         raise UpstreamError("backend_unavailable", exc.message) from None
 
 
+@contextlib.contextmanager
+def _upstream_errors(spec: BackendSpec):
+    """Anything httpx raises, as an UpstreamError. ValueError covers what it raises before
+    sending: a credential not valid in a header (UnicodeEncodeError), a malformed URL."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise UpstreamError("timeout", f"{spec.name}: {type(exc).__name__}") from None
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
+        raise UpstreamError("backend_unavailable", f"{spec.name}: {type(exc).__name__}") from None
+
+
 async def backend_stream(route: Route, call: Call) -> AsyncIterator[dict]:
     """A remote backend's answer as platform events (token, finish, usage). Any failure,
     connection errors and timeouts included, is an UpstreamError."""
@@ -51,41 +65,24 @@ async def backend_stream(route: Route, call: Call) -> AsyncIterator[dict]:
     else:
         raise UpstreamError("backend_unavailable", f"{spec.name}: no remote adapter for "
                                                    f"kind {spec.kind}")
-    try:
+    with _upstream_errors(spec):
         async for event in stream(http_client(), spec, call, _secret(spec), _timeout(spec)):
             yield event
-    except httpx.TimeoutException as exc:
-        raise UpstreamError("timeout", f"{spec.name}: {type(exc).__name__}") from None
-    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
-        # ValueError covers what httpx raises before sending: a credential that is not valid
-        # in a header (UnicodeEncodeError), a malformed URL.
-        raise UpstreamError("backend_unavailable", f"{spec.name}: {type(exc).__name__}") from None
 
 
 async def backend_probe(spec: BackendSpec) -> None:
     """Raises UpstreamError unless the backend answers a free request (its model list)."""
-    probe = anthropic_probe if spec.kind == "anthropic" else openai_probe
-    try:
-        await probe(http_client(), spec, _secret(spec), _timeout(spec))
-    except httpx.TimeoutException as exc:
-        raise UpstreamError("timeout", f"{spec.name}: {type(exc).__name__}") from None
-    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
-        # ValueError covers what httpx raises before sending: a credential that is not valid
-        # in a header (UnicodeEncodeError), a malformed URL.
-        raise UpstreamError("backend_unavailable", f"{spec.name}: {type(exc).__name__}") from None
+    headers = (anthropic.headers if spec.kind == "anthropic" else openai_format.headers)(
+        _secret(spec))
+    with _upstream_errors(spec):
+        await models_probe(http_client(), spec.base_url, headers, _timeout(spec))
 
 
 async def backend_embed(route: Route, inputs: list) -> dict:
     spec = route.backend
-    try:
+    with _upstream_errors(spec):
         return await openai_embed(http_client(), spec, route.upstream, inputs, _secret(spec),
                                   _timeout(spec))
-    except httpx.TimeoutException as exc:
-        raise UpstreamError("timeout", f"{spec.name}: {type(exc).__name__}") from None
-    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
-        # ValueError covers what httpx raises before sending: a credential that is not valid
-        # in a header (UnicodeEncodeError), a malformed URL.
-        raise UpstreamError("backend_unavailable", f"{spec.name}: {type(exc).__name__}") from None
 
 
 __all__ = ["BackendSpec", "Call", "Route", "UpstreamError", "backend_embed", "backend_probe",

@@ -10,18 +10,21 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from routing.backends.base import BackendSpec, Call, UpstreamError, error_for_status, retry_after_parse
+from routing.backends.base import (
+    BackendSpec, Call, UpstreamError, error_for_status, retry_after_parse,
+)
 
 VERSION = "2023-06-01"
 
 
-def _headers(secret: str) -> dict[str, str]:
+def headers(secret: str) -> dict[str, str]:
     return {"x-api-key": secret, "anthropic-version": VERSION}
 
 
 def request_body(call: Call) -> dict:
     s = call.sampling
-    system = "\n\n".join(m["content"] for m in call.messages if m["role"] in {"system", "developer"})
+    system = "\n\n".join(m["content"] for m in call.messages
+                         if m["role"] in {"system", "developer"})
     turns = [{"role": m["role"], "content": m["content"]} for m in call.messages
              if m["role"] in {"user", "assistant"}]
     body: dict = {"model": call.upstream, "max_tokens": call.max_tokens, "messages": turns,
@@ -55,7 +58,8 @@ async def _raise_for_status(response: httpx.Response) -> None:
 async def anthropic_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call,
                            secret: str, timeout: httpx.Timeout) -> AsyncIterator[dict]:
     async with client.stream("POST", spec.base_url.rstrip("/") + "/v1/messages",
-                             json=request_body(call), headers=_headers(secret), timeout=timeout) as response:
+                             json=request_body(call), headers=headers(secret),
+                             timeout=timeout) as response:
         await _raise_for_status(response)
         usage = {"type": "usage", "prompt_tokens": 0, "completion_tokens": 0,
                  "cached_tokens": 0}
@@ -103,11 +107,3 @@ async def anthropic_stream(client: httpx.AsyncClient, spec: BackendSpec, call: C
         if not is_done:
             raise UpstreamError("backend_unavailable", "the stream ended without message_stop")
         yield usage
-
-
-async def anthropic_probe(client: httpx.AsyncClient, spec: BackendSpec, secret: str, timeout: httpx.Timeout) -> None:
-    response = await client.get(spec.base_url.rstrip("/") + "/v1/models",
-                                headers=_headers(secret), timeout=timeout)
-    if response.status_code >= 400:
-        raise error_for_status(response.status_code, response.text[:200],
-                               retry_after_parse(response.headers))

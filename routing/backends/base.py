@@ -140,3 +140,12 @@ def estimate_tokens(text: str) -> int:
     """An upper-bound-leaning count for text we have no tokenizer for: byte-level BPE
     tokenizers average about 4 bytes per English token; never zero for non-empty text."""
     return max(math.ceil(len(text.encode()) / 4), 1 if text else 0)
+
+
+async def models_probe(client, url: str, headers: dict[str, str], timeout) -> None:
+    """GET <base>/v1/models: free on every provider, and it checks the credential too."""
+    response = await client.get(url.rstrip("/") + "/v1/models", headers=headers,
+                                timeout=timeout)
+    if response.status_code >= 400:
+        raise error_for_status(response.status_code, response.text[:200],
+                               retry_after_parse(response.headers))

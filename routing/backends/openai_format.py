@@ -12,12 +12,14 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from routing.backends.base import BackendSpec, Call, UpstreamError, error_for_status, retry_after_parse
+from routing.backends.base import (
+    BackendSpec, Call, UpstreamError, error_for_status, retry_after_parse,
+)
 
 OPENAI_KINDS = {"openai", "openai_compatible", "openrouter", "fairlane"}
 
 
-def _headers(secret: str) -> dict[str, str]:
+def headers(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"} if secret else {}
 
 
@@ -104,7 +106,7 @@ async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call
                         secret: str, timeout: httpx.Timeout) -> AsyncIterator[dict]:
     path, body = request_body(spec, call)
     async with client.stream("POST", spec.base_url.rstrip("/") + path, json=body,
-                             headers=_headers(secret), timeout=timeout) as response:
+                             headers=headers(secret), timeout=timeout) as response:
         await _raise_for_status(response)
         is_done = False
         async for line in response.aiter_lines():
@@ -138,14 +140,6 @@ async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call
             raise UpstreamError("backend_unavailable", "the stream ended without [DONE]")
 
 
-async def openai_probe(client: httpx.AsyncClient, spec: BackendSpec, secret: str, timeout: httpx.Timeout) -> None:
-    """GET /v1/models: free on every provider, and it checks the credential too."""
-    response = await client.get(spec.base_url.rstrip("/") + "/v1/models",
-                                headers=_headers(secret), timeout=timeout)
-    if response.status_code >= 400:
-        raise error_for_status(response.status_code, response.text[:200],
-                               retry_after_parse(response.headers))
-
 
 async def openai_embed(client: httpx.AsyncClient, spec: BackendSpec, upstream: str,
                        inputs: list, secret: str,
@@ -154,7 +148,7 @@ async def openai_embed(client: httpx.AsyncClient, spec: BackendSpec, upstream: s
     response = await client.post(spec.base_url.rstrip("/") + "/v1/embeddings",
                                  json={"model": upstream, "input": inputs,
                                        "encoding_format": "base64"},
-                                 headers=_headers(secret), timeout=timeout)
+                                 headers=headers(secret), timeout=timeout)
     await _raise_for_status(response)
     body = response.json()
     return {"vectors": {item["index"]: item["embedding"] for item in body["data"]},

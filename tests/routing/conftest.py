@@ -4,6 +4,7 @@ from tenants.models import Scope
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
 from tests.conftest import child_env
+from tests.fakes.providers import FakeProvider
 from tests.servers import AsgiServer
 from workers.registry import model_register
 
@@ -41,3 +42,18 @@ def embedded_server(django_db_setup, django_db_blocker):
     server = AsgiServer(child_env(FAIRLANE_ENGINE_MODE="embedded"))
     yield server
     server.stop()
+
+
+@pytest.fixture
+def fakes():
+    """make(fmt, **options): a fake provider (a real HTTP server), stopped after the test."""
+    started: list[FakeProvider] = []
+
+    def make(fmt="openai", **kwargs) -> FakeProvider:
+        fake = FakeProvider(fmt, **kwargs).start()
+        started.append(fake)
+        return fake
+
+    yield make
+    for fake in started:
+        fake.stop()

@@ -20,20 +20,6 @@ KIND = {"openai": "openai", "openrouter": "openrouter", "anthropic": "anthropic"
 CHAT = Need(kind="chat", prompt_tokens=20, max_tokens=5)
 
 
-@pytest.fixture
-def fakes():
-    started: list[FakeProvider] = []
-
-    def make(fmt="openai", **kwargs) -> FakeProvider:
-        fake = FakeProvider(fmt, **kwargs).start()
-        started.append(fake)
-        return fake
-
-    yield make
-    for fake in started:
-        fake.stop()
-
-
 def register(name: str, fake: FakeProvider, *, credential: str | None = None,
              **fields) -> Backend:
     fields.setdefault("base_url", fake.url)

@@ -61,7 +61,8 @@ async def test_embeddings_come_from_the_remote_engines_hidden_states(remote, key
     server, secret = remote
     ours = await post(key, "/v1/embeddings", {"model": "via-remote", "input": ["a", "b c"]})
     assert ours.status_code == 200, ours.content
-    direct = httpx.post(server.url + "/v1/embeddings", json={"model": "tiny", "input": ["a", "b c"]},
+    direct = httpx.post(server.url + "/v1/embeddings",
+                        json={"model": "tiny", "input": ["a", "b c"]},
                         headers={"Authorization": f"Bearer {secret}"}).json()
     ours = json.loads(ours.content)
     assert len(ours["data"]) == 2

@@ -26,20 +26,6 @@ PRICES = {"price_input_per_mtok": 100_000_000, "price_output_per_mtok": 300_000_
 KIND = {"openai": "openai", "openrouter": "openrouter", "anthropic": "anthropic"}
 
 
-@pytest.fixture
-def fakes():
-    started: list[FakeProvider] = []
-
-    def make(fmt="openai", **kwargs) -> FakeProvider:
-        fake = FakeProvider(fmt, **kwargs).start()
-        started.append(fake)
-        return fake
-
-    yield make
-    for fake in started:
-        fake.stop()
-
-
 def register(name: str, fake: FakeProvider, *, prices=None, model="m", **fields) -> Backend:
     backend = backend_register(name=name, kind=KIND[fake.fmt], base_url=fake.url,
                                credential=fake.api_key, **fields)
@@ -353,3 +339,34 @@ async def test_a_cascade_answers_from_the_cheap_tier_when_confident_else_escalat
     assert best.stats["ok"] == 1  # not asked this time
     response = await chat(key, model="big-m")
     assert response["x-fairlane-cascade"] == "small-m; mean_logprob=-0.2000"
+
+
+def test_the_official_client_through_a_live_server_to_anthropic(embedded_server, key, agent,
+                                                                fakes):
+    import openai
+
+    fake = fakes("anthropic", reply_tokens=4, cached_tokens=1)
+    register("claude", fake, prices=PRICES)
+    client = openai.OpenAI(api_key=key, base_url=embedded_server.url + "/v1", max_retries=0)
+    assert "m" in [m.id for m in client.models.list()]
+    reply = client.chat.completions.create(
+        model="m", max_tokens=10, messages=[{"role": "system", "content": "be brief"},
+                                            {"role": "user", "content": "hello there"}])
+    assert reply.choices[0].message.content == "t0 t1 t2 t3 "
+    assert reply.choices[0].finish_reason == "stop"
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (4, 4)
+    assert reply.usage.prompt_tokens_details.cached_tokens == 1
+    assert fake.requests[-1]["system"] == "be brief"  # Anthropic takes the system prompt apart
+    stream = client.chat.completions.create(
+        model="m", max_tokens=2, stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "hello"}])
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "t0 t1 "
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 2
+    fake.set_default(server_error(529))  # Anthropic's overloaded_error
+    with pytest.raises(openai.InternalServerError) as exc_info:
+        client.chat.completions.create(model="m", max_tokens=2,
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert exc_info.value.status_code == 503
+    assert int(exc_info.value.response.headers["retry-after"]) >= 1

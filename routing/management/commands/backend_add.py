@@ -30,7 +30,8 @@ def _model(value: str) -> dict:
 
 
 class Command(BaseCommand):
-    help = "Add or change a backend (local, fairlane, openai_compatible, openrouter, openai, anthropic)."
+    help = ("Add or change a backend (local, fairlane, openai_compatible, openrouter, openai, "
+            "anthropic).")
 
     def add_arguments(self, parser):
         parser.add_argument("name")
