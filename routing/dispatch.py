@@ -191,8 +191,25 @@ async def _try_route(attempt: Attempt, route: Route, has_next: bool) -> Served |
     ROUTE_TTFT.labels(name).observe(ttft)
     breakers.success(name, ttft * 1000)
     ROUTE_ATTEMPTS.labels(name, "ok").inc()
-    served.events = _guarded(served.events, route, attempt.request_id, has_lease)
+    # Started now, so that its clean-up (settlement, the backend's slot, the lease) runs even
+    # if nobody ever reads it: asyncio closes a started async generator that is collected.
+    guarded = _guarded(served.events, route, attempt.request_id, has_lease)
+    try:
+        first = await anext(guarded)
+    except StopAsyncIteration:
+        first = None
+    served.events = _prepend(first, guarded)
     return served
+
+
+async def _prepend(first: dict | None, rest: AsyncIterator[dict]) -> AsyncIterator[dict]:
+    try:
+        if first is not None:
+            yield first
+        async for event in rest:
+            yield event
+    finally:
+        await rest.aclose()
 
 
 def _failed(attempt: Attempt, route: Route, exc: UpstreamError) -> None:

@@ -224,3 +224,15 @@ def test_a_failed_probe_long_after_the_last_success_is_stale_then_offline(settin
     health_record(backend, 5, True, "", now=start + timedelta(seconds=180))
     assert row("s").health == Health.LIVE and row("s").health_detail == ""
     assert routed() == ["s", "t"]
+
+
+def test_the_backends_probe_command_prints_each_backends_health(fakes):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    fake = fakes("openai")
+    register("probed", fake)
+    out = StringIO()
+    call_command("backends_probe", stdout=out)
+    assert "probed: live" in out.getvalue() and fake.stats["probes"] == 1

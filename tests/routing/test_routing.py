@@ -370,3 +370,32 @@ def test_the_official_client_through_a_live_server_to_anthropic(embedded_server,
                                        messages=[{"role": "user", "content": "hi"}])
     assert exc_info.value.status_code == 503
     assert int(exc_info.value.response.headers["retry-after"]) >= 1
+
+
+def test_a_client_that_leaves_a_remote_stream_is_charged_for_what_it_got_and_upstream_stops(
+        embedded_server, key, agent, fakes):
+    import httpx
+
+    fake = fakes("openai", reply_tokens=200, token_delay=0.05)
+    register("paid", fake, prices=PRICES)
+    body = {"model": "m", "max_tokens": 200, "stream": True,
+            "messages": [{"role": "user", "content": "tell me everything"}]}
+    received = 0
+    with httpx.stream("POST", embedded_server.url + "/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {key}"}, timeout=30) as response:
+        for line in response.iter_lines():
+            if '"content":"t' in line:
+                received += 1
+            if received == 5:
+                break
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not UsageRecord.objects.exists():
+        time.sleep(0.1)
+    row = UsageRecord.objects.get()
+    assert row.status == UsageRecord.Status.CANCELLED and row.backend == "paid"
+    assert 5 <= row.completion_tokens < 200 and row.cost_microcents > 0
+    assert Reservation.objects.get(request_id=row.request_id).status == "settled"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and fake.stats["in_flight"]:
+        time.sleep(0.1)
+    assert fake.stats["in_flight"] == 0 and fake.stats["completion_tokens"] < 200
