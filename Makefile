@@ -40,7 +40,7 @@ services:
 test: test-venv services
 	$(PY) manage.py collectstatic --noinput -v0
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
-		$(PY) -m pytest $(ARGS)
+		FAIRLANE_DB_POOL_SIZE=0 $(PY) -m pytest $(ARGS)
 
 demo-key: venv
 	$(PY) manage.py demo_setup --new-key --base-url http://$(HOST):$(PORT)

@@ -131,9 +131,11 @@ else:
     # A bounded pool per process: Django's ASGI handler gives each request a thread of its
     # own, so without it 500 concurrent requests would open 500 connections (PostgreSQL's
     # default limit is 100). A request waits for a free connection instead.
-    DATABASES["default"]["OPTIONS"] = {"pool": {
-        "min_size": 1, "max_size": int(os.environ.get("FAIRLANE_DB_POOL_SIZE", "16")),
-        "timeout": float(os.environ.get("FAIRLANE_DB_POOL_TIMEOUT_SECONDS", "30"))}}
+    # FAIRLANE_DB_POOL_SIZE=0: a connection per thread, no pool.
+    if env_int("FAIRLANE_DB_POOL_SIZE", 16):
+        DATABASES["default"]["OPTIONS"] = {"pool": {
+            "min_size": 1, "max_size": env_int("FAIRLANE_DB_POOL_SIZE", 16),
+            "timeout": float(os.environ.get("FAIRLANE_DB_POOL_TIMEOUT_SECONDS", "30"))}}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- redis: channel layer, counters, Celery -------------------------------------------------

@@ -17,6 +17,7 @@ urlpatterns = [
                                                      permission_classes=[AllowAny]),
          name="api-docs"),
     path("api/", include("tenants.apis.urls")),
+    path("api/", include("routing.management_urls")),
     path("v1/", include("routing.urls")),
 ]
 

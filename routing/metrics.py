@@ -17,3 +17,41 @@ ROUTE_ATTEMPTS = Counter("fairlane_route_attempts_total",
 ROUTE_TTFT = Histogram("fairlane_route_first_token_seconds",
                        "Time from dispatch to a backend's first token", ["backend"],
                        buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+
+
+class BackendCollector:
+    """At scrape time: each backend's health (from the beat's probes) and, in this process,
+    its circuit state and requests in flight."""
+
+    STATES = {"closed": 0, "half_open": 1, "open": 2}
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        from routing.breaker import breakers
+        from routing.models import Backend, Health
+
+        up = GaugeMetricFamily("fairlane_backend_up",
+                               "1 when the backend's last probes succeeded (live)",
+                               labels=["backend"])
+        p95 = GaugeMetricFamily("fairlane_backend_probe_p95_seconds",
+                                "p95 latency of the backend's health probes",
+                                labels=["backend"])
+        circuit = GaugeMetricFamily("fairlane_backend_circuit_state",
+                                    "this process's circuit: 0 closed, 1 half-open, 2 open",
+                                    labels=["backend"])
+        inflight = GaugeMetricFamily("fairlane_backend_inflight",
+                                     "requests this process has in flight at the backend",
+                                     labels=["backend"])
+        try:
+            rows = list(Backend.objects.filter(is_enabled=True)
+                        .values_list("name", "health", "probe_p95_ms"))
+        except Exception:  # a scrape must not fail because the database blinked
+            rows = []
+        for name, health, probe_p95 in rows:
+            up.add_metric([name], 1.0 if health == Health.LIVE else 0.0)
+            p95.add_metric([name], probe_p95 / 1000)
+        for name, state in breakers.snapshot().items():
+            circuit.add_metric([name], float(self.STATES.get(breakers.state(name), 0)))
+            inflight.add_metric([name], float(state["inflight"]))
+        yield from (up, p95, circuit, inflight)

@@ -100,7 +100,10 @@ def child_env(**overrides) -> dict:
             "DJANGO_SETTINGS_MODULE": "settings", "REDIS_URL": settings.REDIS_URL,
             # Tests replace the database's rows between tests, which nothing does in a
             # deployment: a server that outlives one test must not route by its snapshot.
-            "FAIRLANE_ROUTING_CACHE_SECONDS": "0", **overrides}
+            "FAIRLANE_ROUTING_CACHE_SECONDS": "0",
+            # Servers pool their connections as deployed; the test process itself does not
+            # (`make test` turns it off there: a pool outlives the test database's set-up).
+            "FAIRLANE_DB_POOL_SIZE": "16", **overrides}
 
 
 @pytest.fixture

@@ -236,3 +236,15 @@ def test_the_backends_probe_command_prints_each_backends_health(fakes):
     out = StringIO()
     call_command("backends_probe", stdout=out)
     assert "probed: live" in out.getvalue() and fake.stats["probes"] == 1
+
+
+def test_metrics_show_each_backends_health_and_this_processs_circuit(fakes, client):
+    from routing.breaker import breakers
+
+    register("shown", fakes("openai"))
+    backends_probe()
+    for _ in range(10):
+        breakers.failure("shown")
+    text = client.get("/metrics").content.decode()
+    assert 'fairlane_backend_up{backend="shown"} 1.0' in text
+    assert 'fairlane_backend_circuit_state{backend="shown"} 2.0' in text
