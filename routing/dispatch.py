@@ -291,12 +291,13 @@ async def _remote(attempt: Attempt, route: Route, started: float) -> Served:
         await stream.aclose()
         raise
     return Served(route=route, job=job,
-                  events=_remote_events(job, route, call, stream, head, started))
+                  events=_remote_events(job, route, call, stream, head, started,
+                                        attempt.reserved or 0))
 
 
 async def _remote_events(job: GenerationJob, route: Route, call: Call,
-                         stream: AsyncIterator[dict], head: list[dict],
-                         started: float) -> AsyncIterator[dict]:
+                         stream: AsyncIterator[dict], head: list[dict], started: float,
+                         reserved: int) -> AsyncIterator[dict]:
     """A remote answer as the engine's events, settled once at the end (also when the client
     leaves or the stream is cut: what was streamed is charged)."""
     usage: dict | None = None
@@ -329,7 +330,7 @@ async def _remote_events(job: GenerationJob, route: Route, call: Call,
         counted = _usage(usage, call, tokens)
         latency = int((time.monotonic() - started) * 1000)
         await asyncio.shield(asyncio.ensure_future(asyncio.to_thread(
-            _remote_settle, job, route, counted, status, latency, tail.append)))
+            _remote_settle, job, route, counted, status, latency, tail.append, reserved)))
     for event in tail:
         yield event
 
@@ -372,12 +373,19 @@ def _usage(reported: dict | None, call: Call, tokens: list[dict]) -> dict:
 
 
 def _remote_settle(job: GenerationJob, route: Route, usage: dict, status: str, latency: int,
-                   emit) -> None:
+                   emit, reserved: int | None = None) -> None:
     cost = usage_cost(route.info, prompt_tokens=usage["prompt_tokens"],
                       completion_tokens=usage["completion_tokens"],
                       cached_tokens=usage["cached_tokens"])
     if "cost_usd" in usage:  # OpenRouter says what it charged us
         cost = -(-int(round(usage["cost_usd"] * 1e8 * 1000)) // 1000)
+        if reserved is not None and cost > reserved:
+            # Its price moved above the table we reserved by: the budget's promise holds,
+            # and the operator hears of it.
+            logger.warning("request %s: %s reported cost %d micro-cents over the %d reserved; "
+                           "charging the reservation (update its prices)", job.request_id,
+                           route.backend.name, cost, reserved)
+            cost = reserved
     plain = {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens",
                                    "cached_tokens")}
     generation_settle(job, plain, status=status, backend=route.backend.name, latency_ms=latency,

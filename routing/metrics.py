@@ -25,11 +25,12 @@ class BackendCollector:
 
     STATES = {"closed": 0, "half_open": 1, "open": 2}
 
-    def collect(self):
-        from prometheus_client.core import GaugeMetricFamily
+    def describe(self):
+        """The families without their values: registering must not touch the database."""
+        return list(self._families())
 
-        from routing.breaker import breakers
-        from routing.models import Backend, Health
+    def _families(self):
+        from prometheus_client.core import GaugeMetricFamily
 
         up = GaugeMetricFamily("fairlane_backend_up",
                                "1 when the backend's last probes succeeded (live)",
@@ -43,6 +44,13 @@ class BackendCollector:
         inflight = GaugeMetricFamily("fairlane_backend_inflight",
                                      "requests this process has in flight at the backend",
                                      labels=["backend"])
+        return up, p95, circuit, inflight
+
+    def collect(self):
+        from routing.breaker import breakers
+        from routing.models import Backend, Health
+
+        up, p95, circuit, inflight = self._families()
         try:
             rows = list(Backend.objects.filter(is_enabled=True)
                         .values_list("name", "health", "probe_p95_ms"))

@@ -7,6 +7,9 @@ class WorkersConfig(AppConfig):
     name = "workers"
 
     def ready(self) -> None:
+        # The GPU worker's Celery signal handlers (load engines, heartbeat, drain on shutdown).
+        import workers.worker  # noqa: F401
+
         global _collector_registered
         if not _collector_registered:
             from prometheus_client import REGISTRY

@@ -39,18 +39,26 @@ def engine_stats() -> dict[tuple[str, str], dict]:
 
 
 class EngineCollector:
-    def collect(self):
-        try:
-            stats = engine_stats()
-        except Exception:  # a scrape must not fail because Redis blinked
-            logger.exception("engine stats unavailable")
-            stats = {}
+    def describe(self):
+        """The families without their values: registering must not reach Redis or engines."""
+        return list(self._families().values())
+
+    def _families(self) -> dict:
         families = {name: GaugeMetricFamily(f"fairlane_engine_{name}", help_text,
                                             labels=["worker", "model"])
                     for name, help_text in GAUGES.items()}
         families.update({name: CounterMetricFamily(f"fairlane_engine_{name}", help_text,
                                                    labels=["worker", "model"])
                          for name, help_text in COUNTERS.items()})
+        return families
+
+    def collect(self):
+        try:
+            stats = engine_stats()
+        except Exception:  # a scrape must not fail because Redis blinked
+            logger.exception("engine stats unavailable")
+            stats = {}
+        families = self._families()
         for (where, model), values in stats.items():
             for name, family in families.items():
                 if name in values:

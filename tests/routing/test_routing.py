@@ -399,3 +399,19 @@ def test_a_client_that_leaves_a_remote_stream_is_charged_for_what_it_got_and_ups
     while time.monotonic() < deadline and fake.stats["in_flight"]:
         time.sleep(0.1)
     assert fake.stats["in_flight"] == 0 and fake.stats["completion_tokens"] < 200
+
+
+async def test_an_openrouter_cost_above_the_reserved_worst_case_never_overspends(
+        key, tenant, agent, fakes):
+    fake = fakes("openrouter", reply_tokens=5)
+    fake.price_out_per_mtok_usd = 1_000_000.0  # $1 a token: far above our price table
+    await database_sync_to_async(register)("router", fake, prices=PRICES)
+    budget = await database_sync_to_async(budget_create)(tenant=tenant, agent=agent,
+                                                         limit_microcents=10**8)
+    assert (await chat(key)).status_code == 200
+    [row] = await database_sync_to_async(rows)()
+    reservation = await database_sync_to_async(Reservation.objects.get)(
+        request_id=row.request_id)
+    assert row.cost_microcents == reservation.amount_microcents  # charged the hold, no more
+    window = await database_sync_to_async(budget.windows.get)()
+    assert window.spent_microcents == row.cost_microcents <= budget.limit_microcents
