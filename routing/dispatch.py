@@ -83,14 +83,16 @@ def attempt_release(attempt: Attempt) -> None:
         attempt.reserved = None
 
 
-async def routes_walk(attempt: Attempt, plan_for) -> Served:
-    """Serve the request on the first backend of the plan that can; raises the error the
-    client should see when none could (its reservation released)."""
+async def routes_walk(attempt: Attempt, plan_for, plan=None) -> Served:
+    """Serve the request on the first backend of the plan that can (`plan`, or a fresh one
+    from `plan_for()`); raises the error the client should see when none could (its
+    reservation released). Later rounds plan again: circuits and waits have changed."""
     deadline = time.monotonic() + settings.FAIRLANE_RETRY_MAX_WAIT_SECONDS
     rounds = 0
     try:
         while True:
-            plan = await database_sync_to_async(plan_for)()
+            if plan is None:
+                plan = await database_sync_to_async(plan_for)()
             for index, route in enumerate(plan.routes):
                 has_next = index + 1 < len(plan.routes)
                 served = await _try_route(attempt, route, has_next)
@@ -105,6 +107,7 @@ async def routes_walk(attempt: Attempt, plan_for) -> Served:
                     or time.monotonic() + wait > deadline):
                 raise _final_error(attempt, plan)
             await asyncio.sleep(wait)
+            plan = None
     except BaseException:
         await database_sync_to_async(attempt_release)(attempt)
         raise
@@ -139,21 +142,30 @@ def _upstream_error(exc: UpstreamError, route: Route) -> ApplicationError:
     return error
 
 
-async def _try_route(attempt: Attempt, route: Route, has_next: bool) -> Served | None:
-    name = route.backend.name
+def _route_prepare(attempt: Attempt, route: Route, has_next: bool) -> str:
+    """Synchronous, in one hop: is the local engine ready (its queue not full, a worker up),
+    and can the budget hold this backend's worst case? "" when it may be tried, else why
+    not."""
     if route.backend.is_local:
         try:
-            await database_sync_to_async(attempt.local_ready)(route, has_next)
+            attempt.local_ready(route, has_next)
         except ApplicationError as exc:  # the local queue is full (or no worker): spill over
             attempt.errors.append(exc)
             attempt.waits.append(float(exc.retry_after or 0))
-            ROUTE_ATTEMPTS.labels(name, "skipped").inc()
-            return None
+            return "skipped"
     try:
-        await database_sync_to_async(_hold)(attempt, attempt.cost_for(route))
+        _hold(attempt, attempt.cost_for(route))
     except BudgetExhausted as exc:  # paid backends drop out; cheaper ones may remain
         attempt.budget_refusal = attempt.budget_refusal or exc
-        ROUTE_ATTEMPTS.labels(name, "budget").inc()
+        return "budget"
+    return ""
+
+
+async def _try_route(attempt: Attempt, route: Route, has_next: bool) -> Served | None:
+    name = route.backend.name
+    refusal = await database_sync_to_async(_route_prepare)(attempt, route, has_next)
+    if refusal:
+        ROUTE_ATTEMPTS.labels(name, refusal).inc()
         return None
     if not breakers.begin(name):
         ROUTE_ATTEMPTS.labels(name, "skipped").inc()

@@ -125,7 +125,7 @@ class _Generation:
                          tenant=str(caller.tenant.pk),
                          prefix=("".join(m["content"] for m in self.messages)
                                  or str(self.prompt))[:512])
-        plan = self.plan()
+        self.first_plan = plan = self.plan()
         if plan.unsupported:
             raise InvalidRequest(f"No backend serving '{request.model}' supports this request "
                                  "(token-id or batched prompts, logit_bias and completion "
@@ -264,28 +264,37 @@ def _admit_generation(caller: Caller, kind: str, request) -> tuple[_Generation, 
     return generation, admitted
 
 
-async def _start(caller: Caller, kind: str, request) -> tuple[_Generation, Served, Admitted]:
-    generation, admitted = await database_sync_to_async(_admit_generation)(caller, kind,
-                                                                           request)
+async def _start(caller: Caller, kind: str, request, admission=None,
+                 ) -> tuple[_Generation, Served, Admitted]:
+    generation, admitted = admission or await database_sync_to_async(_admit_generation)(
+        caller, kind, request)
     try:
-        served = await routes_walk(generation.attempt(admitted), generation.plan)
+        served = await routes_walk(generation.attempt(admitted), generation.plan,
+                                   generation.first_plan)
     except BaseException:
         limiter_get().release(admitted, tokens_used=0)
         raise
     return generation, served, admitted
 
 
+def _admit_or_tiers(caller: Caller, kind: str, request):
+    """One hop for the usual request: its admission; the cascade's tiers when the agent has
+    a cascade listing the model asked for."""
+    tiers = _cascade_tiers(caller, request.model)
+    return tiers if len(tiers) > 1 else _admit_generation(caller, kind, request)
+
+
 async def generation_start(*, caller: Caller, kind: str, body) -> Started:
     request = (parse.chat_request_parse(body) if kind == "chat"
                else parse.completion_request_parse(body))
-    tiers = await database_sync_to_async(_cascade_tiers)(caller, request.model)
-    for tier in tiers[:-1]:
-        started = await _cascade_try(caller, kind, request, tier)
-        if started is not None:
-            return started
-    if tiers[-1] != request.model:
-        request = dataclasses.replace(request, model=tiers[-1])
-    generation, served, admitted = await _start(caller, kind, request)
+    admission = await database_sync_to_async(_admit_or_tiers)(caller, kind, request)
+    if isinstance(admission, list):
+        for tier in admission[:-1]:
+            started = await _cascade_try(caller, kind, request, tier)
+            if started is not None:
+                return started
+        request, admission = dataclasses.replace(request, model=admission[-1]), None
+    generation, served, admitted = await _start(caller, kind, request, admission)
     return generation.started(served, admitted)
 
 
@@ -437,7 +446,8 @@ class _Embedding:
         self.need = Need(kind="embed", prompt_tokens=self.remote_tokens,
                          token_prompts=len(texts) < len(request.inputs),
                          tenant=str(caller.tenant.pk))
-        if not self.plan().routes and self.plan().unsupported:
+        self.first_plan = self.plan()
+        if self.first_plan.unsupported:
             raise InvalidRequest(f"No backend serving '{request.model}' returns embeddings.",
                                  param="model")
         self.admitted = limiter_get().acquire(request_id=self.request_id,
@@ -484,7 +494,7 @@ async def embeddings_create(*, caller: Caller, body) -> dict:
     request = parse.embedding_request_parse(body)
     embedding = await database_sync_to_async(_Embedding)(caller, request)
     try:
-        served = await routes_walk(embedding.attempt(), embedding.plan)
+        served = await routes_walk(embedding.attempt(), embedding.plan, embedding.first_plan)
     except BaseException:
         limiter_get().release(embedding.admitted, tokens_used=0)
         raise
