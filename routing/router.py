@@ -121,6 +121,7 @@ class Need:
     logprobs: bool = False
     tenant: str = ""
     prefix: str = ""  # the prompt's beginning, for KV affinity
+    max_tokens_set: bool = True  # False: max_tokens is a default, fitted to each backend
 
 
 def route_supports(route: Route, need: Need) -> bool:
@@ -137,8 +138,9 @@ def route_supports(route: Route, need: Need) -> bool:
     if spec.kind == "anthropic" and (need.kind != "chat" or need.n > 1):
         return False
     # prompt_tokens is a worst case (a byte a token); about 4 bytes a token is typical
+    completion = need.max_tokens if need.max_tokens_set else 1
     return (not spec.context_length
-            or need.prompt_tokens // 4 + need.max_tokens <= spec.context_length)
+            or need.prompt_tokens // 4 + completion <= spec.context_length)
 
 
 _HEALTH_RANK = {Health.LIVE: 0, Health.UNKNOWN: 1, Health.STALE: 2}

@@ -117,8 +117,11 @@ class _Generation:
             isinstance(p, list) for p in request.prompts))
         self.remote_prompt_tokens = _worst_prompt_tokens(self.messages, self.prompt)
         self.num_prompts = len(self.token_prompts) if self.token_prompts else 1
+        remote = [r for r in routes if not r.backend.is_local]
+        worst_max = max([self.local_max] + [self._remote_max(r) for r in remote])
         self.need = Need(kind=kind, prompt_tokens=self._prompt_tokens(None),
-                         max_tokens=max(self.local_max, self._remote_max(None)),
+                         max_tokens=worst_max,
+                         max_tokens_set=self.sampling.max_tokens is not None,
                          n=self.sampling.n, token_prompts=token_ids,
                          logit_bias=bool(self.sampling.logit_bias),
                          logprobs=self.sampling.logprobs is not None,

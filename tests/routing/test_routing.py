@@ -415,3 +415,20 @@ async def test_an_openrouter_cost_above_the_reserved_worst_case_never_overspends
     assert row.cost_microcents == reservation.amount_microcents  # charged the hold, no more
     window = await database_sync_to_async(budget.windows.get)()
     assert window.spent_microcents == row.cost_microcents <= budget.limit_microcents
+
+
+async def test_without_max_tokens_each_backend_gets_what_its_context_leaves(key, agent, fakes,
+                                                                           tiny):
+    """The local `tiny` has a larger context than the remote one; an unset max_tokens must
+    not rule the remote one out, and it is sent (and reserved) as what its context leaves."""
+    small = fakes("openai", reply_tokens=3)
+    await database_sync_to_async(register)("small-ctx", small, model="tiny", context_length=300,
+                                           prices=PRICES)
+    await database_sync_to_async(agent_routing_set)(agent=agent, chain=["small-ctx", "local"])
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "one two three"}]}
+    response = await AsyncClient().post("/v1/chat/completions", json.dumps(body),
+                                        content_type="application/json",
+                                        headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 200 and response["x-fairlane-backend"] == "small-ctx"
+    sent = small.requests[-1]["max_completion_tokens"]
+    assert 250 < sent < 300  # the context less the prompt's (worst-case) share
