@@ -315,13 +315,15 @@ async def _remote_events(job: GenerationJob, route: Route, call: Call,
     usage: dict | None = None
     tokens: list[dict] = []
     status, tail = UsageRecord.Status.OK, []
-    try:
+    async def all_events():
         for event in head:
-            if event["type"] == "token":
-                tokens.append(event)
             yield event
         async for event in stream:
-            if event["type"] == "usage":
+            yield event
+
+    try:
+        async for event in all_events():
+            if event["type"] == "usage":  # the latest report wins
                 usage = event
                 continue
             if event["type"] == "token":
@@ -363,23 +365,26 @@ async def _embedded_events(job: GenerationJob, route: Route, call: Call, result:
 
 
 def _usage(reported: dict | None, call: Call, tokens: list[dict]) -> dict:
-    """The provider's usage; counted here when it sent none (never zero for a real answer)."""
-    if reported is not None and (reported["prompt_tokens"] or reported["completion_tokens"]):
-        usage = {k: reported[k] for k in ("prompt_tokens", "completion_tokens", "cached_tokens")}
-        if "cost_usd" in reported:
-            usage["cost_usd"] = reported["cost_usd"]
-        usage["counted"] = "provider"
-    else:
-        text = "".join(e["text"] for e in tokens)
+    """The provider's usage, as far as it reported it (Anthropic reports the prompt when the
+    stream starts, the completion at its end); what it did not report is counted here, so a
+    real answer is never charged zero."""
+    reported = reported or {}
+    usage = {"prompt_tokens": reported.get("prompt_tokens", 0),
+             "completion_tokens": reported.get("completion_tokens", 0),
+             "cached_tokens": reported.get("cached_tokens", 0)}
+    if "cost_usd" in reported and usage["completion_tokens"]:
+        usage["cost_usd"] = reported["cost_usd"]
+    if not usage["prompt_tokens"]:
         prompts = call.prompt if isinstance(call.prompt, list) else [call.prompt]
         if prompts and isinstance(prompts[0], int):
             prompts = [prompts]
-        prompt_tokens = sum(len(p) if isinstance(p, list) else estimate_tokens(p)
-                            for p in prompts)
-        prompt_tokens += sum(estimate_tokens(m["content"]) + 4 for m in call.messages)
-        usage = {"prompt_tokens": prompt_tokens,
-                 "completion_tokens": max(len(tokens), estimate_tokens(text)),
-                 "cached_tokens": 0, "counted": "local"}
+        usage["prompt_tokens"] = sum(len(p) if isinstance(p, list) else estimate_tokens(p)
+                                     for p in prompts)
+        usage["prompt_tokens"] += sum(estimate_tokens(m["content"]) + 4 for m in call.messages)
+        usage["cached_tokens"] = 0
+    if not usage["completion_tokens"] and tokens:
+        text = "".join(e["text"] for e in tokens)
+        usage["completion_tokens"] = max(len(tokens), estimate_tokens(text))
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return usage
 

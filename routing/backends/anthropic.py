@@ -81,6 +81,7 @@ async def anthropic_stream(client: httpx.AsyncClient, spec: BackendSpec, call: C
                 usage["prompt_tokens"] = (int(u.get("input_tokens") or 0) + cached
                                           + int(u.get("cache_creation_input_tokens") or 0))
                 usage["cached_tokens"] = cached
+                yield dict(usage)  # the prompt's count, should the stream be cut later
             elif name == "content_block_delta":
                 delta = data.get("delta") or {}
                 if delta.get("type") == "text_delta" and delta.get("text"):

@@ -432,3 +432,17 @@ async def test_without_max_tokens_each_backend_gets_what_its_context_leaves(key,
     assert response.status_code == 200 and response["x-fairlane-backend"] == "small-ctx"
     sent = small.requests[-1]["max_completion_tokens"]
     assert 250 < sent < 300  # the context less the prompt's (worst-case) share
+
+
+async def test_an_anthropic_stream_cut_midway_is_charged_its_reported_prompt_and_sent_tokens(
+        key, agent, fakes):
+    fake = fakes("anthropic", reply_tokens=10)
+    fake.push(cut(after=2))
+    await database_sync_to_async(register)("claude", fake, prices=PRICES)
+    payloads = await streamed(await chat(key, stream=True, content="a b c d e"))
+    assert payloads[-2]["error"]["code"] == "backend_unavailable"
+    [row] = await database_sync_to_async(rows)()
+    assert row.status == UsageRecord.Status.ERROR
+    # The prompt as Anthropic counted it in message_start; the 2 tokens sent, counted here.
+    assert (row.prompt_tokens, row.completion_tokens) == (5, 2) == (
+        fake.stats["prompt_tokens"], fake.stats["completion_tokens"])
