@@ -126,3 +126,31 @@ async def test_cancel_stops_a_request_and_charges_what_was_generated(application
         await asyncio.sleep(0.05)
     assert record is not None and 0 < record.completion_tokens < 1500
     await ws.disconnect()
+
+
+async def test_a_websocket_request_routed_to_a_paid_provider_streams_and_is_metered(
+        application, key, fakes):
+    from routing.registry import backend_model_set, backend_register
+
+    fake = fakes("openrouter", reply_tokens=4)
+
+    def register():
+        backend = backend_register(name="router", kind="openrouter", base_url=fake.url,
+                                   credential=fake.api_key)
+        backend_model_set(backend=backend, model="remote-m", upstream_name="fake-model",
+                          price_output_per_mtok=2_000_000_000)
+
+    await database_sync_to_async(register)()
+    ws = await connect(application, key)
+    assert (await ws.receive_json_from())["type"] == "auth.ok"
+    await ws.send_json_to({"type": "chat.completions", "id": "r", "body": {
+        "model": "remote-m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}})
+    frames = (await frames_until_done(ws, {"r"}))["r"]
+    text = "".join(f["data"]["choices"][0]["delta"].get("content") or ""
+                   for f in frames if f["type"] == "chunk" and f["data"]["choices"])
+    assert text == "t0 t1 t2 t3 " and frames[-1]["type"] == "done"
+    assert frames[-1]["usage"]["completion_tokens"] == 4
+    row = await database_sync_to_async(UsageRecord.objects.get)()
+    assert row.backend == "router" and row.completion_tokens == 4
+    assert row.cost_microcents == 4 * 200 + 1 * 100  # OpenRouter's own cost: $2/M out, $1/M in
+    await ws.disconnect()
