@@ -223,6 +223,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {"LaneEnum": "tenants.models.Lane"},
 }
 
 # --- Fairlane ------------------------------------------------------------------------------

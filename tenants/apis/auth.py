@@ -1,6 +1,7 @@
 """Who is calling the management API: a signed-in person (session) or a program (API key),
 and what role that gives them in a tenant."""
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication
 
 from tenants.errors import NotFound, PermissionDenied
@@ -71,3 +72,13 @@ def tenant_for(*, principal, slug: str, min_role: str = Role.VIEWER) -> tuple[Te
     if ROLE_RANK[role] < ROLE_RANK[min_role]:
         raise PermissionDenied(f"This needs the {min_role} role or higher in {slug}.")
     return tenant, role
+
+
+class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    """How the OpenAPI schema describes key auth: `Authorization: Bearer fl-...`."""
+
+    target_class = "tenants.apis.auth.ApiKeyAuthentication"
+    name = "apiKey"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "bearerFormat": "fl-<key id>-<secret>"}

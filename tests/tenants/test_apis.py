@@ -410,3 +410,12 @@ def test_rate_limits_are_set_on_agents_and_keys_and_validated(owner_client, tena
                                         {"rpm_limit": bad}, format="json"), 400,
                      "invalid_request", "rpm_limit")
     assert snapshot(tenant) == before
+
+
+def test_the_openapi_schema_generates_without_warnings(tmp_path):
+    from django.core.management import call_command
+
+    call_command("spectacular", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"))
+    text = (tmp_path / "schema.yaml").read_text()
+    assert "/api/tenants/{slug}/agents/{agent_id}/routing/:" in text
+    assert "scheme: bearer" in text
