@@ -103,6 +103,8 @@ async def routes_walk(attempt: Attempt, plan_for, plan=None) -> Served:
             if plan.routes:
                 base = settings.FAIRLANE_RETRY_BACKOFF_SECONDS * 2 ** (rounds - 1)
                 wait = random.uniform(base / 2, base)  # jittered exponential backoff
+                # ... but no sooner than the first of them may be asked again (Retry-After).
+                wait = max(wait, min(breakers.blocked_for(r.backend.name) for r in plan.routes))
             if (not _worth_retrying(attempt, plan) or rounds > settings.FAIRLANE_RETRIES
                     or time.monotonic() + wait > deadline):
                 raise _final_error(attempt, plan)

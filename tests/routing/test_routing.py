@@ -446,3 +446,15 @@ async def test_an_anthropic_stream_cut_midway_is_charged_its_reported_prompt_and
     # The prompt as Anthropic counted it in message_start; the 2 tokens sent, counted here.
     assert (row.prompt_tokens, row.completion_tokens) == (5, 2) == (
         fake.stats["prompt_tokens"], fake.stats["completion_tokens"])
+
+
+async def test_each_retry_waits_out_the_retry_after_it_was_given(key, agent, fakes, settings):
+    settings.FAIRLANE_RETRIES = 2
+    settings.FAIRLANE_RETRY_BACKOFF_SECONDS = 0.05
+    only = fakes("openai")
+    only.push(rate_limit(retry_after=1), rate_limit(retry_after=1))
+    await database_sync_to_async(register)("only", only)
+    response = await chat(key)
+    assert response.status_code == 200, response.content
+    times = [t for t, _ in only.arrivals]
+    assert len(times) == 3 and times[1] - times[0] >= 1 and times[2] - times[1] >= 1
