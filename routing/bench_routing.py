@@ -7,6 +7,13 @@ The baseline is the same decision reading the registry from the database each ti
 router without the in-process snapshot pays); both run in this one process, on the same rows.
 Prints decisions per second and p50/p99 per decision for each policy, the ratio to the
 baseline, and (last line) one JSON object. Goal: p99 under 1 ms.
+
+Then the gateway as a whole (skip with --no-proxy): the same streamed chat requests sent
+straight to a fake OpenAI-format provider (a real HTTP server on 127.0.0.1, answering at
+once, so only overheads are measured) and through uvicorn -> Django -> admission, budget
+hold, routing -> httpx -> the provider -> SSE re-encoded; one at a time (added latency to
+the first token and to the end, p50/p99), then many at once (requests per second, ratio).
+Both run on this machine's cores alongside the provider, which is the same for both.
 """
 
 from __future__ import annotations
@@ -41,6 +48,10 @@ def parse(argv):
     p.add_argument("--decisions", type=int, default=None,
                    help="decisions per policy (20000; quick 2000)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-proxy", action="store_true", help="skip the end-to-end phase")
+    p.add_argument("--proxy-requests", type=int, default=None,
+                   help="sequential requests in the end-to-end phase (200; quick 40)")
+    p.add_argument("--proxy-concurrency", type=int, default=64)
     p.add_argument("--json-out", type=Path, default=ROOT / "bench-results" / "routing.json")
     return p.parse_args(argv)
 
@@ -153,7 +164,107 @@ def run(argv: list[str] | None = None) -> dict:
         Backend.objects.filter(name__startswith=PREFIX).delete()
         registry_invalidate()
         breakers.reset()
+    if not args.no_proxy:
+        results["proxy"] = proxy_measure(args)
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results))
     return results
+
+
+async def _stream(client, url: str, headers: dict, model: str) -> tuple[float, float]:
+    body = {"model": model, "max_tokens": 16, "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "benchmark the gateway"}]}
+    start, first = time.perf_counter(), None
+    async with client.stream("POST", url + "/v1/chat/completions", json=body,
+                             headers=headers) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if first is None and '"content":"t' in line.replace(" ", ""):
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return (first or end) - start, end - start
+
+
+def proxy_measure(args) -> dict:
+    import asyncio
+
+    import httpx
+
+    from routing.bench import Server
+    from routing.registry import backend_model_set, backend_register
+    from tenants.models import Agent, Scope, Tenant
+    from tenants.services.keys import api_key_create, api_key_revoke
+    from tenants.services.tenancy import agent_create, tenant_create
+    from tests.fakes.providers import FakeProvider
+
+    sequential = args.proxy_requests or (40 if args.quick else 200)
+    concurrency = args.proxy_concurrency
+    fake = FakeProvider("openai", reply_tokens=16).start()
+    tenant = Tenant.objects.filter(slug="bench").first() or tenant_create(
+        name="Benchmarks", slug="bench", owner=None)
+    agent = Agent.objects.filter(tenant=tenant, name="bench").first() or agent_create(
+        tenant=tenant, name="bench")
+    key, plain = api_key_create(tenant=tenant, agent=agent, name="bench routing",
+                                scopes=[Scope.INFERENCE])
+    backend = backend_register(name=PREFIX + "proxy", kind="openai", base_url=fake.url,
+                               credential=fake.api_key)
+    backend_model_set(backend=backend, model=PREFIX + "model", upstream_name="fake-model")
+    server = Server(threads=1)
+
+    async def measure():
+        limits = httpx.Limits(max_connections=concurrency * 2)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            direct = (fake.url, {"Authorization": f"Bearer {fake.api_key}"}, "fake-model")
+            gateway = (server.url, {"Authorization": f"Bearer {plain}"}, PREFIX + "model")
+            for target in (direct, gateway):  # warm both paths
+                await _stream(client, *target)
+            d, g = [], []
+            for _ in range(sequential):
+                d.append(await _stream(client, *direct))
+                g.append(await _stream(client, *gateway))
+
+            async def burst(target):
+                gate = asyncio.Semaphore(concurrency)
+
+                async def one():
+                    async with gate:
+                        await _stream(client, *target)
+
+                started = time.perf_counter()
+                await asyncio.gather(*(one() for _ in range(concurrency * 4)))
+                return concurrency * 4 / (time.perf_counter() - started)
+
+            return d, g, await burst(direct), await burst(gateway)
+
+    try:
+        d, g, direct_rps, gateway_rps = asyncio.run(measure())
+    finally:
+        server.stop()
+        fake.stop()
+        api_key_revoke(key=key)
+        Backend.objects.filter(name__startswith=PREFIX).delete()
+
+    def pct(values, q):
+        ordered = sorted(values)
+        return round(ordered[min(int(len(ordered) * q), len(ordered) - 1)] * 1000, 2)
+
+    ttft_added = [gt - dt for (dt, _), (gt, _) in zip(d, g)]
+    total_added = [gtot - dtot for (_, dtot), (_, gtot) in zip(d, g)]
+    figures = {"sequential": sequential, "concurrency": concurrency,
+               "direct_total_ms_p50": pct([t for _, t in d], 0.5),
+               "gateway_total_ms_p50": pct([t for _, t in g], 0.5),
+               "added_ttft_ms_p50": pct(ttft_added, 0.5), "added_ttft_ms_p99": pct(ttft_added, 0.99),
+               "added_total_ms_p50": pct(total_added, 0.5),
+               "added_total_ms_p99": pct(total_added, 0.99),
+               "direct_rps": round(direct_rps, 1), "gateway_rps": round(gateway_rps, 1),
+               "rps_ratio_gateway_over_direct": round(gateway_rps / direct_rps, 3)}
+    print(f"end to end, {sequential} streamed chats one at a time: direct p50 "
+          f"{figures['direct_total_ms_p50']} ms, through the gateway p50 "
+          f"{figures['gateway_total_ms_p50']} ms; added to first token p50 "
+          f"{figures['added_ttft_ms_p50']} ms, p99 {figures['added_ttft_ms_p99']} ms; added to "
+          f"the end p50 {figures['added_total_ms_p50']} ms, p99 {figures['added_total_ms_p99']} ms")
+    print(f"{concurrency} at once: direct {figures['direct_rps']} req/s, gateway "
+          f"{figures['gateway_rps']} req/s, ratio {figures['rps_ratio_gateway_over_direct']}")
+    return figures
