@@ -1,0 +1,271 @@
+"""Chat and completions: parse, admit (rate limits), plan the routes, walk them (budgets held
+per backend), and the agent's cascade."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from routing.admission import Caller, engine_sampling, max_tokens_resolve
+from routing.backends import Call, Route
+from routing.dispatch import Attempt, Served, routes_walk
+from routing.overload import load_admit
+from routing.ratelimit import Admitted, limiter_get, scopes_for
+from routing.router import Need, Plan, registry_get, route_plan
+from routing.services.answers import Started, events_to_end
+from routing.services.prepare import (
+    chat_prompt, completion_prompts, model_hosted, prompt_texts, worst_prompt_tokens,
+)
+from routing.wire import parse
+from routing.wire.render import ChatFormat, CompletionFormat
+from tenants.errors import ApplicationError, BackendUnavailable, InvalidRequest, ModelNotFound
+from tenants.models import UsageRecord
+from workers.generation import GenerationJob
+from workers.registry import model_tokenizer, usage_cost
+
+logger = logging.getLogger(__name__)
+
+
+class _Generation:
+    """One request between parsing and dispatch: what each route would be sent and cost."""
+
+    def __init__(self, caller: Caller, kind: str, request) -> None:
+        self.caller, self.kind, self.request = caller, kind, request
+        self.sampling = request.sampling
+        self.request_id = uuid.uuid4().hex
+        self.lane = caller.agent.lane or caller.tenant.default_lane
+        self.messages, self.prompt = prompt_texts(kind, request)
+        self.registry = registry_get()
+        routes = self.registry.routes.get(request.model)
+        if not routes or not caller.agent.may_use_model(request.model):
+            raise ModelNotFound(f"The model '{request.model}' does not exist or you do not "
+                                "have access to it.", param="model")
+        self.local = next((r for r in routes if r.backend.is_local), None)
+        self.tokenizer, self.token_prompts, self.local_max = None, None, 0
+        self.brownout = ""
+        if self.local is not None:
+            self._local_prepare(remote_too=len(routes) > 1)
+        token_ids = kind == "completion" and (len(request.prompts) > 1 or any(
+            isinstance(p, list) for p in request.prompts))
+        self.remote_prompt_tokens = worst_prompt_tokens(self.messages, self.prompt)
+        self.num_prompts = len(self.token_prompts) if self.token_prompts else 1
+        remote = [r for r in routes if not r.backend.is_local]
+        worst_max = max([self.local_max] + [self._remote_max(r) for r in remote])
+        self.need = Need(kind=kind, prompt_tokens=self._prompt_tokens(None),
+                         max_tokens=worst_max,
+                         max_tokens_set=self.sampling.max_tokens is not None,
+                         n=self.sampling.n, token_prompts=token_ids,
+                         logit_bias=bool(self.sampling.logit_bias),
+                         logprobs=self.sampling.logprobs is not None,
+                         tenant=str(caller.tenant.pk),
+                         prefix=("".join(m["content"] for m in self.messages)
+                                 or str(self.prompt))[:512])
+        self.first_plan = plan = self.plan()
+        if plan.unsupported:
+            raise InvalidRequest(f"No backend serving '{request.model}' supports this request "
+                                 "(token-id or batched prompts, logit_bias and completion "
+                                 "logprobs need the model's own tokenizer).")
+        self._jobs: dict[str, GenerationJob] = {}
+
+    def _local_prepare(self, *, remote_too: bool) -> None:
+        info, request = self.local.info, self.request
+        tokenizer = model_tokenizer(info)
+        try:
+            if self.kind == "chat":
+                prompts = [chat_prompt(tokenizer, request.messages)]
+            else:
+                prompts = completion_prompts(info, tokenizer, request.prompts, "prompt")
+        except InvalidRequest:
+            if not remote_too:
+                raise
+            self.local = None  # e.g. no chat template here: the remote backends may have one
+            return
+        self.tokenizer, self.token_prompts = tokenizer, prompts
+        self.local_max = max_tokens_resolve(info=info, prompts=prompts,
+                                            max_tokens=self.sampling.max_tokens)
+
+    def _prompt_tokens(self, route: Route | None) -> int:
+        if route is not None and route.backend.is_local:
+            return sum(len(p) for p in self.token_prompts)
+        if self.token_prompts and route is None:
+            return max(sum(len(p) for p in self.token_prompts), self.remote_prompt_tokens)
+        return self.remote_prompt_tokens
+
+    def _remote_max(self, route: Route | None) -> int:
+        if self.sampling.max_tokens is not None:
+            return self.sampling.max_tokens
+        context = route.backend.context_length if route is not None else 0
+        if context:
+            return max(context - self.remote_prompt_tokens // 4, 1)
+        return settings.FAIRLANE_DEFAULT_MAX_TOKENS
+
+    def max_tokens(self, route: Route) -> int:
+        return self.local_max if route.backend.is_local else self._remote_max(route)
+
+    def plan(self) -> Plan:
+        return route_plan(registry=registry_get(), agent_id=str(self.caller.agent.pk),
+                          model=self.request.model, need=self.need)
+
+    def cost(self, route: Route) -> int:
+        return usage_cost(route.info, prompt_tokens=self._prompt_tokens(route),
+                          completion_tokens=self.num_prompts * self.sampling.n
+                          * self.max_tokens(route))
+
+    def job(self, route: Route) -> GenerationJob:
+        if route.backend.name not in self._jobs:
+            caller = self.caller
+            self._jobs[route.backend.name] = GenerationJob(
+                request_id=self.request_id, kind="generate", model=route.info.to_dict(),
+                prompts=self.token_prompts if route.backend.is_local else [],
+                n=self.sampling.n, sampling=engine_sampling(self.sampling, self.max_tokens(route)),
+                tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk),
+                lane=self.lane, weight=caller.tenant.weight)
+        return self._jobs[route.backend.name]
+
+    def call(self, route: Route) -> Call:
+        return Call(kind=self.kind, upstream=route.upstream, sampling=self.sampling,
+                    max_tokens=self.max_tokens(route), messages=self.messages,
+                    prompt=self.prompt, wants_logprobs=self.sampling.logprobs is not None)
+
+    def local_ready(self, route: Route, has_next: bool) -> None:
+        """Raises to skip the local engine for the next backend: its queue is full, or (with
+        another backend to go to) no GPU worker hosting the model is up."""
+        caller = self.caller
+        if has_next and settings.FAIRLANE_ENGINE_MODE == "celery" and not model_hosted(route.model):
+            raise BackendUnavailable(f"No GPU worker hosts '{route.model}' now.")
+        try:
+            self.local_max, self.brownout = load_admit(
+                info=route.info, lane=self.lane, tenant=str(caller.tenant.pk),
+                max_tokens=self.local_max)
+        except ApplicationError as exc:
+            exc.retryable = has_next
+            raise
+        self._jobs.pop(route.backend.name, None)  # the brownout may have capped max_tokens
+
+    def attempt(self, admitted: Admitted) -> Attempt:
+        caller = self.caller
+        return Attempt(request_id=self.request_id, tenant=caller.tenant, agent=caller.agent,
+                       api_key=caller.api_key, job_for=self.job, call_for=self.call,
+                       cost_for=self.cost, local_ready=self.local_ready)
+
+    def worst_tokens(self) -> int:
+        return self.need.prompt_tokens + self.num_prompts * self.sampling.n * self.need.max_tokens
+
+    def started(self, served: Served, admitted: Admitted | None, *,
+                wants_logprobs: bool | None = None) -> Started:
+        request, sampling = self.request, self.sampling
+        if wants_logprobs is None:
+            wants_logprobs = sampling.logprobs is not None
+        num_choices = self.num_prompts * sampling.n
+        is_local = served.route.backend.is_local
+        common = {"request_id": self.request_id, "model": request.model,
+                  "num_choices": num_choices, "tokenizer": self.tokenizer if is_local else None,
+                  "wants_logprobs": wants_logprobs}
+        if self.kind == "chat":
+            formatter = ChatFormat(**common)
+        else:
+            echo = None
+            if request.echo:
+                texts = [p if isinstance(p, str) else self.tokenizer.decode(p)
+                         for p in request.prompts]
+                echo = [texts[i // sampling.n] for i in range(num_choices)]
+            formatter = CompletionFormat(prompt_texts=echo, **common)
+        return Started(job=served.job, format=formatter, events=served.events,
+                       stream=request.stream, include_usage=request.include_usage,
+                       admitted=admitted, brownout=self.brownout if is_local else "",
+                       backend=served.route.backend.name)
+
+
+def _admit_generation(caller: Caller, kind: str, request) -> tuple[_Generation, Admitted]:
+    """Everything before dispatch (synchronous: database and tokenizer work)."""
+    generation = _Generation(caller, kind, request)
+    admitted = limiter_get().acquire(request_id=generation.request_id,
+                                     scopes=scopes_for(caller), tokens=generation.worst_tokens())
+    return generation, admitted
+
+
+async def _start(caller: Caller, kind: str, request, admission=None,
+                 ) -> tuple[_Generation, Served, Admitted]:
+    generation, admitted = admission or await database_sync_to_async(_admit_generation)(
+        caller, kind, request)
+    try:
+        served = await routes_walk(generation.attempt(admitted), generation.plan,
+                                   generation.first_plan)
+    except BaseException:
+        limiter_get().release(admitted, tokens_used=0)
+        raise
+    return generation, served, admitted
+
+
+def _admit_or_tiers(caller: Caller, kind: str, request):
+    """One hop for the usual request: its admission; the cascade's tiers when the agent has
+    a cascade listing the model asked for."""
+    tiers = _cascade_tiers(caller, request.model)
+    return tiers if len(tiers) > 1 else _admit_generation(caller, kind, request)
+
+
+async def generation_start(*, caller: Caller, kind: str, body) -> Started:
+    request = (parse.chat_request_parse(body) if kind == "chat"
+               else parse.completion_request_parse(body))
+    admission = await database_sync_to_async(_admit_or_tiers)(caller, kind, request)
+    if isinstance(admission, list):
+        for tier in admission[:-1]:
+            started = await _cascade_try(caller, kind, request, tier)
+            if started is not None:
+                return started
+        request, admission = dataclasses.replace(request, model=admission[-1]), None
+    generation, served, admitted = await _start(caller, kind, request, admission)
+    return generation.started(served, admitted)
+
+
+def _cascade_tiers(caller: Caller, model: str) -> list[str]:
+    """The agent's cascade when it lists the model asked for (cheapest first), else just it."""
+    plan = registry_get().agents.get(str(caller.agent.pk))
+    if plan is None or model not in plan.cascade:
+        return [model]
+    return [m for m in plan.cascade if caller.agent.may_use_model(m)] or [model]
+
+
+async def _cascade_try(caller: Caller, kind: str, request, tier: str) -> Started | None:
+    """Ask a cheaper tier, whole (not streamed), with log-probabilities; its answer if its
+    mean token log-probability reaches the agent's threshold, else None (escalate). The
+    tier's call is metered as its own ledger row (`<request id>` of that call)."""
+    sampling = request.sampling
+    if sampling.logprobs is None:
+        sampling = dataclasses.replace(sampling, logprobs=0)
+    try:
+        generation, served, admitted = await _start(
+            caller, kind, dataclasses.replace(request, model=tier, stream=False,
+                                              sampling=sampling))
+    except ApplicationError as exc:
+        if exc.status < 500 and exc.code != "budget_exhausted":
+            raise  # the client's own mistake reads the same on every tier
+        return None
+    started = generation.started(served, admitted)
+    events = [event async for event in events_to_end(started)]
+    logprobs = [lp for e in events if e["type"] == "token" for lp in (e["logprobs"] or ())]
+    done = next((e for e in events if e["type"] == "done"), None)
+    if (not logprobs or done is None or done["status"] != UsageRecord.Status.OK
+            or any(e["type"] == "error" for e in events)):
+        return None
+    mean = sum(logprobs) / len(logprobs)
+    threshold = registry_get().agents[str(caller.agent.pk)].cascade_threshold
+    logger.info("request %s: cascade tier %s mean logprob %.3f (threshold %.3f)",
+                generation.request_id, tier, mean, threshold)
+    if mean < threshold:
+        return None
+    replay = generation.started(served, None, wants_logprobs=request.sampling.logprobs is not None)
+    replay.stream, replay.include_usage = request.stream, request.include_usage
+    replay.events = _replayed(events)
+    replay.cascade = f"{tier}; mean_logprob={mean:.4f}"
+    return replay
+
+
+async def _replayed(events: list[dict]) -> AsyncIterator[dict]:
+    for event in events:
+        yield event
