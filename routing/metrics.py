@@ -29,22 +29,19 @@ class BackendCollector:
         """The families without their values: registering must not touch the database."""
         return list(self._families())
 
+    FAMILIES = [
+        ("fairlane_backend_up", "1 when the backend's last probes succeeded (live)"),
+        ("fairlane_backend_probe_p95_seconds", "p95 latency of the backend's health probes"),
+        ("fairlane_backend_circuit_state",
+         "this process's circuit: 0 closed, 1 half-open, 2 open"),
+        ("fairlane_backend_inflight", "requests this process has in flight at the backend"),
+    ]
+
     def _families(self):
         from prometheus_client.core import GaugeMetricFamily
 
-        up = GaugeMetricFamily("fairlane_backend_up",
-                               "1 when the backend's last probes succeeded (live)",
-                               labels=["backend"])
-        p95 = GaugeMetricFamily("fairlane_backend_probe_p95_seconds",
-                                "p95 latency of the backend's health probes",
-                                labels=["backend"])
-        circuit = GaugeMetricFamily("fairlane_backend_circuit_state",
-                                    "this process's circuit: 0 closed, 1 half-open, 2 open",
-                                    labels=["backend"])
-        inflight = GaugeMetricFamily("fairlane_backend_inflight",
-                                     "requests this process has in flight at the backend",
-                                     labels=["backend"])
-        return up, p95, circuit, inflight
+        return tuple(GaugeMetricFamily(name, help_text, labels=["backend"])
+                     for name, help_text in self.FAMILIES)
 
     def collect(self):
         from routing.breaker import breakers
