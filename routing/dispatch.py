@@ -15,7 +15,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from channels.db import database_sync_to_async
@@ -46,10 +46,10 @@ class Attempt:
     agent: Agent
     api_key: ApiKey | None
     # Per route: the job a local engine runs (token prompts), or the call a remote one gets.
-    job_for: callable
-    call_for: callable
-    cost_for: callable  # route -> worst-case micro-cents
-    local_ready: callable = lambda route, has_next: None  # raises to skip the local engine
+    job_for: Callable[[Route], GenerationJob]
+    call_for: Callable[[Route], object]  # routing.backends.Call
+    cost_for: Callable[[Route], int]  # worst-case micro-cents
+    local_ready: Callable[[Route, bool], None]  # raises to skip the local engine
     reserved: int | None = None  # micro-cents held now (None: no reservation yet)
     errors: list[ApplicationError] = field(default_factory=list)
     budget_refusal: BudgetExhausted | None = None
@@ -116,7 +116,7 @@ async def routes_walk(attempt: Attempt, plan_for, plan=None) -> Served:
 def _worth_retrying(attempt: Attempt, plan) -> bool:
     if not plan.routes:
         return plan.blocked_for > 0
-    return any(getattr(e, "retryable", False) for e in attempt.errors)
+    return any(e.retryable for e in attempt.errors)
 
 
 def _final_error(attempt: Attempt, plan) -> ApplicationError:

@@ -50,6 +50,7 @@ async def _remote_events(job: GenerationJob, route: Route, call: Call,
     usage: dict | None = None
     tokens: list[dict] = []
     status, tail = UsageRecord.Status.OK, []
+
     async def all_events():
         for event in head:
             yield event
@@ -86,15 +87,17 @@ async def _remote_events(job: GenerationJob, route: Route, call: Call,
 
 async def _embedded_events(job: GenerationJob, route: Route, call: Call, result: dict,
                            started: float) -> AsyncIterator[dict]:
-    for index, b64 in sorted(result["vectors"].items()):
-        yield {"type": "embedding", "index": index, "b64": b64}
+    """The vectors the backend returned, settled before the first is handed on (the work is
+    done, whether or not the client stays for it)."""
     prompt = result["prompt_tokens"] or sum(
         estimate_tokens(i) if isinstance(i, str) else len(i) for i in call.inputs)
-    usage = {"prompt_tokens": prompt, "completion_tokens": 0, "cached_tokens": 0}
+    usage = {"prompt_tokens": prompt, "completion_tokens": 0, "cached_tokens": 0,
+             "total_tokens": prompt}
     tail: list[dict] = []
-    await asyncio.to_thread(_remote_settle, job, route, {**usage, "total_tokens": prompt},
-                            UsageRecord.Status.OK, int((time.monotonic() - started) * 1000),
-                            tail.append)
+    await asyncio.to_thread(_remote_settle, job, route, usage, UsageRecord.Status.OK,
+                            int((time.monotonic() - started) * 1000), tail.append)
+    for index, b64 in sorted(result["vectors"].items()):
+        yield {"type": "embedding", "index": index, "b64": b64}
     for event in tail:
         yield event
 

@@ -15,6 +15,9 @@ class ApplicationError(Exception):
     default_message = "The server had an error while processing your request."
     # Sent as x-should-retry so OpenAI's clients do not retry what cannot succeed.
     should_retry: bool | None = None
+    # Whether the router may try this request again, here or on another backend (set where
+    # an error is raised on the routing path).
+    retryable: bool = False
 
     def __init__(self, message: str | None = None, *, param: str | None = None,
                  retry_after: int | None = None) -> None:

@@ -3,43 +3,34 @@ states (another Fairlane, an OpenAI-compatible embeddings endpoint), in chain or
 
 from __future__ import annotations
 
-import uuid
-
 from channels.db import database_sync_to_async
-from django.conf import settings
 
 from routing.admission import Caller, max_tokens_resolve
 from routing.backends import Call, Route
-from routing.dispatch import Attempt, routes_walk
+from routing.dispatch import routes_walk
 from routing.overload import load_admit
 from routing.ratelimit import limiter_get, scopes_for
-from routing.router import Need, Plan, registry_get, route_plan
+from routing.router import Need
 from routing.services.answers import Started, event_error, events_to_end
-from routing.services.prepare import completion_prompts, model_hosted, worst_prompt_tokens
+from routing.services.prepare import Routed, completion_prompts, worst_prompt_tokens
 from routing.wire import parse
 from routing.wire.render import embeddings_response
-from tenants.errors import ApplicationError, BackendUnavailable, InvalidRequest, ModelNotFound
+from tenants.errors import ApplicationError, InvalidRequest
 from workers.generation import GenerationJob
 from workers.registry import model_tokenizer, usage_cost
 
 
-class _Embedding:
+class _Embedding(Routed):
     """An embeddings request between parsing and dispatch: the local engine's mean-pooled
     hidden states, or a remote backend with hidden states (another Fairlane, or an
     OpenAI-compatible embeddings endpoint), in the agent's chain order."""
 
     def __init__(self, caller: Caller, request) -> None:
-        self.caller, self.request = caller, request
-        self.request_id = uuid.uuid4().hex
-        self.lane = caller.agent.lane or caller.tenant.default_lane
         if request.extra.get("dimensions"):
             raise InvalidRequest("'dimensions' is not supported: this model's embeddings have "
                                  "a fixed size.", param="dimensions")
-        routes = registry_get().routes.get(request.model)
-        if not routes or not caller.agent.may_use_model(request.model):
-            raise ModelNotFound(f"The model '{request.model}' does not exist or you do not "
-                                "have access to it.", param="model")
-        self.local = next((r for r in routes if r.backend.is_local), None)
+        super().__init__(caller, request.model)
+        self.request = request
         self.token_prompts = None
         if self.local is not None:
             info = self.local.info
@@ -65,10 +56,6 @@ class _Embedding:
             return sum(len(p) for p in self.token_prompts)
         return self.remote_tokens
 
-    def plan(self) -> Plan:
-        return route_plan(registry=registry_get(), agent_id=str(self.caller.agent.pk),
-                          model=self.request.model, need=self.need)
-
     def cost(self, route: Route) -> int:
         return usage_cost(route.info, prompt_tokens=self._tokens(route), completion_tokens=0)
 
@@ -84,16 +71,9 @@ class _Embedding:
                     inputs=list(self.request.inputs))
 
     def local_ready(self, route: Route, has_next: bool) -> None:
-        if has_next and settings.FAIRLANE_ENGINE_MODE == "celery" and not model_hosted(route.model):
-            raise BackendUnavailable(f"No GPU worker hosts '{route.model}' now.")
+        self.local_pool_check(route, has_next)
         load_admit(info=route.info, lane=self.lane, tenant=str(self.caller.tenant.pk),
                    max_tokens=0)
-
-    def attempt(self) -> Attempt:
-        caller = self.caller
-        return Attempt(request_id=self.request_id, tenant=caller.tenant, agent=caller.agent,
-                       api_key=caller.api_key, job_for=self.job, call_for=self.call,
-                       cost_for=self.cost, local_ready=self.local_ready)
 
 
 async def embeddings_create(*, caller: Caller, body) -> dict:

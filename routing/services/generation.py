@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import uuid
 from collections.abc import AsyncIterator
 
 from channels.db import database_sync_to_async
@@ -13,17 +12,17 @@ from django.conf import settings
 
 from routing.admission import Caller, engine_sampling, max_tokens_resolve
 from routing.backends import Call, Route
-from routing.dispatch import Attempt, Served, routes_walk
+from routing.dispatch import Served, routes_walk
 from routing.overload import load_admit
 from routing.ratelimit import Admitted, limiter_get, scopes_for
-from routing.router import Need, Plan, registry_get, route_plan
+from routing.router import Need, registry_get
 from routing.services.answers import Started, events_to_end
 from routing.services.prepare import (
-    chat_prompt, completion_prompts, model_hosted, prompt_texts, worst_prompt_tokens,
+    Routed, chat_prompt, completion_prompts, prompt_texts, worst_prompt_tokens,
 )
 from routing.wire import parse
 from routing.wire.render import ChatFormat, CompletionFormat
-from tenants.errors import ApplicationError, BackendUnavailable, InvalidRequest, ModelNotFound
+from tenants.errors import ApplicationError, InvalidRequest
 from tenants.models import UsageRecord
 from workers.generation import GenerationJob
 from workers.registry import model_tokenizer, usage_cost
@@ -31,21 +30,16 @@ from workers.registry import model_tokenizer, usage_cost
 logger = logging.getLogger(__name__)
 
 
-class _Generation:
-    """One request between parsing and dispatch: what each route would be sent and cost."""
+class _Generation(Routed):
+    """Chat or completions between parsing and dispatch: what each route would be sent and
+    cost."""
 
     def __init__(self, caller: Caller, kind: str, request) -> None:
-        self.caller, self.kind, self.request = caller, kind, request
+        super().__init__(caller, request.model)
+        self.kind, self.request = kind, request
         self.sampling = request.sampling
-        self.request_id = uuid.uuid4().hex
-        self.lane = caller.agent.lane or caller.tenant.default_lane
         self.messages, self.prompt = prompt_texts(kind, request)
-        self.registry = registry_get()
-        routes = self.registry.routes.get(request.model)
-        if not routes or not caller.agent.may_use_model(request.model):
-            raise ModelNotFound(f"The model '{request.model}' does not exist or you do not "
-                                "have access to it.", param="model")
-        self.local = next((r for r in routes if r.backend.is_local), None)
+        routes = self.routes
         self.tokenizer, self.token_prompts, self.local_max = None, None, 0
         self.brownout = ""
         if self.local is not None:
@@ -107,10 +101,6 @@ class _Generation:
     def max_tokens(self, route: Route) -> int:
         return self.local_max if route.backend.is_local else self._remote_max(route)
 
-    def plan(self) -> Plan:
-        return route_plan(registry=registry_get(), agent_id=str(self.caller.agent.pk),
-                          model=self.request.model, need=self.need)
-
     def cost(self, route: Route) -> int:
         return usage_cost(route.info, prompt_tokens=self._prompt_tokens(route),
                           completion_tokens=self.num_prompts * self.sampling.n
@@ -136,8 +126,7 @@ class _Generation:
         """Raises to skip the local engine for the next backend: its queue is full, or (with
         another backend to go to) no GPU worker hosting the model is up."""
         caller = self.caller
-        if has_next and settings.FAIRLANE_ENGINE_MODE == "celery" and not model_hosted(route.model):
-            raise BackendUnavailable(f"No GPU worker hosts '{route.model}' now.")
+        self.local_pool_check(route, has_next)
         try:
             self.local_max, self.brownout = load_admit(
                 info=route.info, lane=self.lane, tenant=str(caller.tenant.pk),
@@ -146,12 +135,6 @@ class _Generation:
             exc.retryable = has_next
             raise
         self._jobs.pop(route.backend.name, None)  # the brownout may have capped max_tokens
-
-    def attempt(self, admitted: Admitted) -> Attempt:
-        caller = self.caller
-        return Attempt(request_id=self.request_id, tenant=caller.tenant, agent=caller.agent,
-                       api_key=caller.api_key, job_for=self.job, call_for=self.call,
-                       cost_for=self.cost, local_ready=self.local_ready)
 
     def worst_tokens(self) -> int:
         return self.need.prompt_tokens + self.num_prompts * self.sampling.n * self.need.max_tokens
@@ -194,7 +177,7 @@ async def _start(caller: Caller, kind: str, request, admission=None,
     generation, admitted = admission or await database_sync_to_async(_admit_generation)(
         caller, kind, request)
     try:
-        served = await routes_walk(generation.attempt(admitted), generation.plan,
+        served = await routes_walk(generation.attempt(), generation.plan,
                                    generation.first_plan)
     except BaseException:
         limiter_get().release(admitted, tokens_used=0)
@@ -203,35 +186,39 @@ async def _start(caller: Caller, kind: str, request, admission=None,
 
 
 def _admit_or_tiers(caller: Caller, kind: str, request):
-    """One hop for the usual request: its admission; the cascade's tiers when the agent has
-    a cascade listing the model asked for."""
-    tiers = _cascade_tiers(caller, request.model)
-    return tiers if len(tiers) > 1 else _admit_generation(caller, kind, request)
+    """One hop for the usual request: its admission; the cascade's tiers and threshold when
+    the agent has a cascade listing the model asked for."""
+    tiers, threshold = _cascade_tiers(caller, request.model)
+    return (tiers, threshold) if len(tiers) > 1 else _admit_generation(caller, kind, request)
 
 
 async def generation_start(*, caller: Caller, kind: str, body) -> Started:
     request = (parse.chat_request_parse(body) if kind == "chat"
                else parse.completion_request_parse(body))
     admission = await database_sync_to_async(_admit_or_tiers)(caller, kind, request)
-    if isinstance(admission, list):
-        for tier in admission[:-1]:
-            started = await _cascade_try(caller, kind, request, tier)
+    if isinstance(admission[0], list):
+        tiers, threshold = admission
+        for tier in tiers[:-1]:
+            started = await _cascade_try(caller, kind, request, tier, threshold)
             if started is not None:
                 return started
-        request, admission = dataclasses.replace(request, model=admission[-1]), None
+        request, admission = dataclasses.replace(request, model=tiers[-1]), None
     generation, served, admitted = await _start(caller, kind, request, admission)
     return generation.started(served, admitted)
 
 
-def _cascade_tiers(caller: Caller, model: str) -> list[str]:
-    """The agent's cascade when it lists the model asked for (cheapest first), else just it."""
+def _cascade_tiers(caller: Caller, model: str) -> tuple[list[str], float]:
+    """The agent's cascade when it lists the model asked for (cheapest first), else just it;
+    and its threshold. Synchronous (the registry may be read from the database)."""
     plan = registry_get().agents.get(str(caller.agent.pk))
     if plan is None or model not in plan.cascade:
-        return [model]
-    return [m for m in plan.cascade if caller.agent.may_use_model(m)] or [model]
+        return [model], 0.0
+    tiers = [m for m in plan.cascade if caller.agent.may_use_model(m)] or [model]
+    return tiers, plan.cascade_threshold
 
 
-async def _cascade_try(caller: Caller, kind: str, request, tier: str) -> Started | None:
+async def _cascade_try(caller: Caller, kind: str, request, tier: str,
+                       threshold: float) -> Started | None:
     """Ask a cheaper tier, whole (not streamed), with log-probabilities; its answer if its
     mean token log-probability reaches the agent's threshold, else None (escalate). The
     tier's call is metered as its own ledger row (`<request id>` of that call)."""
@@ -254,7 +241,6 @@ async def _cascade_try(caller: Caller, kind: str, request, tier: str) -> Started
             or any(e["type"] == "error" for e in events)):
         return None
     mean = sum(logprobs) / len(logprobs)
-    threshold = registry_get().agents[str(caller.agent.pk)].cascade_threshold
     logger.info("request %s: cascade tier %s mean logprob %.3f (threshold %.3f)",
                 generation.request_id, tier, mean, threshold)
     if mean < threshold:

@@ -1,13 +1,56 @@
-"""What requests are turned into before dispatch: prompts as token ids (our tokenizers), texts
+"""What requests are turned into before dispatch: who pays and which routes serve the model
+(`Routed`, shared by generation and embeddings), prompts as token ids (our tokenizers), texts
 for remote backends with their worst-case token counts, and whether the local pool can take a
 model now."""
 
 from __future__ import annotations
 
 import time
+import uuid
 
-from tenants.errors import InvalidRequest
+from django.conf import settings
+
+from routing.admission import Caller
+from routing.backends import Route
+from routing.dispatch import Attempt
+from routing.router import Need, Plan, registry_get, route_plan
+from tenants.errors import BackendUnavailable, InvalidRequest, ModelNotFound
 from workers.registry import ModelInfo, model_vocab_size
+
+
+class Routed:
+    """A request between parsing and dispatch. Subclasses set `need` and give each route's
+    job, call, worst-case cost and local readiness."""
+
+    need: Need
+
+    def __init__(self, caller: Caller, model: str) -> None:
+        self.caller, self.model = caller, model
+        self.request_id = uuid.uuid4().hex
+        self.lane = caller.agent.lane or caller.tenant.default_lane
+        routes = registry_get().routes.get(model)
+        if not routes or not caller.agent.may_use_model(model):
+            raise ModelNotFound(f"The model '{model}' does not exist or you do not have "
+                                "access to it.", param="model")
+        self.routes = routes
+        self.local = next((r for r in routes if r.backend.is_local), None)
+
+    def plan(self) -> Plan:
+        return route_plan(registry=registry_get(), agent_id=str(self.caller.agent.pk),
+                          model=self.model, need=self.need)
+
+    def local_pool_check(self, route: Route, has_next: bool) -> None:
+        """With another backend to go to, skip the local pool when no GPU worker hosts the
+        model (otherwise the request waits in the queue for one)."""
+        if (has_next and settings.FAIRLANE_ENGINE_MODE == "celery"
+                and not model_hosted(route.model)):
+            raise BackendUnavailable(f"No GPU worker hosts '{route.model}' now.")
+
+    def attempt(self) -> Attempt:
+        caller = self.caller
+        return Attempt(request_id=self.request_id, tenant=caller.tenant, agent=caller.agent,
+                       api_key=caller.api_key, job_for=self.job, call_for=self.call,
+                       cost_for=self.cost, local_ready=self.local_ready)
 
 
 def chat_prompt(tokenizer, messages: list[dict]) -> list[int]:

@@ -314,7 +314,8 @@ async def test_unknown_models_and_unsupported_requests_are_clear_4xx(key, agent,
 
 
 async def test_a_cascade_answers_from_the_cheap_tier_when_confident_else_escalates(
-        key, agent, fakes):
+        key, agent, fakes, settings):
+    settings.FAIRLANE_ROUTING_CACHE_SECONDS = 0  # every registry read goes to the database
     cheap, best = fakes("openai"), fakes("openai")
     cheap.logprob = -2.5  # unsure
     await database_sync_to_async(register)("cheap", cheap, model="small-m", prices=PRICES)
