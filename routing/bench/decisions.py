@@ -33,7 +33,7 @@ from routing.router import (
     AgentPlan, Need, registry_get, registry_invalidate, registry_load, route_plan,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "bench-routing-model"
 PREFIX = "bench-routing-"  # the rows this bench makes, and removes
 KINDS = [BackendKind.FAIRLANE, BackendKind.OPENAI_COMPATIBLE, BackendKind.OPENROUTER,
@@ -192,12 +192,12 @@ def proxy_measure(args) -> dict:
 
     import httpx
 
-    from routing.bench import Server
+    from routing.bench.serving import embedded_server
     from routing.registry import backend_model_set, backend_register
     from tenants.models import Agent, Scope, Tenant
     from tenants.services.keys import api_key_create, api_key_revoke
     from tenants.services.tenancy import agent_create, tenant_create
-    from tests.fakes.providers import FakeProvider
+    from routing.bench.fakes import FakeProvider
 
     sequential = args.proxy_requests or (40 if args.quick else 200)
     concurrency = args.proxy_concurrency
@@ -211,7 +211,7 @@ def proxy_measure(args) -> dict:
     backend = backend_register(name=PREFIX + "proxy", kind="openai", base_url=fake.url,
                                credential=fake.api_key)
     backend_model_set(backend=backend, model=PREFIX + "model", upstream_name="fake-model")
-    server = Server(threads=1)
+    server = embedded_server(threads=1)
 
     async def measure():
         limits = httpx.Limits(max_connections=concurrency * 2)

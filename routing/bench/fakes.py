@@ -26,7 +26,6 @@ import threading
 import time
 from typing import Any
 
-import pytest
 import uvicorn
 
 FORMATS = ("openai", "openrouter", "anthropic")
@@ -521,16 +520,3 @@ class FakeProvider:
             "usage": {"output_tokens": len(answer.tokens)}}))
         await send({"type": "http.response.body", "body": event("message_stop", {}).encode()})
 
-
-def _fixture(fmt: str):
-    def provider():
-        with FakeProvider(fmt) as fake:
-            yield fake
-    provider.__doc__ = f"A running fake {fmt} provider (defaults), stopped after the test."
-    return pytest.fixture(provider, name=f"fake_{fmt}")
-
-
-# Import these into a conftest.py (`from tests.fakes.providers import fake_openai`) to use them.
-fake_openai = _fixture("openai")
-fake_openrouter = _fixture("openrouter")
-fake_anthropic = _fixture("anthropic")

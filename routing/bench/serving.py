@@ -17,11 +17,7 @@ import json
 import logging
 import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,6 +25,7 @@ import httpx
 import torch
 from django.conf import settings
 
+from routing.bench.processes import AsgiServer
 from tenants.models import Agent, Scope, Tenant
 from tenants.services.keys import api_key_create, api_key_revoke
 from tenants.services.tenancy import agent_create, tenant_create
@@ -36,7 +33,7 @@ from workers.engine import AsyncEngine, EngineConfig, SamplingParams
 from workers.models import ServedModel
 from workers.registry import model_dir, model_register
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -73,33 +70,11 @@ def _setup(preset: str) -> tuple[str, str, object]:
     return model, plain, key
 
 
-class Server:
+def embedded_server(threads: int) -> AsgiServer:
     """uvicorn serving this checkout in the embedded mode, on a free port."""
-
-    def __init__(self, threads: int) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
-               "DJANGO_SETTINGS_MODULE": "settings", "FAIRLANE_ENGINE_MODE": "embedded",
-               "FAIRLANE_ENGINE_THREADS": str(threads), "LOG_LEVEL": "WARNING"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "asgi:application", "--port", str(self.port),
-             "--lifespan", "off", "--no-access-log", "--log-level", "warning"],
-            cwd=ROOT, env=env, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise RuntimeError("the server did not start")
-
-    def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        self.proc.wait(timeout=30)
+    return AsgiServer({**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
+                       "DJANGO_SETTINGS_MODULE": "settings", "FAIRLANE_ENGINE_MODE": "embedded",
+                       "FAIRLANE_ENGINE_THREADS": str(threads), "LOG_LEVEL": "WARNING"})
 
 
 async def _direct(engine: AsyncEngine, prompt: list[int], max_tokens: int) -> tuple[float, float, int]:
@@ -152,7 +127,7 @@ async def _concurrent(fn, jobs, concurrency: int) -> tuple[float, int]:
 
 async def _measure(args, model: str, key: str, engine: AsyncEngine, jobs) -> dict:
     headers = {"Authorization": f"Bearer {key}"}
-    server = Server(args.threads)
+    server = embedded_server(args.threads)
     try:
         async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=600) as client:
             await _http(client, model, jobs[0][0], 4)  # load the model in the server

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fakes.providers import (FakeProvider, content_filter, cut, rate_limit, server_error,
+from routing.bench.fakes import (FakeProvider, content_filter, cut, rate_limit, server_error,
                                    slow_first_byte)
 
 MESSAGES = [{"role": "system", "content": "be brief"},

@@ -4,7 +4,7 @@ from tenants.models import Scope
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
 from tests.conftest import child_env
-from tests.fakes.providers import FakeProvider
+from routing.bench.fakes import FakeProvider
 from tests.servers import AsgiServer
 from workers.registry import model_register
 

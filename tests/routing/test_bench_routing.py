@@ -1,14 +1,14 @@
 import json
 
 import pytest
-from routing.bench_routing import run
+from routing.bench.decisions import run
 from routing.management.commands.bench import BENCHES
 from routing.models import Backend
 
 
 @pytest.mark.django_db
 def test_bench_routing_measures_every_policy_and_cleans_up(capsys, tmp_path):
-    assert BENCHES["routing"] == "routing.bench_routing"  # `manage.py bench routing`
+    assert BENCHES["routing"] == "routing.bench.decisions"  # `manage.py bench routing`
     run(["--backends", "12", "--decisions", "60", "--no-proxy",
          "--json-out", str(tmp_path / "r.json")])
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

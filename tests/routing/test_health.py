@@ -13,7 +13,7 @@ from routing.models import Backend, Health
 from routing.registry import backend_model_set, backend_register
 from routing.router import Need, registry_get, registry_invalidate, route_plan
 from routing.tasks import backends_probe as backends_probe_task
-from tests.fakes.providers import FakeProvider, server_error
+from routing.bench.fakes import FakeProvider, server_error
 
 pytestmark = pytest.mark.django_db
 KIND = {"openai": "openai", "openrouter": "openrouter", "anthropic": "anthropic"}

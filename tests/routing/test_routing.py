@@ -16,7 +16,7 @@ from routing.models import Backend
 from routing.registry import agent_routing_set, backend_model_set, backend_register
 from tenants.models import Reservation, UsageRecord
 from tenants.services.budgets import budget_create
-from tests.fakes.providers import (
+from routing.bench.fakes import (
     FakeProvider, content_filter, cut, rate_limit, server_error, slow_first_byte,
 )
 

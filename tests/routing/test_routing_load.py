@@ -14,7 +14,7 @@ from tenants.models import BudgetWindow, Reservation, Scope, UsageRecord
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
 from tests.conftest import child_env
-from tests.fakes.providers import FakeProvider
+from routing.bench.fakes import FakeProvider
 from tests.servers import AsgiServer
 
 REQUESTS, AFFORDABLE, MAX_TOKENS = 500, 120, 10

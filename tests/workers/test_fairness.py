@@ -4,7 +4,7 @@ time, seeded: these are properties of the queue, not of this machine's speed).""
 import redis
 from django.conf import settings
 
-from workers.fairqueue.bench import scenario_engine, scenario_lanes, scenario_tenants
+from workers.bench.fairness import scenario_engine, scenario_lanes, scenario_tenants
 
 
 def client():

@@ -2,21 +2,26 @@
 same run and print ratios and absolute figures, the last line one JSON object.
 
   engine   the PyTorch engine against Hugging Face transformers (workers/engine/bench)
-  serving  the full HTTP stack against the engine in-process (routing/bench.py)
+  serving  the full HTTP stack against the engine in-process (routing/bench/serving.py)
   fairness the Redis fair queue against FCFS, simulated workers and a real engine
-           (workers/fairqueue/bench.py)
+           (workers/bench/fairness.py)
   routing  routing decisions per policy with 100 backends, against reading the registry
-           from the database each time (routing/bench_routing.py)
+           from the database each time (routing/bench/decisions.py)
+
+Benchmarks are development tools: a bench whose baseline needs a test extra (engine: Hugging
+Face transformers) says so in one line in a runtime-only install.
 """
 
 from django.core.management.base import BaseCommand, CommandError
 
 BENCHES = {
     "engine": "workers.engine.bench.main",
-    "serving": "routing.bench",
-    "fairness": "workers.fairqueue.bench",
-    "routing": "routing.bench_routing",
+    "serving": "routing.bench.serving",
+    "fairness": "workers.bench.fairness",
+    "routing": "routing.bench.decisions",
 }
+# Modules a bench needs beyond requirements.txt (its baseline), installed by `make test-venv`.
+EXTRAS = {"engine": ("transformers",)}
 
 
 class Command(BaseCommand):
@@ -39,7 +44,12 @@ class Command(BaseCommand):
 
     def _bench(self, name: str, argv: list[str]) -> None:
         import importlib
+        import importlib.util
 
         if name not in BENCHES:
             raise CommandError(f"unknown bench {name!r}; choose from {sorted(BENCHES)}")
+        missing = [m for m in EXTRAS.get(name, ()) if importlib.util.find_spec(m) is None]
+        if missing:
+            raise CommandError(f"bench {name} needs the test extras ({', '.join(missing)}): "
+                               "run `make test-venv` or `pip install -r requirements-test.txt`")
         importlib.import_module(BENCHES[name]).run(argv)
