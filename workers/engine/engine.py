@@ -25,8 +25,9 @@ from workers.engine.runner import ModelRunner, StepResult
 from workers.engine.scheduler import ScheduledBatch, Scheduler
 from workers.engine.sequence import FinishReason, Sequence
 from workers.engine.stats import EngineStats
-from workers.engine.stopping import stop_check, text_update
-from workers.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from workers.engine.stopping import stop_check, text_delta, text_update
+from workers.engine.detokenizer import IncrementalDetokenizer
+from workers.engine.tokenizer import Tokenizer
 
 
 class LLMEngine:
@@ -191,8 +192,7 @@ class LLMEngine:
                     seq.top_logprobs.extend(top)
             reason = stop_check(seq, token_id, self.eos_token_ids, self.max_model_len)
             reason = text_update(seq, reason)
-            delta = seq.text[seq.num_text_emitted : len(seq.text) - (0 if reason else _holdback(seq))]
-            seq.num_text_emitted += len(delta)
+            delta = text_delta(seq, is_finished=reason is not None)
             hidden = result.hidden_last[i : i + 1] if seq.is_hidden_states_returned else None
             if reason is not None:
                 self.scheduler.finish(seq, reason)
@@ -260,11 +260,6 @@ class LLMEngine:
     def stats(self) -> dict[str, Any]:
         """Counters: KV blocks used/free, prefix hits, batch sizes, preemptions, tokens."""
         return self.stats_counters.snapshot(self.block_manager, self.scheduler)
-
-
-def _holdback(seq: Sequence) -> int:
-    """Characters kept back while streaming, so a stop string is never half-sent."""
-    return max((len(s) for s in seq.params.stop), default=1) - 1
 
 
 def _completion(seq: Sequence, hidden: list[torch.Tensor]) -> Completion:

@@ -38,3 +38,12 @@ def text_update(seq: Sequence, reason: FinishReason | None) -> FinishReason | No
     seq.text = seq.text[: index + (len(stop) if params.include_stop_str_in_output else 0)]
     seq.stop_reason = stop
     return FinishReason.STOP
+
+
+def text_delta(seq: Sequence, *, is_finished: bool) -> str:
+    """The text not yet streamed, less the last ``len(longest stop) - 1`` characters while running
+    (so a stop string is never half-sent); marks it streamed."""
+    holdback = 0 if is_finished else max((len(s) for s in seq.params.stop), default=1) - 1
+    delta = seq.text[seq.num_text_emitted : len(seq.text) - holdback]
+    seq.num_text_emitted += len(delta)
+    return delta

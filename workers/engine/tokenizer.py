@@ -70,6 +70,7 @@ class Tokenizer:
         self.eos_token_id = self._token_id(self.config.get("eos_token"))
         self.is_bos_added = bool(self.config.get("add_bos_token", False))
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        self._bytes_table: list[bytes] | None | bool = False  # False: not built yet
 
     def _token_id(self, token: Any) -> int | None:
         if isinstance(token, dict):  # {"content": "<s>", ...} in older configs
@@ -86,6 +87,15 @@ class Tokenizer:
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def token_bytes_table(self) -> list[bytes] | None:
+        """Each id's UTF-8 bytes as ``decode(skip_special_tokens=True)`` renders them, or None.
+
+        Only for byte-level decoders (every token spells bytes); special tokens are b"".
+        """
+        if self._bytes_table is False:
+            self._bytes_table = _bytes_table(self._tokenizer)
+        return self._bytes_table
+
     def apply_chat_template(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
         """Render chat messages with the checkpoint's Jinja template (Jinja2 ships with torch)."""
         if not self.chat_template:
@@ -101,22 +111,19 @@ class Tokenizer:
         )
 
 
-class IncrementalDetokenizer:
-    """Turns a growing list of token ids into text deltas without splitting UTF-8 characters."""
-
-    __slots__ = ("_tokenizer", "_prefix_offset", "_read_offset")
-
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int]) -> None:
-        self._tokenizer = tokenizer
-        # Decode from a few tokens back, so merges across the boundary render as they should.
-        self._read_offset = len(prompt_ids)
-        self._prefix_offset = max(self._read_offset - 5, 0)
-
-    def step(self, ids: list[int], *, is_last: bool = False) -> str:
-        """Text added by the newest ids; an unfinished character waits unless ``is_last``."""
-        prefix = self._tokenizer.decode(ids[self._prefix_offset : self._read_offset])
-        full = self._tokenizer.decode(ids[self._prefix_offset :])
-        if len(full) > len(prefix) and (is_last or not full.endswith("\ufffd")):
-            self._prefix_offset, self._read_offset = self._read_offset, len(ids)
-            return full[len(prefix) :]
-        return ""
+def _bytes_table(tokenizer: HFTokenizer) -> list[bytes] | None:
+    if json.loads(tokenizer.to_str()).get("decoder", {}).get("type") != "ByteLevel":
+        return None
+    symbol_to_byte = {symbol: byte for byte, symbol in _bytes_to_unicode().items()}
+    added = tokenizer.get_added_tokens_decoder()
+    table = [b""] * tokenizer.get_vocab_size(with_added_tokens=True)
+    for token, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
+        if token_id >= len(table):
+            table.extend([b""] * (token_id + 1 - len(table)))
+        if token_id in added and added[token_id].special:
+            continue
+        if token_id not in added and all(c in symbol_to_byte for c in token):
+            table[token_id] = bytes(symbol_to_byte[c] for c in token)
+        else:  # an added (non-special) token renders as its own text
+            table[token_id] = tokenizer.decode([token_id], skip_special_tokens=True).encode()
+    return table
