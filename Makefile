@@ -13,7 +13,7 @@ export DJANGO_SETTINGS_MODULE := settings
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/fairlane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test venv test-venv services demo-key manage worker beat bench clean
+.PHONY: run test venv test-venv services demo-key manage worker beat bench smoke clean
 
 $(VENV)/.installed: requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,7 @@ services:
 		bash deploy/dev/ensure-services.sh $(PY)
 
 test: test-venv services
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) manage.py collectstatic --noinput -v0
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
 		FAIRLANE_DB_POOL_SIZE=0 $(PY) -m pytest $(ARGS)
@@ -59,6 +60,11 @@ beat: venv
 bench: test-venv
 	$(PY) manage.py migrate --noinput -v0
 	$(PY) manage.py bench $(ARGS)
+
+# The first command as a new user meets it: a fresh clone, requirements.txt only, `make run`, a
+# streamed chat completion with the printed key (CI runs this before the suite).
+smoke:
+	bash deploy/dev/smoke-install.sh
 
 clean:
 	rm -rf $(VENV) var staticfiles .pytest_cache
