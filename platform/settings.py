@@ -76,6 +76,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "django_prometheus",
+    "django_htmx",
+    "csp",
     "tenants",
     "routing",
     "workers",
@@ -91,6 +93,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
@@ -109,6 +113,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            "libraries": {"portal": "tenants.portal.templatetags"},
         },
     },
 ]
@@ -177,12 +182,40 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/portal/login/"
+LOGIN_REDIRECT_URL = "/portal/"
+LOGOUT_REDIRECT_URL = "/portal/login/"
 SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
+CSRF_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+# No inline script anywhere (the pages' JS is in static files); connect-src 'self' covers the
+# same-origin websocket. Swagger UI's page (drf-spectacular) has an inline script: excluded.
+CONTENT_SECURITY_POLICY = {
+    "EXCLUDE_URL_PREFIXES": ["/api/docs/"],
+    "DIRECTIVES": {
+        "default-src": ["'self'"], "script-src": ["'self'"], "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"], "connect-src": ["'self'"], "object-src": ["'none'"],
+        "base-uri": ["'self'"], "form-action": ["'self'"], "frame-ancestors": ["'none'"],
+    },
+}
+# Password reset mails: the console in development, SMTP (EMAIL_HOST...) when configured.
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "fairlane@localhost")
+# Portal sign-in throttle: after this many failed sign-ins for one username (or from one
+# address) within the window, further attempts are refused until it passes.
+FAIRLANE_LOGIN_MAX_FAILURES = env_int("FAIRLANE_LOGIN_MAX_FAILURES", 5)
+FAIRLANE_LOGIN_WINDOW_SECONDS = env_int("FAIRLANE_LOGIN_WINDOW_SECONDS", 900)
+# Lifetime of the key the playground page mints for itself (held in the page's memory only).
+FAIRLANE_PLAYGROUND_KEY_SECONDS = env_int("FAIRLANE_PLAYGROUND_KEY_SECONDS", 3600)
 
 # --- i18n, static --------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"

@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 
@@ -19,6 +20,8 @@ urlpatterns = [
     path("api/", include("tenants.apis.urls")),
     path("api/", include("routing.management_urls")),
     path("v1/", include("routing.urls")),
+    path("portal/", include("tenants.portal.urls")),
+    path("", RedirectView.as_view(url="/portal/", permanent=False)),
 ]
 
 handler404 = "tenants.apis.errors.handler404"

@@ -1,0 +1,94 @@
+"""The portal's forms: they parse what people type (dollars, comma-separated models, days)
+into what the services take; the services' own validation messages are attached to the
+fields they name (`form_error_apply`)."""
+
+from decimal import Decimal
+
+from django import forms
+
+from tenants.errors import ApplicationError
+from tenants.models import MAX_MICROCENTS, MICROCENTS_PER_USD, Lane, Period, Role, Scope
+
+MAX_USD = Decimal(MAX_MICROCENTS) / MICROCENTS_PER_USD
+GRACE_CHOICES = [(0, "none: stop at once"), (300, "5 minutes"), (3600, "1 hour"),
+                 (86400, "1 day"), (604800, "7 days")]
+
+
+def form_error_apply(form: forms.Form, exc: ApplicationError, fields: dict | None = None):
+    """Show a service's error on the field it names (through `fields`, e.g.
+    limit_microcents -> budget_limit_usd), else on the form."""
+    name = (fields or {}).get(exc.param, exc.param)
+    form.add_error(name if name in form.fields else None, exc.message)
+
+
+def usd_to_microcents(value: Decimal | None) -> int | None:
+    return None if value is None else int(value * MICROCENTS_PER_USD)
+
+
+class BudgetFields(forms.Form):
+    budget_period = forms.ChoiceField(choices=Period.choices, initial=Period.DAILY,
+                                      label="Budget period")
+    budget_limit_usd = forms.DecimalField(
+        required=False, min_value=0, max_value=MAX_USD, decimal_places=8, label="Budget (USD)",
+        help_text="Empty: no budget of its own (the tenant's budget still applies).")
+
+    def budget(self) -> tuple[str, int | None]:
+        return (self.cleaned_data["budget_period"],
+                usd_to_microcents(self.cleaned_data["budget_limit_usd"]))
+
+
+class AgentForm(BudgetFields):
+    name = forms.CharField(max_length=100)
+    description = forms.CharField(max_length=500, required=False)
+    allowed_models = forms.CharField(
+        required=False, max_length=4000, label="Allowed models",
+        help_text="Comma-separated model names; empty: every model the platform serves.")
+    lane = forms.ChoiceField(choices=[("", "tenant default"), *Lane.choices], required=False)
+    rpm_limit = forms.IntegerField(required=False, min_value=1, max_value=10**9,
+                                   label="Requests per minute")
+    tpm_limit = forms.IntegerField(required=False, min_value=1, max_value=10**12,
+                                   label="Tokens per minute")
+    concurrency_limit = forms.IntegerField(required=False, min_value=1, max_value=10**6,
+                                           label="Requests at once")
+    field_order = ["name", "description", "allowed_models", "lane", "rpm_limit", "tpm_limit",
+                   "concurrency_limit", "budget_period", "budget_limit_usd"]
+
+    def agent_fields(self) -> dict:
+        data = self.cleaned_data
+        models = [m.strip() for m in data["allowed_models"].replace("\n", ",").split(",")]
+        return {"name": data["name"], "description": data["description"],
+                "allowed_models": [m for m in models if m], "lane": data["lane"],
+                "rpm_limit": data["rpm_limit"], "tpm_limit": data["tpm_limit"],
+                "concurrency_limit": data["concurrency_limit"]}
+
+
+class TenantBudgetForm(BudgetFields):
+    pass
+
+
+class KeyForm(forms.Form):
+    agent = forms.ModelChoiceField(queryset=None, empty_label=None)
+    name = forms.CharField(max_length=100, required=False)
+    scopes = forms.MultipleChoiceField(choices=Scope.choices, initial=[Scope.INFERENCE],
+                                       widget=forms.CheckboxSelectMultiple)
+    expires_in_days = forms.IntegerField(required=False, min_value=1, max_value=3650,
+                                         label="Expires in (days)",
+                                         help_text="Empty: never expires.")
+
+    def __init__(self, *args, agents, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["agent"].queryset = agents
+
+
+class RotateForm(forms.Form):
+    grace_seconds = forms.TypedChoiceField(choices=GRACE_CHOICES, coerce=int, initial=3600,
+                                           label="The old key keeps working for")
+
+
+class MemberAddForm(forms.Form):
+    username = forms.CharField(max_length=254, label="Username or email")
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+
+
+class MemberRoleForm(forms.Form):
+    role = forms.ChoiceField(choices=Role.choices)

@@ -1,0 +1,52 @@
+"""The portal's URLs, mounted at /portal/. Tenant pages live under t/<slug>/; every action
+(a POST) has its own URL so its role check stands on its own."""
+
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from tenants.portal.views import agents, auth, keys, members, overview, playground, usage
+
+app_name = "portal"
+
+tenant_urls = [
+    path("", overview.overview, name="overview"),
+    path("figures/", overview.overview_figures, name="overview_figures"),
+    path("agents/", agents.agent_list, name="agents"),
+    path("agents/new/", agents.agent_create, name="agent_create"),
+    path("agents/<uuid:agent_id>/", agents.agent_edit, name="agent_edit"),
+    path("agents/<uuid:agent_id>/deactivate/", agents.agent_deactivate,
+         name="agent_deactivate"),
+    path("agents/<uuid:agent_id>/routing/", playground.agent_routing, name="agent_routing"),
+    path("budgets/", agents.budget_list, name="budgets"),
+    path("budgets/tenant/", agents.tenant_budget_set, name="tenant_budget_set"),
+    path("keys/", keys.key_list, name="keys"),
+    path("keys/new/", keys.key_create, name="key_create"),
+    path("keys/<uuid:key_id>/rotate/", keys.key_rotate, name="key_rotate"),
+    path("keys/<uuid:key_id>/revoke/", keys.key_revoke, name="key_revoke"),
+    path("usage/", usage.usage, name="usage"),
+    path("usage.csv", usage.usage_csv, name="usage_csv"),
+    path("usage/requests/<str:request_id>/", usage.usage_request, name="usage_request"),
+    path("members/", members.member_list, name="members"),
+    path("members/add/", members.member_add, name="member_add"),
+    path("members/<int:member_id>/role/", members.member_role, name="member_role"),
+    path("members/<int:member_id>/remove/", members.member_remove, name="member_remove"),
+    path("playground/", playground.playground, name="playground"),
+    path("playground/key/", playground.playground_key, name="playground_key"),
+]
+
+urlpatterns = [
+    path("", auth.home, name="home"),
+    path("login/", auth.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("password/change/", auth.PasswordChangeView.as_view(), name="password_change"),
+    path("password/change/done/", auth.PasswordChangeDoneView.as_view(),
+         name="password_change_done"),
+    path("password/reset/", auth.PasswordResetView.as_view(), name="password_reset"),
+    path("password/reset/sent/", auth.PasswordResetDoneView.as_view(),
+         name="password_reset_done"),
+    path("password/reset/<uidb64>/<token>/", auth.PasswordResetConfirmView.as_view(),
+         name="password_reset_confirm"),
+    path("password/reset/done/", auth.PasswordResetCompleteView.as_view(),
+         name="password_reset_complete"),
+    path("t/<slug:slug>/", include(tenant_urls)),
+]
