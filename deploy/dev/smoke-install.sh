@@ -47,5 +47,10 @@ grep -q '"content"' "$WORK/stream.txt" || fail "the stream carried no content: $
 [ "$(grep -v '^$' "$WORK/stream.txt" | tail -n 1)" = "data: [DONE]" ] \
   || fail "the stream did not end with data: [DONE]: $(tail -c 2000 "$WORK/stream.txt")"
 
+# A benchmark whose baseline needs the test extras says so in one line, never a traceback.
+if .venv/bin/python manage.py bench engine > "$WORK/bench.txt" 2>&1; then fail "bench engine ran without transformers"; fi
+grep -q "needs the test extras" "$WORK/bench.txt" && ! grep -q Traceback "$WORK/bench.txt" \
+  || fail "bench engine in a runtime-only venv: $(cat "$WORK/bench.txt")"
+
 echo "smoke: a fresh clone's make run served /v1/models and a streamed chat completion" \
      "($(grep -c '^data: {' "$WORK/stream.txt") chunks, then [DONE]) in $(( $(date +%s) - started )) s"
