@@ -25,7 +25,15 @@ def usd_to_microcents(value: Decimal | None) -> int | None:
     return None if value is None else int(value * MICROCENTS_PER_USD)
 
 
-class BudgetFields(forms.Form):
+class PortalForm(forms.Form):
+    """Labels without Django's trailing colon (screen readers read them as typed)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("label_suffix", "")
+        super().__init__(*args, **kwargs)
+
+
+class BudgetFields(PortalForm):
     budget_period = forms.ChoiceField(choices=Period.choices, initial=Period.DAILY,
                                       label="Budget period")
     budget_limit_usd = forms.DecimalField(
@@ -66,7 +74,7 @@ class TenantBudgetForm(BudgetFields):
     pass
 
 
-class KeyForm(forms.Form):
+class KeyForm(PortalForm):
     agent = forms.ModelChoiceField(queryset=None, empty_label=None)
     name = forms.CharField(max_length=100, required=False)
     scopes = forms.MultipleChoiceField(choices=Scope.choices, initial=[Scope.INFERENCE],
@@ -78,17 +86,18 @@ class KeyForm(forms.Form):
     def __init__(self, *args, agents, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["agent"].queryset = agents
+        self.fields["agent"].label_from_instance = lambda agent: agent.name
 
 
-class RotateForm(forms.Form):
+class RotateForm(PortalForm):
     grace_seconds = forms.TypedChoiceField(choices=GRACE_CHOICES, coerce=int, initial=3600,
                                            label="The old key keeps working for")
 
 
-class MemberAddForm(forms.Form):
+class MemberAddForm(PortalForm):
     username = forms.CharField(max_length=254, label="Username or email")
     role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
 
 
-class MemberRoleForm(forms.Form):
+class MemberRoleForm(PortalForm):
     role = forms.ChoiceField(choices=Role.choices)

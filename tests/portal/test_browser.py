@@ -1,0 +1,236 @@
+"""The portal in a real browser (Chromium through Playwright) against a live server (uvicorn,
+HTTP and the websocket, on the test database), with the official openai client inside the
+test: the issue's whole story, a viewer, a stranger, and an exhausted budget. Each page is
+saved as a screenshot under var/screenshots/portal/."""
+
+import os
+import re
+
+import openai
+import pytest
+from playwright.sync_api import Page, expect
+
+from tenants.models import Role, UsageRecord
+from tenants.services.budgets import budget_create
+from tenants.services.tenancy import agent_create, member_add, tenant_create
+from tests.conftest import ROOT, child_env
+from tests.routing.conftest import PRICES
+from tests.servers import AsgiServer
+from workers.registry import model_register
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SHOTS = ROOT / "var" / "screenshots" / "portal"
+KEY_RE = re.compile(r"^fl-[a-z0-9]{12}-[A-Za-z0-9]{43}$")
+
+
+@pytest.fixture(scope="module")
+def live(django_db_setup, django_db_blocker):
+    """uvicorn serving the whole site (pages, /v1, /ws/v1/chat) with in-process engines."""
+    server = AsgiServer(child_env(FAIRLANE_ENGINE_MODE="embedded"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _orm_beside_playwright():
+    """Playwright's sync API keeps an event loop in this thread while it lives (this
+    module); the test's own ORM calls are plain blocking calls between browser steps."""
+    saved = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    if saved is None:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = saved
+
+
+@pytest.fixture
+def acme(make_user):
+    owner = make_user("olivia")
+    tenant = tenant_create(name="Acme", slug="acme", owner=owner)
+    model_register(name="tiny", source="preset:tiny", **PRICES)
+    model_register(name="small", source="preset:small", **PRICES)
+    return tenant
+
+
+def person(make_user, tenant, role: str, username: str):
+    user = make_user(username)
+    member_add(tenant=tenant, user=user, role=role, actor_role=Role.OWNER)
+    return user
+
+
+def shot(page: Page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def sign_in(page: Page, live, username: str) -> None:
+    page.goto(live.url + "/portal/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill("pw-" + username)
+    page.get_by_role("button", name="Sign in").click()
+
+
+def nav(page: Page, name: str) -> None:
+    page.get_by_role("navigation", name="Main").get_by_role("link", name=name).click()
+
+
+def test_the_members_story_from_sign_in_to_a_revoked_key(live, acme, make_user, page: Page):
+    person(make_user, acme, Role.ADMIN, "ada")
+    page.on("dialog", lambda dialog: dialog.accept())
+    sign_in(page, live, "ada")
+    expect(page.get_by_role("heading", name="Acme")).to_be_visible()
+    shot(page, "overview-empty")
+
+    # an agent with a budget
+    nav(page, "Agents")
+    page.get_by_role("link", name="New agent").click()
+    page.get_by_label("Name", exact=True).fill("writer")
+    page.get_by_label("Allowed models").fill("tiny, small")
+    page.get_by_label("Budget (USD)").fill("1")
+    shot(page, "agent-form")
+    page.get_by_role("button", name="Create agent").click()
+    row = page.locator("tr[data-agent=writer]")
+    expect(row).to_contain_text("$1.00 daily")
+    shot(page, "agents")
+
+    # a key, read from the page once
+    nav(page, "Keys")
+    page.get_by_label("Agent").select_option(label="writer")
+    page.get_by_label("Name").fill("story")
+    page.get_by_role("button", name="Create key").click()
+    plain = page.get_by_label("Your new key").input_value()
+    assert KEY_RE.match(plain)
+    shot(page, "key-created")
+    page.get_by_role("link", name=re.compile("back to keys")).click()
+    expect(page.locator("body")).not_to_contain_text(plain)
+    prefix = plain[:15]
+    expect(page.locator(f"tr[data-key='{prefix}']")).to_contain_text("active")
+
+    # the official client uses it
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key=plain, max_retries=0)
+    answer = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8)
+    request_id = answer.id.removeprefix("chatcmpl-")
+    record = UsageRecord.objects.get(request_id=request_id)
+    assert record.completion_tokens == answer.usage.completion_tokens > 0
+
+    # ... and the request shows in the usage chart and table
+    nav(page, "Usage")
+    expect(page.locator("[data-figure=requests]")).to_have_text("1")
+    expect(page.locator(f"tr[data-request='{request_id}']")).to_contain_text("tiny")
+    page.get_by_label("Split by").select_option("key")
+    page.get_by_role("button", name="Apply").click()
+    assert "split=key" in page.url  # filters live in the URL
+    drawn = page.evaluate("() => { const c = document.querySelector('canvas[data-chart]')._chart;"
+                          " return c.data.datasets.map(d => [d.label, d.data.reduce((a, b) => a + b, 0)]); }")
+    assert drawn == [[prefix, record.cost_microcents / 100_000_000]]
+    shot(page, "usage")
+
+    # the playground streams an answer, shows its tokens, latency and ledger cost ...
+    nav(page, "Playground")
+    page.get_by_label("Agent").select_option(label="writer")
+    expect(page.get_by_label("Model")).to_contain_text("tiny")
+    page.get_by_label("Model").select_option("tiny")
+    page.get_by_label("Max tokens").fill("12")
+    page.get_by_label("Message").fill("Tell me a story")
+    page.get_by_role("button", name="Send").click()
+    stats = page.locator(".msg.assistant .stats").first
+    expect(stats).to_contain_text("completion tokens")
+    expect(stats).to_contain_text("latency")
+    expect(stats.locator(".cost")).to_contain_text("cost $", timeout=15_000)
+    ledger = UsageRecord.objects.filter(model="tiny", status="ok").order_by("-created_at")[0]
+    assert stats.locator(".cost").get_attribute("data-cost") == str(ledger.cost_microcents)
+    # ... and cancels another
+    page.get_by_label("Model").select_option("small")
+    page.get_by_label("Max tokens").fill("1500")
+    page.get_by_label("Message").fill("Go on and on")
+    page.get_by_role("button", name="Send").click()
+    second = page.locator(".msg.assistant").nth(1)
+    expect(second.locator(".text")).not_to_be_empty(timeout=60_000)
+    page.get_by_role("button", name="Cancel").click()
+    expect(second.locator(".stats")).to_contain_text("Cancelled", timeout=30_000)
+    expect(second.locator(".cost")).to_contain_text("ledger: cancelled", timeout=15_000)
+    cancelled = UsageRecord.objects.get(status="cancelled")
+    assert 0 < cancelled.completion_tokens < 1500
+    shot(page, "playground")
+
+    # rotate: the old key keeps working during the grace, then revoke it
+    nav(page, "Keys")
+    page.locator(f"tr[data-key='{prefix}']").get_by_role("combobox").select_option("3600")
+    page.get_by_role("button", name=f"Rotate {prefix}").click()
+    new_plain = page.get_by_label("Your new key").input_value()
+    assert KEY_RE.match(new_plain) and new_plain != plain
+    expect(page.locator("main")).to_contain_text(f"The old key {prefix} keeps working until")
+    assert client.models.list().data  # old key, in its grace
+    fresh = openai.OpenAI(base_url=live.url + "/v1", api_key=new_plain, max_retries=0)
+    assert {m.id for m in fresh.models.list().data} == {"tiny", "small"}
+    page.get_by_role("link", name=re.compile("back to keys")).click()
+    expect(page.locator(f"tr[data-key='{prefix}']")).to_contain_text("in grace")
+    page.get_by_role("button", name=f"Revoke {prefix}").click()
+    expect(page.locator(f"tr[data-key='{prefix}']")).to_contain_text("revoked")
+    shot(page, "keys")
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
+    assert fresh.models.list().data
+
+
+def test_a_viewer_sees_everything_and_can_change_nothing(live, acme, make_user, page: Page):
+    agent = agent_create(tenant=acme, name="writer")
+    person(make_user, acme, Role.VIEWER, "vic")
+    sign_in(page, live, "vic")
+    for section in ["Overview", "Agents", "Budgets", "Keys", "Usage", "Members", "Playground"]:
+        nav(page, section)
+        expect(page.locator("main h1")).to_be_visible()
+        shot(page, f"viewer-{section.lower()}")
+    nav(page, "Keys")
+    expect(page.get_by_role("button", name="Create key")).to_have_count(0)
+    nav(page, "Agents")
+    expect(page.get_by_role("link", name="New agent")).to_have_count(0)
+    expect(page.get_by_role("button", name="Deactivate")).to_have_count(0)
+    nav(page, "Playground")
+    expect(page.locator("main")).to_contain_text("needs the member role")
+    # the hidden buttons' actions, posted by hand from the page, are refused
+    statuses = page.evaluate("""async (agentId) => {
+        const csrf = document.cookie.match(/csrftoken=([^;]+)/)[1];
+        const post = (path, data) => fetch(path, {method: "POST", headers: {"X-CSRFToken": csrf},
+            body: new URLSearchParams(data)}).then(r => r.status);
+        return [await post("/portal/t/acme/keys/new/", {agent: agentId, scopes: "inference"}),
+                await post(`/portal/t/acme/agents/${agentId}/deactivate/`, {}),
+                await post("/portal/t/acme/playground/key/", {agent: agentId})];
+    }""", str(agent.pk))
+    assert statuses == [403, 403, 403]
+    agent.refresh_from_db()
+    assert agent.is_active and not agent.api_keys.exists()
+
+
+def test_a_member_of_another_tenant_gets_404(live, acme, make_user, page: Page):
+    agent = agent_create(tenant=acme, name="writer")
+    stranger = make_user("oscar")
+    tenant_create(name="Globex", slug="globex", owner=stranger)
+    sign_in(page, live, "oscar")
+    expect(page.get_by_role("heading", name="Globex")).to_be_visible()
+    for path in ["", "keys/", "usage/", f"agents/{agent.pk}/", "playground/"]:
+        response = page.goto(f"{live.url}/portal/t/acme/{path}")
+        assert response.status == 404, path
+        expect(page.get_by_role("heading", name="Not found")).to_be_visible()
+    shot(page, "stranger-404")
+
+
+def test_an_exhausted_budget_shows_the_banner_and_every_page_still_loads(live, acme, make_user,
+                                                                         page: Page):
+    agent = agent_create(tenant=acme, name="writer", allowed_models=["tiny"])
+    budget_create(tenant=acme, agent=None, limit_microcents=0)
+    budget_create(tenant=acme, agent=agent, limit_microcents=10**8)
+    person(make_user, acme, Role.MEMBER, "max")
+    sign_in(page, live, "max")
+    for section in ["Overview", "Agents", "Budgets", "Keys", "Usage", "Members", "Playground"]:
+        nav(page, section)
+        banner = page.locator(".banner.error")
+        expect(banner).to_contain_text("The tenant's daily budget is spent")
+        shot(page, f"exhausted-{section.lower()}")
+    expect(page.get_by_label("Model")).to_contain_text("tiny")
+    page.get_by_label("Message").fill("Anything?")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator(".msg.assistant .stats")).to_contain_text("budget cannot cover")
+    assert not UsageRecord.objects.exists()
