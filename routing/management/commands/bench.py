@@ -7,6 +7,8 @@ same run and print ratios and absolute figures, the last line one JSON object.
            (workers/bench/fairness.py)
   routing  routing decisions per policy with 100 backends, against reading the registry
            from the database each time (routing/bench/decisions.py)
+  gateway  Fairlane's distributed gateway under 1/16/64 closed-loop clients against the
+           upstream alone and LiteLLM's proxy (--litellm VENV) (routing/bench/gateway.py)
 
 Benchmarks are development tools: a bench whose baseline needs a test extra (engine: Hugging
 Face transformers) says so in one line in a runtime-only install.
@@ -19,6 +21,7 @@ BENCHES = {
     "serving": "routing.bench.serving",
     "fairness": "workers.bench.fairness",
     "routing": "routing.bench.decisions",
+    "gateway": "routing.bench.gateway",
 }
 # Modules a bench needs beyond requirements.txt (its baseline), installed by `make test-venv`.
 EXTRAS = {"engine": ("transformers",)}

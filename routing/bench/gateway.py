@@ -1,0 +1,287 @@
+"""`python manage.py bench gateway`: Fairlane as a gateway under concurrent load, beside the
+upstream alone and (with --litellm VENV) LiteLLM's proxy, in the same run on the same machine.
+
+One lean OpenAI-format upstream (routing/bench/upstream.py, its own process) answers every chat
+completion at once with 16 tokens. Fairlane runs in its distributed configuration (PostgreSQL,
+Redis, uvicorn with uvloop and httptools, `--api-workers` processes; a comma list measures
+each count) with an openai_compatible backend for the upstream and a budget that never runs
+out, so every request is still held against its budgets before it is sent and settled after.
+LiteLLM (a peer, not a dependency: `python -m venv V && V/bin/pip install 'litellm[proxy]'`)
+runs its proxy with 2 workers and no database (so it meters nothing).
+
+For each setting (clients x JSON/stream) the targets take turns, round after round, so drift on
+a shared machine hits all of them alike; the median round is reported. Closed-loop clients hold
+keep-alive connections (routing/bench/loadgen.py). Printed: requests/s, p50/p99 latency and the
+latency added over the upstream alone, TTFT for streams, CPU per request of each server's
+processes, the ratios Fairlane/LiteLLM and N/1 API processes, and whether Fairlane's ledger
+equals what the upstream served. The last line is one JSON object (also under bench-results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from django.conf import settings
+
+from routing.bench.loadgen import Target, load
+from routing.bench.processes import Process, free_port
+from routing.bench.sysstat import cpu_seconds, server_cpu_seconds
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "bench-gateway"
+BACKEND = "bench-gateway-upstream"
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="manage.py bench gateway", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clients", default="1,16,64", help="client counts (comma list)")
+    p.add_argument("--modes", default="json,stream", help="json, stream or both")
+    p.add_argument("--api-workers", default="2", help="Fairlane API processes (comma list)")
+    p.add_argument("--litellm", type=Path, default=None, help="a venv with litellm[proxy]")
+    p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per round")
+    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per setting and target")
+    p.add_argument("--tokens", type=int, default=16, help="tokens in every answer")
+    p.add_argument("--quick", action="store_true", help="1 round of 3 s: a smoke test only")
+    p.add_argument("--json-out", type=Path, default=ROOT / "bench-results" / "gateway.json")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seconds, args.warmup, args.rounds = 3.0, 1.0, 1
+    args.clients = [int(c) for c in args.clients.split(",")]
+    args.modes = args.modes.split(",")
+    args.api_workers = [int(n) for n in args.api_workers.split(",")]
+    return args
+
+
+def _require_distributed() -> None:
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql" or not settings.REDIS_URL:
+        sys.exit("bench gateway measures the distributed configuration: set DATABASE_URL to "
+                 "PostgreSQL and REDIS_URL (e.g. DATABASE_URL=postgres://postgres@127.0.0.1:5432/"
+                 "fairlane REDIS_URL=redis://127.0.0.1:6379/0)")
+
+
+def _wait_ready(url: str, process: Process, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        if process.proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited:\n{process.output()[-3000:]}")
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not answer:\n{process.output()[-3000:]}")
+
+
+def _env(**extra) -> dict:
+    import os
+
+    return {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
+            "DJANGO_SETTINGS_MODULE": "settings", "LOG_LEVEL": "WARNING", **extra}
+
+
+def fairlane_setup(upstream_url: str):
+    """A bench tenant, agent, key (revoked afterwards), a budget that never runs out, and an
+    openai_compatible backend for the upstream serving MODEL (upstream name via-fairlane)."""
+    from routing.registry import backend_model_set, backend_register
+    from tenants.models import Agent, Budget, Scope, Tenant
+    from tenants.services.budgets import budget_create
+    from tenants.services.keys import api_key_create
+    from tenants.services.tenancy import agent_create, tenant_create
+
+    tenant = Tenant.objects.filter(slug="bench").first() or tenant_create(
+        name="Benchmarks", slug="bench", owner=None)
+    agent = Agent.objects.filter(tenant=tenant, name="bench-gateway").first() or agent_create(
+        tenant=tenant, name="bench-gateway")
+    for owner in (None, agent):
+        if not Budget.objects.filter(tenant=tenant, agent=owner).exists():
+            budget_create(tenant=tenant, agent=owner, limit_microcents=10**15)
+    key, plain = api_key_create(tenant=tenant, agent=agent, name="bench gateway",
+                                scopes=[Scope.INFERENCE])
+    backend = backend_register(name=BACKEND, kind="openai_compatible", base_url=upstream_url,
+                               credential="sk-bench")
+    backend_model_set(backend=backend, model=MODEL, upstream_name="via-fairlane",
+                      price_input_per_mtok=10_000_000, price_output_per_mtok=40_000_000)
+    return tenant, agent, key, plain
+
+
+def litellm_start(venv: Path, upstream_url: str, workdir: Path) -> tuple[Process, int]:
+    config = workdir / "litellm.yaml"
+    config.write_text(json.dumps({  # JSON is YAML
+        "model_list": [{"model_name": MODEL, "litellm_params": {
+            "model": "openai/via-litellm", "api_base": upstream_url + "/v1",
+            "api_key": "sk-bench"}}],
+        "litellm_settings": {"drop_params": True}}))
+    port = free_port()
+    process = Process([str(venv / "bin" / "litellm"), "--config", str(config), "--host",
+                       "127.0.0.1", "--port", str(port), "--num_workers", "2"],
+                      _env(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR"),
+                      "bench-litellm")
+    _wait_ready(f"http://127.0.0.1:{port}/health/liveliness", process, timeout=180)
+    return process, port
+
+
+def fairlane_start(workers: int) -> tuple[Process, int]:
+    port = free_port()
+    process = Process([sys.executable, "-m", "uvicorn", "asgi:application", "--host", "127.0.0.1",
+                       "--port", str(port), "--workers", str(workers), "--loop", "uvloop",
+                       "--http", "httptools", "--lifespan", "off", "--no-access-log",
+                       "--log-level", "warning"],
+                      _env(FAIRLANE_ENGINE_MODE="celery"), f"bench-fairlane-{workers}")
+    _wait_ready(f"http://127.0.0.1:{port}/healthz", process)
+    return process, port
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(int(len(ordered) * q), len(ordered) - 1)] * 1000, 2)
+
+
+def measure(targets: dict[str, tuple[Target, Process | None]], args) -> list[dict]:
+    rows = []
+    for clients in args.clients:
+        for mode in args.modes:
+            rounds: dict[str, list[dict]] = {name: [] for name in targets}
+            for _ in range(args.rounds):
+                for name, (target, process) in targets.items():
+                    cpu0, db0 = cpu_seconds(process), server_cpu_seconds()
+                    result, seconds = load(target, clients=clients, stream=mode == "stream",
+                                           seconds=args.seconds, warmup=args.warmup)
+                    cpu, db = cpu_seconds(process) - cpu0, server_cpu_seconds() - db0
+                    served = max(result.completed, 1)
+                    rounds[name].append({
+                        "rps": result.completed / seconds, "errors": result.errors,
+                        "p50_ms": _pct(result.latencies, 0.5), "p99_ms": _pct(result.latencies, 0.99),
+                        "ttft_p50_ms": _pct(result.ttfts, 0.5),
+                        "cpu_ms_per_request": round(cpu * 1000 / served, 3) if process else None,
+                        "db_redis_cpu_ms_per_request": round(db * 1000 / served, 3),
+                        "error_samples": result.error_samples})
+            for name, runs in rounds.items():
+                median = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
+                rows.append({"target": name, "clients": clients, "mode": mode,
+                             **{k: (round(v, 1) if k == "rps" else v) for k, v in median.items()},
+                             "rps_rounds": [round(r["rps"], 1) for r in runs]})
+            _print_setting(rows[-len(targets):])
+    return rows
+
+
+def _print_setting(rows: list[dict]) -> None:
+    direct = next((r for r in rows if r["target"] == "direct"), None)
+    for r in rows:
+        added = ""
+        if direct and r is not direct and r["p50_ms"] is not None and direct["p50_ms"] is not None:
+            key = "ttft_p50_ms" if r["mode"] == "stream" else "p50_ms"
+            if r[key] is not None and direct[key] is not None:
+                r["added_p50_ms"] = round(r[key] - direct[key], 2)
+                added = f" added {'TTFT ' if r['mode'] == 'stream' else ''}p50 {r['added_p50_ms']} ms"
+        print(f"{r['mode']:6} {r['clients']:3} clients  {r['target']:12} {r['rps']:8.1f} req/s  "
+              f"p50 {r['p50_ms']} ms  p99 {r['p99_ms']} ms  TTFT p50 {r['ttft_p50_ms']} ms"
+              f"{added}  cpu/req {r['cpu_ms_per_request']} ms  errors {r['errors']}  "
+              f"rounds {r['rps_rounds']}", flush=True)
+
+
+def ratios(rows: list[dict], workers: list[int]) -> dict:
+    out = {}
+    by = {(r["target"], r["clients"], r["mode"]): r for r in rows}
+    for (target, clients, mode), row in by.items():
+        if not target.startswith("fairlane"):
+            continue
+        peer = by.get(("litellm", clients, mode))
+        if peer and peer["rps"]:
+            out[f"{target}/litellm {mode} {clients}"] = round(row["rps"] / peer["rps"], 2)
+        one = by.get(("fairlane-1", clients, mode))
+        if one and one["rps"] and target != "fairlane-1":
+            out[f"{target}/fairlane-1 {mode} {clients}"] = round(row["rps"] / one["rps"], 2)
+    return out
+
+
+def ledger_check(agent, since, upstream_url: str) -> dict:
+    """Fairlane's ledger for this run against what the upstream served through Fairlane."""
+    from django.db.models import Count, Sum
+
+    from tenants.models import Reservation, UsageRecord
+
+    time.sleep(2)  # settlements of the last answers
+    served = httpx.get(upstream_url + "/stats", timeout=10).json()["by_model"].get("via-fairlane", {})
+    ledger = UsageRecord.objects.filter(agent=agent, created_at__gte=since).aggregate(
+        rows=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
+    held = Reservation.objects.filter(agent=agent, status="held").count()
+    return {"upstream_requests": served.get("requests", 0), "ledger_rows": ledger["rows"],
+            "upstream_prompt_tokens": served.get("prompt_tokens", 0),
+            "ledger_prompt_tokens": ledger["prompt"] or 0,
+            "upstream_completion_tokens": served.get("completion_tokens", 0),
+            "ledger_completion_tokens": ledger["completion"] or 0, "reservations_held": held}
+
+
+def run(argv: list[str] | None = None) -> dict:
+    from django.utils import timezone
+
+    from routing.models import Backend
+    from tenants.services.keys import api_key_revoke
+
+    args = parse(argv)
+    _require_distributed()
+    workdir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    started: list[Process] = []
+    up_port = free_port()
+    upstream = Process([sys.executable, "-m", "routing.bench.upstream", "--port", str(up_port),
+                        "--tokens", str(args.tokens)], _env(), "bench-upstream")
+    started.append(upstream)
+    upstream_url = f"http://127.0.0.1:{up_port}"
+    key = None
+    try:
+        _wait_ready(upstream_url + "/v1/models", upstream)
+        tenant, agent, key, plain = fairlane_setup(upstream_url)
+        targets = {"direct": (Target("direct", "127.0.0.1", up_port, "sk-bench", "fake-model"), upstream)}
+        if args.litellm:
+            process, port = litellm_start(args.litellm, upstream_url, workdir)
+            started.append(process)
+            targets["litellm"] = (Target("litellm", "127.0.0.1", port, "sk-bench", MODEL), process)
+        for n in args.api_workers:
+            process, port = fairlane_start(n)
+            started.append(process)
+            targets[f"fairlane-{n}"] = (Target(f"fairlane-{n}", "127.0.0.1", port, plain, MODEL), process)
+        since = timezone.now()
+        httpx.post(upstream_url + "/stats/reset", timeout=10)
+        print(f"bench gateway: {args.rounds} round(s) of {args.seconds:g} s (+{args.warmup:g} s "
+              f"warm-up) per target and setting; targets {list(targets)}", flush=True)
+        rows = measure(targets, args)
+        figures = {"bench": "gateway", "rows": rows, "ratios": ratios(rows, args.api_workers),
+                   "ledger": ledger_check(agent, since, upstream_url),
+                   "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    finally:
+        for process in reversed(started):
+            process.stop()
+        if key is not None:
+            api_key_revoke(key=key)
+        Backend.objects.filter(name=BACKEND).delete()
+    for name, value in figures["ratios"].items():
+        print(f"ratio {name}: {value}")
+    ledger = figures["ledger"]
+    exact = (ledger["ledger_rows"] == ledger["upstream_requests"]
+             and ledger["ledger_prompt_tokens"] == ledger["upstream_prompt_tokens"]
+             and ledger["ledger_completion_tokens"] == ledger["upstream_completion_tokens"])
+    figures["ledger"]["exact"] = exact
+    print(f"ledger: {ledger['ledger_rows']} rows for {ledger['upstream_requests']} upstream "
+          f"requests; completion tokens {ledger['ledger_completion_tokens']} vs "
+          f"{ledger['upstream_completion_tokens']} served; {'exact' if exact else 'MISMATCH'}")
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(figures, indent=1))
+    print(json.dumps({k: v for k, v in figures.items() if k != "rows"} | {
+        "summary": {f"{r['target']} {r['mode']} {r['clients']}": r["rps"] for r in rows}}))
+    return figures
+
+
+if __name__ == "__main__":
+    run(sys.argv[1:])

@@ -1,0 +1,140 @@
+"""Closed-loop HTTP load for gateway benchmarks: N clients, each on its own keep-alive
+connection, sending the next chat completion as soon as the last one ended. A plain asyncio
+HTTP/1.1 client (uvloop), so the load costs far less CPU than the servers it measures; httpx
+at 64 clients would spend more than the gateway under test.
+
+For each request it records the latency to the whole answer and, for streams, to the first
+token of content (TTFT)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from dataclasses import dataclass, field
+
+FIRST_TOKEN = re.compile(rb'"content":\s*"w')
+
+
+@dataclass(slots=True)
+class Target:
+    name: str
+    host: str
+    port: int
+    key: str
+    model: str
+
+
+@dataclass(slots=True)
+class Result:
+    completed: int = 0
+    errors: int = 0
+    latencies: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    error_samples: list[str] = field(default_factory=list)
+
+
+def request_bytes(target: Target, *, stream: bool, max_tokens: int = 16) -> bytes:
+    body = {"model": target.model, "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": "say something short please"}]}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    raw = json.dumps(body).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n"
+            f"Authorization: Bearer {target.key}\r\nContent-Type: application/json\r\n"
+            f"Accept: */*\r\nContent-Length: {len(raw)}\r\n\r\n")
+    return head.encode() + raw
+
+
+async def _read_response(reader: asyncio.StreamReader, started: float) -> tuple[int, bytes, float | None, bool]:
+    """(status, body, time of the first content token or None, keep-alive)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            name, value = line.split(":", 1)
+            headers[name.strip().lower()] = value.strip().lower()
+    first = None
+    if "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    elif headers.get("transfer-encoding") == "chunked":
+        parts = []
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                break
+            data = await reader.readexactly(size + 2)
+            if first is None and FIRST_TOKEN.search(data):
+                first = time.perf_counter() - started
+            parts.append(data[:-2])
+        body = b"".join(parts)
+    else:  # read to close
+        body = await reader.read()
+        return status, body, first, False
+    if first is None and FIRST_TOKEN.search(body):
+        first = time.perf_counter() - started
+    return status, body, first, headers.get("connection") != "close"
+
+
+async def _client(target: Target, payload: bytes, stream: bool, stop_at: float,
+                  record_from: float, result: Result) -> None:
+    reader = writer = None
+    while time.perf_counter() < stop_at:
+        try:
+            if writer is None:
+                reader, writer = await asyncio.open_connection(target.host, target.port)
+            started = time.perf_counter()
+            writer.write(payload)
+            status, body, first, keep = await _read_response(reader, started)
+            elapsed = time.perf_counter() - started
+            ok = status == 200 and (b"[DONE]" in body if stream else b'"usage"' in body)
+            # Only answers that started and ended inside the measured window count.
+            if started >= record_from and started + elapsed <= stop_at:
+                if ok:
+                    result.completed += 1
+                    result.latencies.append(elapsed)
+                    if stream and first is not None:
+                        result.ttfts.append(first)
+                else:
+                    result.errors += 1
+                    if len(result.error_samples) < 3:
+                        result.error_samples.append(f"{status}: {body[:300]!r}")
+            if not keep:
+                writer.close()
+                writer = None
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            if time.perf_counter() >= record_from:
+                result.errors += 1
+                if len(result.error_samples) < 3:
+                    result.error_samples.append(repr(exc))
+            if writer is not None:
+                writer.close()
+            writer = None
+            await asyncio.sleep(0.05)
+    if writer is not None:
+        writer.close()
+
+
+async def load_run(target: Target, *, clients: int, stream: bool, seconds: float,
+                   warmup: float) -> tuple[Result, float]:
+    """Run `clients` closed-loop clients for warmup + seconds; only requests started after the
+    warm-up count. Returns the result and the measured window's length."""
+    payload = request_bytes(target, stream=stream)
+    result = Result()
+    now = time.perf_counter()
+    record_from, stop_at = now + warmup, now + warmup + seconds
+    await asyncio.gather(*(_client(target, payload, stream, stop_at, record_from, result)
+                           for _ in range(clients)))
+    return result, seconds
+
+
+def load(target: Target, **kwargs) -> tuple[Result, float]:
+    try:
+        import uvloop
+        return uvloop.run(load_run(target, **kwargs))
+    except ImportError:  # uvloop comes with uvicorn[standard]; plain asyncio otherwise
+        return asyncio.run(load_run(target, **kwargs))
