@@ -11,6 +11,11 @@
     return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
   }
 
+  function money(value, unit) {
+    if (unit !== "USD" || value === 0) return value;
+    return "$" + (value >= 0.01 ? value.toFixed(2) : Number(value.toPrecision(2)).toString());
+  }
+
   function draw(canvas) {
     var source = document.getElementById(canvas.dataset.chart);
     if (!source || !window.Chart) return;
@@ -33,7 +38,8 @@
         scales: {
           x: {stacked: true, ticks: {color: ink, maxRotation: 0, autoSkip: true},
               grid: {display: false}},
-          y: {stacked: true, beginAtZero: true, ticks: {color: ink}, grid: {color: grid},
+          y: {stacked: true, beginAtZero: true, grid: {color: grid},
+              ticks: {color: ink, callback: function (v) { return money(v, data.unit); }},
               title: {display: true, text: data.unit, color: ink}}
         },
         plugins: {legend: {position: "bottom", labels: {color: ink}}}

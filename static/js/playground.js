@@ -7,7 +7,8 @@
   var root = document.getElementById("playground");
   if (!root) return;
   var el = function (id) { return document.getElementById(id); };
-  var state = {key: null, socket: null, ready: null, history: [], current: null, seq: 0};
+  var state = {agent: null, key: null, socket: null, ready: null, history: [], current: null,
+               seq: 0};
 
   function status(text) { el("pg-status").textContent = text; }
   function busy(on) {
@@ -33,12 +34,15 @@
       .then(function (pair) {
         if (!pair[0].ok) throw new Error(pair[1].error.message);
         var select = el("pg-model");
+        var chosen = select.value;
         select.innerHTML = "";
         pair[1].data.forEach(function (m) {
           var option = document.createElement("option");
           option.value = option.textContent = m.id;
           select.appendChild(option);
         });
+        if (chosen) select.value = chosen;
+        if (!select.value && select.options.length) select.selectedIndex = 0;
         select.disabled = !pair[1].data.length;
         if (!pair[1].data.length) status("No model this agent may use is served right now.");
       });
@@ -75,6 +79,8 @@
   }
 
   function setAgent() {
+    if (state.agent === el("pg-agent").value) return;
+    state.agent = el("pg-agent").value;
     disconnect();
     state.key = null;
     state.history = [];
@@ -159,6 +165,7 @@
         target.textContent = " · cost $" + row.cost_usd + " (ledger: " + row.status + ", " +
           row.completion_tokens + " completion tokens)";
         target.dataset.cost = row.cost_microcents;
+        target.dataset.request = row.request_id;
       }
     });
   }
