@@ -9,14 +9,15 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 from django.utils import timezone
 
-from tenants.models import MICROCENTS_PER_USD, Agent, ApiKey, Budget, Scope, Tenant
+from tenants.models import MICROCENTS_PER_USD, Agent, ApiKey, Budget, Role, Scope, Tenant
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
-from tenants.services.tenancy import agent_create, tenant_create
+from tenants.services.tenancy import agent_create, member_add, tenant_create
 from workers.models import ServedModel
 from workers.registry import model_register
 
 DEMO_KEY_NAME = "demo (make run)"
+DEMO_USER = "demo"
 # The demo model's prices: $0.10 / $0.40 / $0.05 per million input / output / cached tokens.
 DEMO_PRICES = {"price_input_per_mtok": 10_000_000, "price_output_per_mtok": 40_000_000,
                "price_cached_per_mtok": 5_000_000}
@@ -45,6 +46,7 @@ class Command(BaseCommand):
 
         tenant = Tenant.objects.filter(slug="demo").first() or tenant_create(
             name="Demo", slug="demo", owner=admin)
+        lines.append(self._portal_user(tenant))
         agent = Agent.objects.filter(tenant=tenant, name="demo-agent").first() or agent_create(
             tenant=tenant, name="demo-agent", description="Created by make run")
         if not Budget.objects.filter(tenant=tenant, agent__isnull=True).exists():
@@ -70,6 +72,7 @@ class Command(BaseCommand):
         lines += [
             "  Tenant:      demo, agent demo-agent (daily budget $5, tenant $50)",
             "  Model:       tiny (preset; see README for loading your own checkpoint)",
+            f"  Portal:      {base_url}/portal/  (sign in as the demo user)",
             f"  Admin:       {base_url}/admin/",
             f"  API docs:    {base_url}/api/docs/",
             f"  Health:      {base_url}/healthz  {base_url}/readyz",
@@ -79,3 +82,15 @@ class Command(BaseCommand):
             '[{"role": "user", "content": "Hello"}], "max_tokens": 32, "stream": true}\'',
         ]
         self.stdout.write("Fairlane is ready.\n" + "\n".join(lines))
+
+    def _portal_user(self, tenant: Tenant) -> str:
+        """The demo tenant's portal user (an admin of it, not an operator)."""
+        User = get_user_model()
+        user = User.objects.filter(username=DEMO_USER).first()
+        if user is not None:
+            return (f"  Portal user: {DEMO_USER} (exists; reset with "
+                    f"`make manage ARGS='changepassword {DEMO_USER}'`)")
+        password = secrets.token_urlsafe(12)
+        user = User.objects.create_user(DEMO_USER, f"{DEMO_USER}@localhost", password)
+        member_add(tenant=tenant, user=user, role=Role.ADMIN, actor_role=Role.OWNER)
+        return f"  Portal user: {DEMO_USER} / {password}   (shown once)"
