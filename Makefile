@@ -13,7 +13,7 @@ export DJANGO_SETTINGS_MODULE := settings
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/fairlane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test venv test-venv services demo-key manage worker beat bench smoke clean
+.PHONY: run test venv test-venv services chromium demo-key manage worker beat bench smoke clean
 
 $(VENV)/.installed: requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,7 +37,15 @@ services:
 	@DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
 		bash deploy/dev/ensure-services.sh $(PY)
 
-test: test-venv services
+# The portal's browser tests drive Debian's chromium (Playwright's own browser download does
+# not work here): installed when missing (CI runs as root; elsewhere through sudo).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		echo "installing Debian's chromium for the browser tests"; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+		chromium >/dev/null; }
+
+test: test-venv services chromium
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) manage.py collectstatic --noinput -v0
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
