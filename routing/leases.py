@@ -21,6 +21,11 @@ GRANTED, WAITING, FULL = 1, 0, -1
 _SCRIPT = (Path(__file__).parent / "lease.lua").read_text()
 
 
+def _key(backend: str, part: str) -> str:
+    """One hash tag per backend: the script's two keys share a Redis Cluster slot."""
+    return f"fl:lease:{{{backend}}}:{part}"
+
+
 class RedisLeases:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
@@ -28,7 +33,7 @@ class RedisLeases:
 
     def _call(self, op: str, backend: str, holder: str, ttl_ms: int = 0, slots: int = 1,
               depth: int = 0, wait_ms: int = 0) -> int:
-        keys = [f"fl:lease:{backend}:holders", f"fl:lease:{backend}:waiters"]
+        keys = [_key(backend, "holders"), _key(backend, "waiters")]
         return int(self.script(keys=keys, args=[op, holder, int(time.time() * 1000), ttl_ms,
                                                 slots, depth, wait_ms]))
 
@@ -44,7 +49,7 @@ class RedisLeases:
         self._call("release", backend, holder)
 
     def holders(self, backend: str) -> list[str]:
-        key = f"fl:lease:{backend}:holders"
+        key = _key(backend, "holders")
         self.client.zremrangebyscore(key, "-inf", int(time.time() * 1000))
         return [h.decode() for h in self.client.zrange(key, 0, -1)]
 

@@ -23,16 +23,33 @@ WINDOW_SECONDS = 60
 # A request still "in flight" after this long is forgotten (its API process died).
 INFLIGHT_TTL_MS = 15 * 60 * 1000
 _SCRIPT = (Path(__file__).parent / "ratelimit.lua").read_text()
+# KEYS: per scope its in-flight set and tokens counter; ARGV: request_id unused, then per scope
+# has_concurrency has_tpm.
+_GIVE_BACK = """
+local rid, unused = ARGV[1], tonumber(ARGV[2])
+for i = 1, #KEYS / 2 do
+  if ARGV[2 * i + 1] == '1' then redis.call('ZREM', KEYS[2 * i - 1], rid) end
+  if ARGV[2 * i + 2] == '1' and unused > 0 and redis.call('EXISTS', KEYS[2 * i]) == 1 then
+    redis.call('DECRBY', KEYS[2 * i], unused)
+  end
+end
+"""
 
 
 @dataclass(frozen=True, slots=True)
 class Scope:
-    """One level limits apply at: ("key", id) with its (rpm, tpm, concurrency)."""
+    """One level limits apply at: ("key", id) with its (rpm, tpm, concurrency). `slot` is the
+    Redis hash tag of its keys (default: its name); the scopes of one caller share their
+    tenant's, so one script can check and take them all on a Redis Cluster."""
 
     name: str
     rpm: int
     tpm: int
     concurrency: int
+    slot: str = ""
+
+    def key(self, suffix: str) -> str:
+        return f"rl:{{{self.slot or self.name}}}:{self.name}:{suffix}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,30 +79,30 @@ class RedisLimiter:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self.script = client.register_script(_SCRIPT)
+        self.give_back = client.register_script(_GIVE_BACK)
 
     def acquire(self, *, request_id: str, scopes: tuple[Scope, ...], tokens: int) -> Admitted:
         now = time.time()
-        args = [int(now * 1000), _window(now), request_id, tokens, INFLIGHT_TTL_MS]
+        window = _window(now)
+        args, keys = [int(now * 1000), request_id, tokens, INFLIGHT_TTL_MS], []
         for scope in scopes:
             args += [scope.name, scope.rpm, scope.tpm, scope.concurrency]
-        refused = self.script(keys=[], args=args)
+            keys += [scope.key(f"r:{window}"), scope.key(f"t:{window}"), scope.key("c")]
+        refused = self.script(keys=keys, args=args)
         if refused:
             raise _refusal(refused[0].decode(), refused[1].decode(), now)
         return Admitted(request_id, scopes, _window(now), tokens)
 
     def release(self, admitted: Admitted, *, tokens_used: int) -> None:
-        pipe = self.client.pipeline(transaction=False)
+        """Free the concurrency slots and give the unused worst case back to the window it
+        was taken from (a window already gone is left alone), in one script."""
         unused = max(admitted.tokens - tokens_used, 0)
+        keys, args = [], [admitted.request_id, unused]
         for scope in admitted.scopes:
-            base = f"rl:{{{scope.name}}}:"
-            if scope.concurrency:
-                pipe.zrem(base + "c", admitted.request_id)
-            if scope.tpm and unused:
-                # Give back the unused worst case to the window it was taken from (gone: no-op).
-                pipe.eval("if redis.call('EXISTS', KEYS[1]) == 1 then "
-                          "return redis.call('DECRBY', KEYS[1], ARGV[1]) end", 1,
-                          base + f"t:{admitted.window}", unused)
-        pipe.execute()
+            keys += [scope.key("c"), scope.key(f"t:{admitted.window}")]
+            args += [1 if scope.concurrency else 0, 1 if scope.tpm else 0]
+        if keys:
+            self.give_back(keys=keys, args=args)
 
 
 class LocalLimiter:
@@ -143,5 +160,6 @@ def scopes_for(caller) -> tuple[Scope, ...]:
                        ("tenant", caller.tenant)):
         rpm, tpm, concurrency = obj.rate_limits
         if rpm or tpm or concurrency:
-            scopes.append(Scope(f"{level}:{obj.pk}", rpm, tpm, concurrency))
+            scopes.append(Scope(f"{level}:{obj.pk}", rpm, tpm, concurrency,
+                                slot=f"tenant:{caller.tenant.pk}"))
     return tuple(scopes)
