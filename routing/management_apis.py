@@ -3,6 +3,7 @@ routed to (names, kinds, models, prices, health; never URLs or credentials, whic
 operator's), and each agent's routing: its fall-through chain, policy and cascade. Reading
 needs the viewer role in the tenant, changing needs admin, like the agent itself."""
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
@@ -25,7 +26,7 @@ class BackendModelOut(serializers.Serializer):
 class BackendOut(serializers.Serializer):
     name = serializers.CharField()
     kind = serializers.CharField()
-    health = serializers.CharField()
+    health = serializers.SerializerMethodField()
     probe_p95_ms = serializers.FloatField()
     context_length = serializers.IntegerField()
     hidden_states = serializers.BooleanField()
@@ -34,6 +35,9 @@ class BackendOut(serializers.Serializer):
     energy_mj_per_token = serializers.IntegerField()
     carbon_g_per_kwh = serializers.IntegerField()
     models = BackendModelOut(many=True, source="models.all")
+
+    def get_health(self, backend: Backend) -> str:
+        return backend.health_at(timezone.now())
 
 
 class RoutingSerializer(serializers.Serializer):

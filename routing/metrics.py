@@ -1,6 +1,7 @@
 """Prometheus metrics of the /v1 API (it skips django-prometheus's middleware; see
 platform/api_handler.py)."""
 
+from django.utils import timezone
 from prometheus_client import Counter, Histogram
 
 API_REQUESTS = Counter("fairlane_api_requests_total", "/v1 requests by endpoint and status",
@@ -48,14 +49,15 @@ class BackendCollector:
         from routing.models import Backend, Health
 
         up, p95, circuit, inflight = self._families()
+        now = timezone.now()
         try:
-            rows = list(Backend.objects.filter(is_enabled=True)
-                        .values_list("name", "health", "probe_p95_ms"))
+            rows = list(Backend.objects.filter(is_enabled=True).only(
+                "name", "health", "health_ok_at", "probe_p95_ms"))
         except Exception:  # a scrape must not fail because the database blinked
             rows = []
-        for name, health, probe_p95 in rows:
-            up.add_metric([name], 1.0 if health == Health.LIVE else 0.0)
-            p95.add_metric([name], probe_p95 / 1000)
+        for row in rows:
+            up.add_metric([row.name], 1.0 if row.health_at(now) == Health.LIVE else 0.0)
+            p95.add_metric([row.name], row.probe_p95_ms / 1000)
         for name, state in breakers.snapshot().items():
             circuit.add_metric([name], float(self.STATES.get(breakers.state(name), 0)))
             inflight.add_metric([name], float(state["inflight"]))

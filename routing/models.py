@@ -6,6 +6,8 @@ Credentials are never stored in plain text: a backend names an environment varia
 (`env:OPENAI_API_KEY`) or holds its secret encrypted (see routing/credentials.py).
 """
 
+from datetime import timedelta
+
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -97,6 +99,18 @@ class Backend(models.Model):
     @property
     def has_credential(self) -> bool:
         return bool(self.credential_ref or self.credential_encrypted)
+
+    def health_at(self, now) -> str:
+        """Health as of `now`: a live backend whose last successful probe is older than
+        FAIRLANE_HEALTH_STALE_SECONDS reads stale, whether or not any probe ran since (the beat
+        may be down). Offline and never-probed backends read as recorded."""
+        from django.conf import settings
+
+        stale_after = timedelta(seconds=settings.FAIRLANE_HEALTH_STALE_SECONDS)
+        if self.health == Health.LIVE and (self.health_ok_at is None
+                                           or now - self.health_ok_at > stale_after):
+            return Health.STALE
+        return self.health
 
 
 class BackendModel(models.Model):

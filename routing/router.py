@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db.models.signals import post_delete, post_save
+from django.utils import timezone
 
 from routing.backends.base import BackendSpec, Route
 from routing.breaker import breakers
@@ -44,8 +45,11 @@ class Registry:
     loaded_at: float = 0.0
 
 
-def spec_of(row: Backend) -> BackendSpec:
-    return BackendSpec(name=row.name, **{f: getattr(row, f) for f in _SPEC_FIELDS})
+def spec_of(row: Backend, now=None) -> BackendSpec:
+    """The row as the router sees it, its health as of now (staleness follows the clock)."""
+    fields = {f: getattr(row, f) for f in _SPEC_FIELDS}
+    fields["health"] = row.health_at(now or timezone.now())
+    return BackendSpec(name=row.name, **fields)
 
 
 def registry_load() -> Registry:

@@ -201,7 +201,9 @@ def test_error_rate_and_percentiles_come_from_the_last_twenty_samples():
 def test_a_failed_probe_long_after_the_last_success_is_stale_then_offline(settings):
     settings.FAIRLANE_HEALTH_STALE_SECONDS = 60
     settings.FAIRLANE_HEALTH_OFFLINE_AFTER = 3
-    start = timezone.now() - timedelta(minutes=10)
+    # The story ends now: its last success is recent when it is routed at the end (staleness
+    # follows the clock).
+    start = timezone.now() - timedelta(seconds=180)
     backend = bare("s")
     other = bare("t")
     backend_model_set(backend=backend, model="m")
@@ -248,3 +250,32 @@ def test_metrics_show_each_backends_health_and_this_processs_circuit(fakes, clie
     text = client.get("/metrics").content.decode()
     assert 'fairlane_backend_up{backend="shown"} 1.0' in text
     assert 'fairlane_backend_circuit_state{backend="shown"} 2.0' in text
+
+
+def test_health_goes_stale_with_the_clock_while_the_beat_is_down(fakes, settings, client_for,
+                                                                api_key):
+    """No probe runs after the first (the beat stopped): the backend still turns stale once its
+    last success is older than FAIRLANE_HEALTH_STALE_SECONDS, in routing, the API and metrics."""
+    import time_machine
+    from prometheus_client import REGISTRY
+
+    settings.FAIRLANE_HEALTH_STALE_SECONDS = 60
+    settings.FAIRLANE_ROUTING_CACHE_SECONDS = 0
+    first, second = fakes("openai"), fakes("openrouter")
+    register("a-first", first)  # OpenAI: after OpenRouter in the default kind order ...
+    register("b-second", second, is_enabled=False)
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        backends_probe()
+        Backend.objects.filter(name="b-second").update(is_enabled=True)
+    with time_machine.travel(start + timedelta(seconds=30), tick=False):
+        registry_invalidate()
+        assert registry_get().backends["a-first"].health == Health.LIVE
+    with time_machine.travel(start + timedelta(seconds=61), tick=False):
+        assert routed() == ["b-second", "a-first"]  # never probed ranks above stale
+        assert registry_get().backends["a-first"].health == Health.STALE
+        listed = client_for(key=api_key[1]).get("/api/backends/").json()
+        assert {b["name"]: b["health"] for b in listed} == {"a-first": "stale",
+                                                            "b-second": "unknown"}
+        assert REGISTRY.get_sample_value("fairlane_backend_up", {"backend": "a-first"}) == 0.0
+    assert row("a-first").health == Health.LIVE  # what the last probe recorded is kept
