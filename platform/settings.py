@@ -283,6 +283,20 @@ if FAIRLANE_ENGINE_MODE not in {"embedded", "celery"}:
 FAIRLANE_GPU_QUEUE = os.environ.get("FAIRLANE_GPU_QUEUE", "gpu")
 # Where presets are generated and model directories live.
 FAIRLANE_MODEL_DIR = Path(os.environ.get("FAIRLANE_MODEL_DIR", DATA_DIR / "models"))
+# --- model provenance (workers/artifacts) ---------------------------------------------------
+# require: a model loads only with a manifest signed by a trusted key; warn: an unsigned model,
+# or one signed by a key not trusted here, loads with a warning. Integrity (hashes, extra or
+# missing files, links, pickles) is enforced under both. Distributed deployments require.
+FAIRLANE_MODEL_SIGNATURES = os.environ.get("FAIRLANE_MODEL_SIGNATURES") or (
+    "warn" if FAIRLANE_ENGINE_MODE == "embedded" else "require")
+if FAIRLANE_MODEL_SIGNATURES not in {"require", "warn"}:
+    raise ImproperlyConfigured("FAIRLANE_MODEL_SIGNATURES must be 'require' or 'warn'")
+# Trusted public keys, comma-separated: `ed25519:<base64>` or paths of PEM files.
+FAIRLANE_TRUSTED_KEYS = env_list("FAIRLANE_TRUSTED_KEYS", "")
+# The local development key that signs presets and trained models when they are created (and
+# is trusted here); `make run` creates it once. Empty: none (production).
+FAIRLANE_DEV_SIGNING_KEY = os.environ.get("FAIRLANE_DEV_SIGNING_KEY",
+                                          str(DATA_DIR / "signing" / "dev-ed25519.pem"))
 # Models a GPU worker loads at start (comma-separated names; empty: every enabled model).
 FAIRLANE_WORKER_MODELS = env_list("FAIRLANE_WORKER_MODELS", "")
 FAIRLANE_ENGINE_DEVICE = os.environ.get("FAIRLANE_ENGINE_DEVICE", "cpu")

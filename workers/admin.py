@@ -1,11 +1,63 @@
 from django.contrib import admin
 
-from workers.models import ServedModel
+from workers.models import ModelVerification, ServedModel, TrustedKey
+
+
+class ModelVerificationInline(admin.TabularInline):
+    """What each worker found when it last checked the model before loading it."""
+
+    model = ModelVerification
+    extra = 0
+    can_delete = False
+    fields = readonly_fields = ["worker", "status", "reasons", "manifest_digest", "signer",
+                                "checked_at"]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
 
 
 @admin.register(ServedModel)
 class ServedModelAdmin(admin.ModelAdmin):
-    list_display = ["name", "source", "is_enabled", "price_input_per_mtok",
-                    "price_output_per_mtok", "price_cached_per_mtok", "created_at"]
-    list_filter = ["is_enabled"]
+    list_display = ["name", "source", "is_enabled", "verification", "license",
+                    "price_input_per_mtok", "price_output_per_mtok", "price_cached_per_mtok",
+                    "created_at"]
+    list_filter = ["is_enabled", "verifications__status"]
     search_fields = ["name", "source"]
+    readonly_fields = ["manifest_digest", "signer", "origin", "license"]
+    inlines = [ModelVerificationInline]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("verifications")
+
+    @admin.display(description="verification")
+    def verification(self, obj: ServedModel) -> str:
+        """Refused anywhere wins; else the latest check."""
+        checks = list(obj.verifications.all())
+        if not checks:
+            return "not loaded yet"
+        refused = [c for c in checks if c.status == ModelVerification.Status.REFUSED]
+        latest = refused[0] if refused else checks[0]
+        return f"{latest.status} ({latest.worker})"
+
+
+@admin.register(ModelVerification)
+class ModelVerificationAdmin(admin.ModelAdmin):
+    list_display = ["model", "worker", "status", "checked_at", "signer"]
+    list_filter = ["status"]
+    search_fields = ["model__name", "worker", "reasons"]
+    readonly_fields = ["model", "worker", "status", "reasons", "manifest_digest", "signer",
+                       "checked_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(TrustedKey)
+class TrustedKeyAdmin(admin.ModelAdmin):
+    list_display = ["name", "key_id", "is_active", "created_at"]
+    list_filter = ["is_active"]
+    search_fields = ["name", "key_id"]
+    readonly_fields = ["key_id"]

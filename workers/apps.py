@@ -14,7 +14,9 @@ class WorkersConfig(AppConfig):
         if not _collector_registered:
             from prometheus_client import REGISTRY
 
-            from workers.metrics import EngineCollector
+            from workers.metrics import EngineCollector, QueueCollector, VerifyCollector
 
             REGISTRY.register(EngineCollector())
+            REGISTRY.register(QueueCollector())
+            REGISTRY.register(VerifyCollector())
             _collector_registered = True

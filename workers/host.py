@@ -9,6 +9,7 @@ import threading
 
 from django.conf import settings
 
+from workers.artifacts.load import artifact_verify_for_load
 from workers.engine import AsyncEngine, EngineConfig
 from workers.registry import ModelInfo, model_dir
 
@@ -25,8 +26,10 @@ class EngineHost:
         with self._lock:
             engine = self._engines.get(info.name)
             if engine is None or not engine.is_running:
+                path = model_dir(info.source)
+                artifact_verify_for_load(model=info.name, path=path)  # raises ModelRefused
                 config = EngineConfig(
-                    model=str(model_dir(info.source)),
+                    model=str(path),
                     device=settings.FAIRLANE_ENGINE_DEVICE,
                     kv_cache_memory_bytes=settings.FAIRLANE_ENGINE_KV_CACHE_MB << 20,
                     max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS,

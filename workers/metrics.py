@@ -1,9 +1,12 @@
 """Engine figures for Prometheus, collected at scrape time: this process's engines in the
-embedded mode, the GPU workers' heartbeats in the distributed one."""
+embedded mode, the GPU workers' heartbeats in the distributed one; the fair queues' depths
+(what the autoscaler scales GPU workers on); and models refused at load."""
 
 from __future__ import annotations
 
+import collections
 import logging
+import threading
 
 from django.conf import settings
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -64,3 +67,104 @@ class EngineCollector:
                 if name in values:
                     family.add_metric([where, model], float(values[name]))
         yield from families.values()
+
+
+# -- the queues: what KEDA / the HPA scale the GPU workers on ----------------------------------
+
+def queue_depths() -> dict[tuple[str, str], int]:
+    """(model, lane) -> requests waiting in the fair queue (distributed mode: Redis; every
+    enabled model, zeros included, so a scaler sees 0 rather than no series)."""
+    from workers.fairqueue import LANES
+    from workers.registry import model_list_enabled
+    from workers.transport import queue_for, redis_sync
+
+    client = redis_sync()
+    depths = {}
+    for info in model_list_enabled():
+        by_lane = {k.decode(): int(v) for k, v in client.hgetall(
+            queue_for(client, info.name).prefix + "depth").items()}
+        depths.update({(info.name, lane): by_lane.get(lane, 0) for lane in LANES})
+    return depths
+
+
+class QueueCollector:
+    """`fairlane_queue_depth{model,lane}` and vLLM's name for the same figure,
+    `fairlane_num_requests_waiting{model}` (fair queue plus sequences waiting inside engines)."""
+
+    def describe(self):
+        return list(self._families())
+
+    def _families(self):
+        return (GaugeMetricFamily("fairlane_queue_depth", "requests waiting in the fair queue",
+                                  labels=["model", "lane"]),
+                GaugeMetricFamily("fairlane_num_requests_waiting",
+                                  "requests waiting for a GPU worker (vLLM's "
+                                  "num_requests_waiting)", labels=["model"]))
+
+    def collect(self):
+        depth, waiting = self._families()
+        totals: collections.Counter[str] = collections.Counter()
+        try:
+            if settings.FAIRLANE_ENGINE_MODE == "celery":
+                for (model, lane), value in queue_depths().items():
+                    depth.add_metric([model, lane], value)
+                    totals[model] += value
+            for (_, model), stats in engine_stats().items():
+                totals[model] += int(stats.get("num_waiting", 0))
+        except Exception:  # a scrape must not fail because Redis or the database blinked
+            logger.exception("queue depths unavailable")
+        for model, value in sorted(totals.items()):
+            waiting.add_metric([model], value)
+        yield depth
+        yield waiting
+
+
+# -- models refused at load (workers/artifacts) ------------------------------------------------
+
+VERIFY_FAILURES_KEY = "fl:model_verify_failures"
+_verify_failures: collections.Counter[tuple[str, str]] = collections.Counter()
+_verify_lock = threading.Lock()
+
+
+def verify_failure_count(*, model: str, reason: str) -> None:
+    """One refused load. GPU workers keep the count in Redis, which the API's /metrics reads."""
+    if settings.FAIRLANE_ENGINE_MODE == "embedded":
+        with _verify_lock:
+            _verify_failures[(model, reason)] += 1
+        return
+    from workers.transport import redis_sync
+
+    try:
+        redis_sync().hincrby(settings.FAIRLANE_QUEUE_NAMESPACE + VERIFY_FAILURES_KEY,
+                             f"{model}\x1f{reason}", 1)
+    except Exception:
+        logger.exception("could not count the refused load of %s", model)
+
+
+def verify_failures() -> dict[tuple[str, str], int]:
+    if settings.FAIRLANE_ENGINE_MODE == "embedded":
+        with _verify_lock:
+            return dict(_verify_failures)
+    from workers.transport import redis_sync
+
+    raw = redis_sync().hgetall(settings.FAIRLANE_QUEUE_NAMESPACE + VERIFY_FAILURES_KEY)
+    return {tuple(k.decode().split("\x1f", 1)): int(v) for k, v in raw.items()}
+
+
+class VerifyCollector:
+    def describe(self):
+        return [self._family()]
+
+    def _family(self):
+        return CounterMetricFamily("fairlane_model_verify_failures",
+                                   "model loads refused because the model's files failed "
+                                   "verification", labels=["model", "reason"])
+
+    def collect(self):
+        family = self._family()
+        try:
+            for (model, reason), value in sorted(verify_failures().items()):
+                family.add_metric([model, reason], value)
+        except Exception:
+            logger.exception("verify failure counts unavailable")
+        yield family

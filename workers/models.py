@@ -5,6 +5,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 
 from tenants.models import MAX_MICROCENTS, name_validator
+from workers.artifacts.models import ModelVerification, TrustedKey  # noqa: F401  (the app's models)
 
 
 class ServedModel(models.Model):
@@ -22,6 +23,13 @@ class ServedModel(models.Model):
     price_cached_per_mtok = models.BigIntegerField(
         default=0, validators=[MinValueValidator(0)])
     is_enabled = models.BooleanField(default=True)
+    # Provenance, from the signed manifest when the model was registered (model_register).
+    manifest_digest = models.CharField(max_length=80, blank=True, default="")
+    signer = models.CharField(max_length=80, blank=True, default="",
+                              help_text="key id (sha256 of the public key) that signed it")
+    origin = models.CharField(max_length=500, blank=True, default="",
+                              help_text="where the weights came from, per the manifest")
+    license = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

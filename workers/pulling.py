@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.conf import settings
 
 from tenants.models import UsageRecord
+from workers.artifacts.load import ModelRefused
 from workers.engine import AsyncEngine
 from workers.fairqueue import FairQueue, Taken
 from workers.generation import GenerationJob, generation_run_blocking, generation_settle
@@ -130,7 +131,11 @@ class Puller:
 
     def _loop(self, info: ModelInfo) -> None:
         queue = queue_for(self.client, info.name)
-        engine = host_get().engine(info)
+        try:
+            engine = host_get().engine(info)
+        except ModelRefused:  # its files failed verification: not hosted; serve() retries
+            self.models.pop(info.name, None)
+            return
         while not self._stop.is_set():
             try:
                 free = min(engine_free_slots(engine), self.capacity - self.in_flight())

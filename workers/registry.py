@@ -12,7 +12,9 @@ from django.conf import settings
 
 from tenants.errors import InvalidRequest
 from tenants.services.validation import save_validated
-from workers.engine import Tokenizer, ensure_preset
+from workers.artifacts.load import artifact_provenance
+from workers.artifacts.presets import preset_signed_dir
+from workers.engine import Tokenizer
 from workers.engine.presets import PRESETS
 from workers.models import ServedModel
 
@@ -58,7 +60,7 @@ def model_dir(source: str) -> Path:
     """The local directory of a model; presets are generated (from their seed) on first use."""
     if source.startswith(PRESET_PREFIX):
         preset, _, seed = source.removeprefix(PRESET_PREFIX).partition("@")
-        return ensure_preset(preset, settings.FAIRLANE_MODEL_DIR, seed=int(seed or 0))
+        return preset_signed_dir(preset, settings.FAIRLANE_MODEL_DIR, seed=int(seed or 0))
     return Path(source)
 
 
@@ -101,13 +103,16 @@ def model_get(*, name: str) -> ModelInfo | None:
 def model_register(*, name: str, source: str, description: str = "",
                    price_input_per_mtok: int = 0, price_output_per_mtok: int = 0,
                    price_cached_per_mtok: int = 0) -> ServedModel:
-    """Add a model to the registry, or update the one with that name."""
+    """Add a model to the registry, or update the one with that name, with the provenance of
+    its signed manifest (refused if a worker would refuse to load it)."""
     model_source_check(source)
     row = ServedModel.objects.filter(name=name).first() or ServedModel(name=name)
     row.source, row.description = source, description
     row.price_input_per_mtok = price_input_per_mtok
     row.price_output_per_mtok = price_output_per_mtok
     row.price_cached_per_mtok = price_cached_per_mtok
+    for field, value in artifact_provenance(path=model_dir(source)).items():
+        setattr(row, field, value)
     return save_validated(row, unique_param="name")
 
 

@@ -21,6 +21,7 @@ from celery import signals
 from django.conf import settings
 from django.db import close_old_connections
 
+from workers.artifacts.load import ModelRefused
 from workers.generation import generation_cancel
 from workers.host import host_get
 from workers.pulling import Puller
@@ -111,7 +112,10 @@ def worker_start(sender=None, **kwargs) -> None:
     if sender is None or not _consumes_gpu_queue(sender):
         return
     for info in worker_models():
-        host_get().engine(info)
+        try:
+            host_get().engine(info)
+        except ModelRefused:  # logged and counted; the other models still load
+            pass
     _services = WorkerServices(Puller(WORKER_ID, settings.FAIRLANE_WORKER_CONCURRENCY))
     _services.beat()
     _services.start()

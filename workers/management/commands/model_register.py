@@ -1,4 +1,6 @@
-"""Register (or update) a served model: a seeded preset or a local Hugging Face directory."""
+"""Register (or update) a served model: a seeded preset or a local Hugging Face directory. Its
+signed manifest is checked as a worker would, and its digest, signer, origin and license are
+recorded."""
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -27,3 +29,7 @@ class Command(BaseCommand):
         except InvalidRequest as exc:
             raise CommandError(exc.message) from None
         self.stdout.write(f"registered {row.name} -> {row.source}")
+        if row.manifest_digest:
+            self.stdout.write(f"  manifest {row.manifest_digest}\n  signer   "
+                              f"{row.signer or '(unsigned)'}\n  origin   {row.origin}\n"
+                              f"  license  {row.license}")
