@@ -140,10 +140,16 @@ class CompletionConsumer(AsyncWebsocketConsumer):
             await self._send_error(frame_id, ApplicationError())
 
     async def _send(self, frame: dict) -> None:
+        if getattr(self, "is_gone", False):
+            return
         try:
             await self.send(text_data=json.dumps(frame, separators=(",", ":")))
-        except Exception:  # the socket is gone; the run is being cancelled anyway
-            pass
+        except Exception as exc:  # the socket is gone: stop its requests (each is settled)
+            self.is_gone = True
+            logger.warning("websocket send failed (%s: %s); cancelling its %d request(s): %s",
+                           type(exc).__name__, exc, len(self.runs), sorted(self.runs))
+            for task in list(self.runs.values()):
+                task.cancel()  # the run sending this one too: it stops at its next await
 
     async def _send_error(self, frame_id, exc: ApplicationError) -> None:
         await self._send({"type": "error", "id": frame_id, **error_body_for(exc)})

@@ -1,8 +1,12 @@
 """Prometheus metrics of the /v1 API (it skips django-prometheus's middleware; see
 platform/api_handler.py)."""
 
+import logging
+
 from django.utils import timezone
 from prometheus_client import Counter, Histogram
+
+logger = logging.getLogger(__name__)
 
 API_REQUESTS = Counter("fairlane_api_requests_total", "/v1 requests by endpoint and status",
                        ["endpoint", "status"])
@@ -31,6 +35,8 @@ class BackendCollector:
         return list(self._families())
 
     FAMILIES = [
+        ("fairlane_backend_registry_readable",
+         "1 when this scrape could read the backend registry (0: the figures below are missing)"),
         ("fairlane_backend_up", "1 when the backend's last probes succeeded (live)"),
         ("fairlane_backend_probe_p95_seconds", "p95 latency of the backend's health probes"),
         ("fairlane_backend_circuit_state",
@@ -41,19 +47,22 @@ class BackendCollector:
     def _families(self):
         from prometheus_client.core import GaugeMetricFamily
 
-        return tuple(GaugeMetricFamily(name, help_text, labels=["backend"])
-                     for name, help_text in self.FAMILIES)
+        return tuple(GaugeMetricFamily(name, help_text, labels=[] if i == 0 else ["backend"])
+                     for i, (name, help_text) in enumerate(self.FAMILIES))
 
     def collect(self):
         from routing.breaker import breakers
         from routing.models import Backend, Health
 
-        up, p95, circuit, inflight = self._families()
+        readable, up, p95, circuit, inflight = self._families()
         now = timezone.now()
         try:
             rows = list(Backend.objects.filter(is_enabled=True).only(
                 "name", "health", "health_ok_at", "probe_p95_ms"))
-        except Exception:  # a scrape must not fail because the database blinked
+            readable.add_metric([], 1.0)
+        except Exception:  # a scrape must not fail because the database blinked: say so
+            logger.exception("backend metrics: the registry could not be read")
+            readable.add_metric([], 0.0)
             rows = []
         for row in rows:
             up.add_metric([row.name], 1.0 if row.health_at(now) == Health.LIVE else 0.0)
@@ -61,4 +70,4 @@ class BackendCollector:
         for name, state in breakers.snapshot().items():
             circuit.add_metric([name], float(self.STATES.get(breakers.state(name), 0)))
             inflight.add_metric([name], float(state["inflight"]))
-        yield from (up, p95, circuit, inflight)
+        yield from (readable, up, p95, circuit, inflight)

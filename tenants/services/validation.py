@@ -1,7 +1,21 @@
+import logging
+
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import IntegrityError, models, transaction
 
-from tenants.errors import InvalidRequest
+from tenants.errors import ApplicationError, InvalidRequest
+
+logger = logging.getLogger(__name__)
+
+# SQLSTATE classes of integrity violations (PostgreSQL; SQLite's messages are mapped below).
+UNIQUE, FOREIGN_KEY = "23505", "23503"
+
+
+class Conflict(ApplicationError):
+    """The write collided with a concurrent change (what it refers to was just removed)."""
+
+    code, status, type = "conflict", 409, "invalid_request_error"
+    default_message = "The request conflicts with a concurrent change; read again and retry."
 
 
 def invalid_from_validation_error(exc: ValidationError,
@@ -15,17 +29,46 @@ def invalid_from_validation_error(exc: ValidationError,
     return InvalidRequest(" ".join(exc.messages))
 
 
+def integrity_kind(exc: IntegrityError) -> str:
+    """Which constraint a write broke: UNIQUE, FOREIGN_KEY, or another SQLSTATE."""
+    cause = exc.__cause__
+    state = getattr(cause, "sqlstate", None)
+    if state:
+        return state
+    text = str(cause or exc).upper()  # SQLite names the constraint in its message
+    if "UNIQUE" in text:
+        return UNIQUE
+    if "FOREIGN KEY" in text:
+        return FOREIGN_KEY
+    return "23000"
+
+
+def error_from_integrity(exc: IntegrityError, obj: models.Model,
+                         unique_param: str | None) -> ApplicationError:
+    """What the client is told when a write that passed validation still broke a constraint:
+    a concurrent writer won a unique constraint (400, as validation says it), or something it
+    refers to was deleted meanwhile (409); anything else is our fault (500, logged)."""
+    kind = integrity_kind(exc)
+    name = type(obj).__name__
+    if kind == UNIQUE:
+        return InvalidRequest(f"{unique_param or 'object'} already exists.", param=unique_param)
+    if kind == FOREIGN_KEY:
+        logger.info("%s write lost a race with a deletion: %s", name, exc)
+        return Conflict(f"This {name.lower()} refers to something that was just removed; "
+                        "read it again and retry.")
+    logger.error("%s write broke a constraint that validation passed", name, exc_info=exc)
+    return ApplicationError()
+
+
 def save_validated(obj: models.Model, *, unique_param: str | None = None) -> models.Model:
     """Validate a model instance (field rules and unique constraints) and save it; failures
-    become InvalidRequest naming the field."""
+    become InvalidRequest naming the field (Conflict when it lost a race with a deletion)."""
     try:
         obj.full_clean()
         with transaction.atomic():
             obj.save()
     except ValidationError as exc:
         raise invalid_from_validation_error(exc, unique_param) from None
-    except IntegrityError:
-        # A concurrent writer won the unique constraint that full_clean checked.
-        raise InvalidRequest(f"{unique_param or 'object'} already exists.",
-                             param=unique_param) from None
+    except IntegrityError as exc:
+        raise error_from_integrity(exc, obj, unique_param) from None
     return obj
