@@ -166,6 +166,18 @@ class BlockManager:
                 block.hash, block.parent_hash, block.token_ids, block.salt = digest, parent, tuple(tokens), seq.salt
         seq.num_committed_blocks = max(seq.num_committed_blocks, num_full)
 
+    def truncate(self, seq: Sequence) -> None:
+        """Free the blocks wholly past the sequence's computed tokens (rejected draft tokens):
+        they were reserved for this sequence alone and never published to the prefix cache."""
+        keep = self.num_blocks_for(seq.num_computed_tokens)
+        for block_id in seq.block_table[keep:]:
+            block = self.blocks[block_id]
+            assert block.ref_count == 1 and block.hash is None, f"block {block_id} is shared or cached"
+            block.ref_count = 0
+            self.free_queue[block_id] = None
+            self.free_queue.move_to_end(block_id, last=False)
+        del seq.block_table[keep:]
+
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references; blocks nobody holds return to the free queue."""
         for block_id in reversed(seq.block_table):

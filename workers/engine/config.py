@@ -95,6 +95,46 @@ def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+SPEC_METHODS = ("ngram", "draft")
+
+
+@dataclass(slots=True, frozen=True)
+class SpeculativeConfig:
+    """``method="ngram"``: prompt lookup, no draft model. ``"draft"``: ``model`` is a directory
+    with the target's tokenizer. Speculation turns itself off while more than
+    ``disable_by_batch_size`` sequences run, and, per request, for ``pause_steps`` steps when
+    its acceptance rate falls below ``min_acceptance_rate``."""
+
+    method: str
+    num_speculative_tokens: int = 4
+    model: str | None = None
+    prompt_lookup_min: int = 3
+    prompt_lookup_max: int = 12
+    disable_by_batch_size: int | None = 4
+    min_acceptance_rate: float = 0.25
+    pause_steps: int = 32
+
+    def __post_init__(self) -> None:
+        if self.method not in SPEC_METHODS:
+            raise ValueError(f"speculative method must be one of {SPEC_METHODS}, got {self.method!r}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError("num_speculative_tokens must be in [1, 16]")
+        if self.method == "draft" and not self.model:
+            raise ValueError("the draft method needs a draft model directory")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
+        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
+            raise ValueError("disable_by_batch_size must be at least 1 (or None: never)")
+        if not 0.0 <= self.min_acceptance_rate <= 1.0:
+            raise ValueError("min_acceptance_rate must be in [0, 1]")
+        if self.pause_steps < 0:
+            raise ValueError("pause_steps must be >= 0")
+
+
+QUANTIZATIONS = ("int8", "int4")
+QUANT_GROUP_SIZES = (32, 64, 128)
+
+
 @dataclass(slots=True, frozen=True)
 class EngineConfig:
     """How the engine runs a model: where, how much KV memory, how big a step may be."""
@@ -122,6 +162,12 @@ class EngineConfig:
     # Decode attention groups sequences of similar length; a group stops growing once padding
     # would exceed this fraction of the keys it reads.
     max_group_padding: float = 0.15
+    # Speculative decoding (None: off).
+    speculative: SpeculativeConfig | None = None
+    # Weight-only quantization of the decoder's linear layers at load: None, "int8" (per output
+    # channel) or "int4" (group-wise, quantization_group_size input columns per scale).
+    quantization: str | None = None
+    quantization_group_size: int = 128
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -136,3 +182,7 @@ class EngineConfig:
             raise ValueError("watermark must be in [0, 1)")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unknown dtype {self.dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {self.quantization!r}")
+        if self.quantization_group_size not in QUANT_GROUP_SIZES:
+            raise ValueError(f"quantization_group_size must be one of {QUANT_GROUP_SIZES}")

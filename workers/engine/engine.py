@@ -5,24 +5,30 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
 from workers.engine.block_manager import BlockManager
+from workers.engine.blocking import BlockingHelpers
 from workers.engine.config import EngineConfig, ModelConfig
-from workers.engine.errors import InvalidRequest
+from workers.engine.errors import InvalidRequest, UnsupportedModel
 from workers.engine.model.loader import model_load, resolve_dtype
-from workers.engine.outputs import Completion, RequestOutput
+from workers.engine.outputs import RequestOutput
 from workers.engine.params import SamplingParams
 from workers.engine.policy import FairSharePolicy, SchedulingPolicy
 from workers.engine.requests import POOLINGS, prompt_token_ids, request_check
 from workers.engine.runner import ModelRunner, StepResult
+from workers.engine.quant import quantization_config_read, quantize_model
+from workers.engine.sampler import Sampler, uniform
 from workers.engine.scheduler import ScheduledBatch, Scheduler
+from workers.engine.spec.draft import DraftProposer, draft_kv_bytes_per_block
+from workers.engine.spec.ngram import NgramProposer
+from workers.engine.spec.speculator import Proposer, SpecStats, Speculator
 from workers.engine.sequence import FinishReason, Sequence
 from workers.engine.stats import EngineStats
 from workers.engine.stopping import stop_check, text_delta, text_update
@@ -30,10 +36,11 @@ from workers.engine.detokenizer import IncrementalDetokenizer
 from workers.engine.tokenizer import Tokenizer
 
 
-class LLMEngine:
+class LLMEngine(BlockingHelpers):
     """A single-threaded engine over one model. Not thread-safe: use AsyncEngine to share it."""
 
-    def __init__(self, config: EngineConfig, *, policy: SchedulingPolicy | None = None) -> None:
+    def __init__(self, config: EngineConfig, *, policy: SchedulingPolicy | None = None, proposer: Proposer | None = None) -> None:
+        """``proposer`` replaces the one ``config.speculative`` names (tests script proposals)."""
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.config = config
@@ -44,14 +51,17 @@ class LLMEngine:
         num_blocks = config.num_kv_blocks or self._blocks_in_budget()
         self.max_model_len = self._max_model_len(num_blocks)
         model = model_load(config.model, device=self.device, dtype=self.dtype, max_positions=self.max_model_len)
+        self.quantization = self._quantize(model)
         has_tokenizer = (Path(config.model) / "tokenizer.json").exists()
         self.tokenizer = Tokenizer(config.model) if has_tokenizer else None
         self.eos_token_ids = mc.eos_token_ids or ((self.tokenizer.eos_token_id,) if self.tokenizer and self.tokenizer.eos_token_id is not None else ())
         self.block_manager = BlockManager(num_blocks, config.block_size, is_prefix_caching_enabled=config.is_prefix_caching_enabled)
         self.policy = policy or FairSharePolicy()
-        self.scheduler = Scheduler(config, self.block_manager, self.policy)
         self.runner = ModelRunner(model, config, num_blocks, self.device, self.dtype)
         self.runner.eos_token_ids = self.eos_token_ids
+        self.speculator = self._speculator(num_blocks, proposer)
+        lookahead = self.speculator.lookahead if self.speculator else None
+        self.scheduler = Scheduler(config, self.block_manager, self.policy, lookahead)
         self.stats_counters = EngineStats()
         self.requests: dict[str, Sequence] = {}
         self._pending: list[RequestOutput] = []  # abort notices, delivered by the next step
@@ -60,7 +70,37 @@ class LLMEngine:
         mc = self.model_config
         itemsize = torch.empty(0, dtype=self.dtype).element_size()
         per_block = mc.num_hidden_layers * 2 * mc.num_key_value_heads * self.config.block_size * mc.head_dim * itemsize
+        spec = self.config.speculative
+        if spec is not None and spec.method == "draft":  # the draft's K/V share the blocks
+            per_block += draft_kv_bytes_per_block(spec.model, self.config.block_size, self.dtype)
         return max(self.config.kv_cache_memory_bytes // per_block, 2)
+
+    def _quantize(self, model) -> str | None:
+        """Quantize at load as configured; a quantized checkpoint stays as it was saved."""
+        saved = quantization_config_read(json.loads((Path(self.config.model) / "config.json").read_text()))
+        wanted = self.config.quantization
+        if saved is not None:
+            if wanted is not None and wanted != saved[0]:
+                raise UnsupportedModel(f"the checkpoint is {saved[0]}-quantized; it cannot load as {wanted}")
+            return saved[0]
+        if wanted is not None:
+            quantize_model(model, wanted, group_size=self.config.quantization_group_size)
+        return wanted
+
+    def _speculator(self, num_blocks: int, proposer: Proposer | None) -> Speculator | None:
+        spec = self.config.speculative
+        if spec is None:
+            return None
+        generator = self.runner.sampler.generator
+        if proposer is None and spec.method == "ngram":
+            proposer = NgramProposer(min_n=spec.prompt_lookup_min, max_n=spec.prompt_lookup_max)
+        elif proposer is None:
+            proposer = DraftProposer(
+                spec.model, config=self.config, target=self.model_config, num_blocks=num_blocks,
+                max_model_len=self.max_model_len, device=self.device, dtype=self.dtype,
+                uniform=lambda seq: uniform(seq, generator),
+            )
+        return Speculator(spec, proposer, max_model_len=self.max_model_len, generator=generator)
 
     def _max_model_len(self, num_blocks: int) -> int:
         mc = self.model_config
@@ -163,41 +203,79 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         batch = self.scheduler.schedule()
         assert batch.seqs or not self.scheduler.has_unfinished, "the scheduler made no progress"
-        num_sampled = 0
+        num_generated = num_spec_tokens = 0
         if batch.seqs:
+            num_spec_tokens = self.speculator.propose(batch) if self.speculator else 0
             result = self.runner.execute(batch)
             for seq, n in zip(batch.seqs, batch.num_new_tokens):
-                seq.num_computed_tokens += n
-                self.block_manager.commit(seq)
+                if not seq.spec_token_ids:  # speculative ones advance by what verification accepts
+                    seq.num_computed_tokens += n
+                    self.block_manager.commit(seq)
             outputs.extend(self._finish_embeddings(batch))
             outputs.extend(self._append_tokens(result))
-            num_sampled = len(result.sampled_seqs)
-        self.stats_counters.record_step(batch, num_sampled, self.scheduler)
+            spec_outputs = self._append_speculative(result) if result.spec_seqs else []
+            outputs.extend(spec_outputs)
+            num_generated = len(result.sampled_seqs) + sum(len(o.new_token_ids) for o in spec_outputs)
+        if self.speculator:
+            self.speculator.end_step()
+        self.stats_counters.record_step(batch, num_generated, self.scheduler, num_spec_tokens=num_spec_tokens)
         return outputs
 
     def _append_tokens(self, result: StepResult) -> list[RequestOutput]:
         outputs = []
-        now = time.perf_counter()
         sample = result.sample
         for i, seq in enumerate(result.sampled_seqs):
             token_id = sample.token_ids[i]
-            seq.token_ids.append(token_id)
-            if seq.first_token_time is None:
-                seq.first_token_time = now
             logprobs = [sample.logprobs[i]] if sample.logprobs is not None and seq.params.logprobs is not None else None
             top = [sample.top_logprobs[i]] if logprobs and sample.top_logprobs and sample.top_logprobs[i] else None
-            if logprobs:
-                seq.logprobs.extend(logprobs)
-                if top:
-                    seq.top_logprobs.extend(top)
-            reason = stop_check(seq, token_id, self.eos_token_ids, self.max_model_len)
-            reason = text_update(seq, reason)
+            reason = self._token_append(seq, token_id, logprobs and logprobs[0], top and top[0])
             delta = text_delta(seq, is_finished=reason is not None)
             hidden = result.hidden_last[i : i + 1] if seq.is_hidden_states_returned else None
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 self._finished(seq)
             outputs.append(self._output(seq, [token_id], delta, logprobs, top, hidden=hidden))
+        return outputs
+
+    def _token_append(self, seq: Sequence, token_id: int, logprob: float | None, top: dict | None):
+        """Append one token (with its logprobs); the reason it ends the sequence, if it does."""
+        seq.token_ids.append(token_id)
+        if seq.first_token_time is None:
+            seq.first_token_time = time.perf_counter()
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+            if top:
+                seq.top_logprobs.append(top)
+        return text_update(seq, stop_check(seq, token_id, self.eos_token_ids, self.max_model_len))
+
+    def _append_speculative(self, result: StepResult) -> list[RequestOutput]:
+        """Verify each speculative sequence's drafts; keep exactly the tokens emitted, roll back the rest."""
+        outputs = []
+        emitted = self.speculator.verify(result.spec_seqs, result.spec_logits)
+        logits = result.spec_logits.float().cpu()
+        row = 0
+        for seq, tokens in zip(result.spec_seqs, emitted):
+            rows = slice(row, row + len(tokens))
+            row += len(seq.spec_token_ids) + 1
+            logprobs, top = Sampler.logprobs_of(logits[rows], tokens, seq.params.logprobs)
+            taken, reason = [], None
+            for i, token_id in enumerate(tokens):  # stops, EOS and max_tokens cut the emitted tokens short
+                taken.append(token_id)
+                reason = self._token_append(seq, token_id, logprobs and logprobs[i], top and top[i])
+                if reason is not None:
+                    break
+            if reason is None:
+                # K/V are valid for the previous last token and the accepted drafts.
+                seq.num_computed_tokens += len(tokens)
+                self.block_manager.truncate(seq)
+                self.block_manager.commit(seq)
+                self.speculator.rolled_back(seq)
+            else:
+                self.scheduler.finish(seq, reason)
+                self._finished(seq)
+            hidden = result.spec_hidden[rows][: len(taken)] if seq.is_hidden_states_returned else None
+            outputs.append(self._output(seq, taken, text_delta(seq, is_finished=reason is not None),
+                                        logprobs and logprobs[: len(taken)], top and top[: len(taken)], hidden=hidden))
         return outputs
 
     def _finish_embeddings(self, batch: ScheduledBatch) -> list[RequestOutput]:
@@ -225,57 +303,9 @@ class LLMEngine:
             num_cached_tokens=seq.num_cached_tokens, hidden_states=hidden, embedding=embedding,
         )
 
-    # Blocking helpers ---------------------------------------------------------------------
-
-    def generate(
-        self,
-        prompts: list[str | list[int]],
-        params: SamplingParams | list[SamplingParams] | None = None,
-        **request_kwargs: Any,
-    ) -> list[Completion]:
-        """Run ``prompts`` to completion, batched together; results in prompt order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # one prompt, not a list of them
-        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
-        ids = [self.add_request(p, sp, **request_kwargs) for p, sp in zip(prompts, per_prompt, strict=True)]
-        seqs = {rid: self.requests[rid] for rid in ids}
-        hidden: dict[str, list[torch.Tensor]] = {rid: [] for rid in ids}
-        while any(not s.is_finished for s in seqs.values()):
-            for out in self.step():
-                if out.hidden_states is not None and out.request_id in hidden:
-                    hidden[out.request_id].append(out.hidden_states)
-        return [_completion(seqs[rid], hidden[rid]) for rid in ids]
-
-    def embed(self, prompts: list[str | list[int]], *, pooling: str = "mean", normalize: bool = False, **kwargs: Any) -> torch.Tensor:
-        """Pooled final hidden states of ``prompts``: [len(prompts), hidden_size]."""
-        ids = [self.add_embedding_request(p, pooling=pooling, **kwargs) for p in prompts]
-        found: dict[str, torch.Tensor] = {}
-        while len(found) < len(ids):
-            for out in self.step():
-                if out.embedding is not None:
-                    found[out.request_id] = out.embedding
-        vectors = torch.stack([found[rid] for rid in ids])
-        return F.normalize(vectors, dim=-1) if normalize else vectors
-
     def stats(self) -> dict[str, Any]:
         """Counters: KV blocks used/free, prefix hits, batch sizes, preemptions, tokens."""
-        return self.stats_counters.snapshot(self.block_manager, self.scheduler)
-
-
-def _completion(seq: Sequence, hidden: list[torch.Tensor]) -> Completion:
-    wants_logprobs = seq.params.logprobs is not None
-    return Completion(
-        request_id=seq.request_id, prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-        token_ids=seq.output_token_ids, text=seq.text,
-        finish_reason=seq.finish_reason.value if seq.finish_reason else None, stop_reason=seq.stop_reason,
-        logprobs=list(seq.logprobs) if wants_logprobs else None,
-        top_logprobs=list(seq.top_logprobs) if wants_logprobs and seq.params.logprobs else None,
-        num_cached_tokens=seq.num_cached_tokens,
-        hidden_states=torch.cat(hidden) if hidden else None,
-        metrics={
-            "arrival_time": seq.arrival_time,
-            "first_token_time": seq.first_token_time or 0.0,
-            "finish_time": seq.finish_time or 0.0,
-            "num_preemptions": seq.num_preemptions,
-        },
-    )
+        spec = self.speculator.stats if self.speculator else SpecStats(0)
+        return {**self.stats_counters.snapshot(self.block_manager, self.scheduler), **spec.snapshot(),
+                "speculative_method": self.config.speculative.method if self.config.speculative else None,
+                "quantization": self.quantization}

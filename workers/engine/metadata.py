@@ -26,6 +26,13 @@ MAX_PREFILL_PADDING = 1.3
 MAX_GROUP_MASK_ELEMENTS = 1 << 23
 
 
+def batch_order(seqs: list[Sequence], num_new: list[int]) -> list[int]:
+    """Single-token chunks first, longest context first, so decode groups have little padding."""
+    def key(i: int) -> tuple[bool, int]:
+        return num_new[i] > 1, -(seqs[i].num_computed_tokens + num_new[i])
+    return sorted(range(len(seqs)), key=key)
+
+
 class MetadataBuilder:
     def __init__(
         self, *, block_size: int, num_queries_per_kv: int, kv_bytes_per_block: int, max_group_padding: float,
@@ -46,7 +53,10 @@ class MetadataBuilder:
         slots: list[int] = []
         for seq, n in zip(seqs, num_new):
             start = seq.num_computed_tokens
-            input_ids.extend(seq.token_ids[start : start + n])
+            chunk = seq.token_ids[start : start + n]
+            if len(chunk) < n:  # a speculative step: the last token, then the drafts
+                chunk = chunk + seq.spec_token_ids[: n - len(chunk)]
+            input_ids.extend(chunk)
             table = seq.block_table
             positions.extend(range(start, start + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))

@@ -41,6 +41,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     # False skips detokenisation (token ids only); stop strings then cannot match.
     is_detokenized: bool = True
+    # False opts this request out of speculative decoding (where its model speculates).
+    is_speculative: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _as_tuple(self.stop, "stop"))

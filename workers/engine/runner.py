@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 
 import torch
 
 from workers.engine.config import EngineConfig, ModelConfig
-from workers.engine.metadata import MetadataBuilder
+from workers.engine.metadata import MetadataBuilder, batch_order
 from workers.engine.model.llama import LlamaModel
 from workers.engine.sampler import SampleResult, Sampler
 from workers.engine.scheduler import ScheduledBatch
@@ -19,6 +20,10 @@ class StepResult:
     sampled_seqs: list[Sequence]  # sequences whose chunk reached their last token
     sample: SampleResult | None
     hidden_last: torch.Tensor | None  # [len(sampled_seqs), hidden] if any of them wants states
+    # Speculative sequences: the target's logits at each one's k + 1 positions, stacked.
+    spec_seqs: list[Sequence] = field(default_factory=list)
+    spec_logits: torch.Tensor | None = None  # [sum(k + 1), vocab]
+    spec_hidden: torch.Tensor | None = None  # [sum(k + 1), hidden] if any of them wants states
 
 
 class ModelRunner:
@@ -41,30 +46,36 @@ class ModelRunner:
         self.eos_token_ids = mc.eos_token_ids
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
-        order = self._order(batch)
+        order = batch_order(batch.seqs, batch.num_new_tokens)
         seqs = [batch.seqs[i] for i in order]
         num_new = [batch.num_new_tokens[i] for i in order]
         input_ids, positions, meta = self.metadata.build(seqs, num_new)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, hidden]
-        ends = torch.tensor(num_new).cumsum(0) - 1
         self._pool_embeddings(seqs, num_new, hidden)
-        sampled = [i for i, s in enumerate(seqs) if s.num_computed_tokens + num_new[i] == s.num_tokens and not s.is_embedding]
-        if not sampled:
+        starts = [0, *itertools.accumulate(num_new)]
+        sampled, spec, rows = [], [], []
+        for i, (seq, n) in enumerate(zip(seqs, num_new)):
+            if seq.is_embedding:
+                continue
+            if seq.spec_token_ids:  # a speculative step: every position's logits
+                spec.append(seq)
+            elif seq.num_computed_tokens + n == seq.num_tokens:
+                sampled.append(seq)
+                rows.append(starts[i + 1] - 1)
+        rows += [r for i, s in enumerate(seqs) if s.spec_token_ids and not s.is_embedding for r in range(starts[i], starts[i + 1])]
+        if not rows:
             return StepResult([], None, None)
-        sampled_seqs = [seqs[i] for i in sampled]
-        last = hidden[ends[sampled]]
+        last = hidden[rows]
         logits = self.model.compute_logits(last)
-        result = self.sampler(logits, sampled_seqs, self.eos_token_ids)
-        wants_hidden = any(s.is_hidden_states_returned for s in sampled_seqs)
-        return StepResult(sampled_seqs, result, last.float().cpu() if wants_hidden else None)
-
-    @staticmethod
-    def _order(batch: ScheduledBatch) -> list[int]:
-        """Single-token chunks first, longest context first, so decode groups have little padding."""
-        def key(i: int) -> tuple[bool, int]:
-            seq, n = batch.seqs[i], batch.num_new_tokens[i]
-            return n > 1, -(seq.num_computed_tokens + n)
-        return sorted(range(len(batch.seqs)), key=key)
+        num_sampled = len(sampled)
+        result = self.sampler(logits[:num_sampled], sampled, self.eos_token_ids) if sampled else None
+        wants_hidden = any(s.is_hidden_states_returned for s in sampled)
+        wants_spec_hidden = any(s.is_hidden_states_returned for s in spec)
+        return StepResult(
+            sampled, result, last[:num_sampled].float().cpu() if wants_hidden else None,
+            spec, logits[num_sampled:] if spec else None,
+            last[num_sampled:].float().cpu() if wants_spec_hidden else None,
+        )
 
     def _pool_embeddings(self, seqs: list[Sequence], num_new: list[int], hidden: torch.Tensor) -> None:
         row = 0

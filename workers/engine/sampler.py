@@ -78,6 +78,18 @@ class Sampler:
         return shared.float()
 
     @staticmethod
+    def logprobs_of(raw: torch.Tensor, token_ids: list[int], num_top: int | None):
+        """Logprobs of ``token_ids[i]`` under row i of ``raw`` [n, vocab], and the ``num_top`` best."""
+        if num_top is None:
+            return None, None
+        logprobs = torch.log_softmax(raw.float(), dim=-1)
+        chosen = logprobs[torch.arange(len(token_ids)), torch.tensor(token_ids)].tolist()
+        if not num_top:
+            return chosen, None
+        values, indices = logprobs.topk(num_top, dim=-1)
+        return chosen, [dict(zip(i.tolist(), v.tolist())) for i, v in zip(indices, values)]
+
+    @staticmethod
     def _logprobs(raw: torch.Tensor, token_ids: torch.Tensor, seqs: list[Sequence]):
         wanted = [s.params.logprobs for s in seqs]
         if all(w is None for w in wanted):
@@ -127,3 +139,29 @@ def _filter_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -
     # Drop a token when the tokens ranked before it already reach top_p; the first always stays.
     mass_before = probs.cumsum(dim=-1) - probs
     return logits.masked_fill(mass_before >= p, float("-inf"))
+
+
+def processed_probs(logits: torch.Tensor, params: list) -> torch.Tensor:
+    """The distribution each row samples from (temperature, then top-k, then top-p), in vocabulary
+    order: [rows, vocab]. The same rule as ``Sampler._sample``; speculation verifies against it."""
+    logits = logits.float() / torch.tensor([p.temperature for p in params]).unsqueeze(1)
+    top_k = [p.top_k for p in params]
+    top_p = [p.top_p for p in params]
+    if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
+        ordered, order = logits.sort(dim=-1, descending=True)
+        logits = torch.empty_like(logits).scatter_(1, order, _filter_sorted(ordered, top_k, top_p))
+    return torch.softmax(logits, dim=-1)
+
+
+def inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    """The token at ``u`` (in [0, 1)) of an unnormalised distribution [vocab]; never a zero-probability one."""
+    cdf = probs.double().cumsum(0)
+    picked = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
+    last_allowed = int(probs.nonzero()[-1])
+    return min(picked, last_allowed)
+
+
+def uniform(seq: Sequence, shared: torch.Generator) -> float:
+    """One draw in [0, 1): from the request's own seeded generator, else the engine's."""
+    generator = seq.generator if seq.generator is not None else shared
+    return float(torch.rand(1, generator=generator, dtype=torch.float64))

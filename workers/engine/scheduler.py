@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.policy import SchedulingPolicy
 from workers.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+Lookahead = Callable[[Sequence, int], int]  # (sequence, sequences running) -> draft slots
 
 
 @dataclass(slots=True)
@@ -35,8 +39,11 @@ class Scheduler:
     pool (minus a watermark) allow, each starting from its longest cached prefix.
     """
 
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, policy: SchedulingPolicy) -> None:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, policy: SchedulingPolicy,
+                 lookahead: Lookahead | None = None) -> None:
         self.config = config
+        # Speculative decoding: draft slots a decoding sequence wants (k of k + 1 this step).
+        self.lookahead = lookahead
         self.block_manager = block_manager
         self.policy = policy
         self.waiting: list[Sequence] = []
@@ -77,8 +84,8 @@ class Scheduler:
                     i += 1
                     continue
             else:
-                num_tokens = 1
                 num_decodes_left -= 1
+                num_tokens = 1 + self._num_draft_slots(seq, budget - 1 - num_decodes_left)
             while not self.block_manager.can_append(seq, num_tokens):
                 victim = self.running.pop()  # the lowest priority of those not yet scheduled
                 if victim is not seq and not victim.is_prefilling:
@@ -93,6 +100,15 @@ class Scheduler:
             budget -= num_tokens
             i += 1
         return budget
+
+    def _num_draft_slots(self, seq: Sequence, budget: int) -> int:
+        """Draft tokens a decoding sequence verifies this step: what its proposer wants, within the
+        budget left after every other decode, and only if the pool has the blocks for all k + 1
+        slots (across a block boundary too); speculation never preempts anyone."""
+        if self.lookahead is None or budget <= 0:
+            return 0
+        k = min(self.lookahead(seq, len(self.running)), budget)
+        return k if k > 0 and self.block_manager.can_append(seq, 1 + k) else 0
 
     def _room(self, seq: Sequence) -> int:
         """New tokens the sequence can take without anyone being preempted."""
@@ -160,6 +176,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        seq.spec_token_ids, seq.draft_num_computed = [], 0
         seq.hidden_sum = seq.hidden_last = None  # an embedding restarts its pooling with its prefill
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1

@@ -38,6 +38,7 @@ class Sequence:
         "num_cached_tokens", "num_preemptions", "generator", "is_embedding", "pooling",
         "is_hidden_states_returned", "hidden_sum", "hidden_last", "first_token_time",
         "finish_time", "detokenizer", "text", "num_text_emitted", "logprobs", "top_logprobs",
+        "spec_token_ids", "spec_draft_probs", "draft_num_computed", "spec_acceptance", "spec_paused_until",
     )
 
     def __init__(
@@ -85,6 +86,14 @@ class Sequence:
         self.num_text_emitted = 0
         self.logprobs: list[float] = []
         self.top_logprobs: list[dict[int, float]] = []
+        # Speculative decoding: this step's draft tokens (after the last token, not yet verified),
+        # the draft model's distribution for each ([k, vocab]; None for n-gram or greedy),
+        # tokens whose K/V the draft model has in the cache, and the acceptance rate lately.
+        self.spec_token_ids: list[int] = []
+        self.spec_draft_probs: torch.Tensor | None = None
+        self.draft_num_computed = 0
+        self.spec_acceptance = 1.0
+        self.spec_paused_until = 0
 
     @property
     def num_tokens(self) -> int:

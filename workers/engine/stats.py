@@ -22,14 +22,15 @@ class EngineStats:
         self.kv_reserved_slots = 0  # summed over steps
         self.kv_wasted_slots = 0
 
-    def record_step(self, batch: ScheduledBatch, num_sampled: int, scheduler: Scheduler) -> None:
+    def record_step(self, batch: ScheduledBatch, num_generated: int, scheduler: Scheduler, *, num_spec_tokens: int = 0) -> None:
+        """``num_spec_tokens``: tokens of speculative sequences (their last token and drafts)."""
         if not batch.seqs:
             return
         self.num_steps += 1
         self.batch_seqs[len(batch.seqs)] += 1
         self.num_batched_tokens += batch.num_tokens
-        self.num_generated_tokens += num_sampled
-        self.num_prefill_tokens += sum(n for n in batch.num_new_tokens if n > 1)
+        self.num_generated_tokens += num_generated
+        self.num_prefill_tokens += sum(n for n in batch.num_new_tokens if n > 1) - num_spec_tokens
         bm = scheduler.block_manager
         reserved = (bm.num_blocks - bm.num_free_blocks) * bm.block_size
         # Only a sequence's own tail block can be part-empty: shared blocks are always full.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from workers.engine.config import ModelConfig
 from workers.engine.errors import UnsupportedModel
 from workers.engine.model.layers import RotaryEmbedding
 from workers.engine.model.llama import LlamaModel
+from workers.engine.quant.checkpoint import quantization_config_read
+from workers.engine.quant.modules import quantized_prepare, quantized_shells
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -26,16 +29,20 @@ def resolve_dtype(name: str, config: ModelConfig, device: torch.device) -> torch
 
 
 def model_load(path: str | Path, *, device: torch.device, dtype: torch.dtype, max_positions: int) -> LlamaModel:
+    """The model at ``path``; a quantized checkpoint (see workers.engine.quant) loads quantized."""
     path = Path(path)
     config = ModelConfig.from_dir(path)
+    quantization = quantization_config_read(json.loads((path / "config.json").read_text()))
     tensors = _read_safetensors(path)
     with torch.device("meta"):  # no time spent drawing random weights that are overwritten anyway
         model = LlamaModel(
             config,
             max_positions=max_positions,
-            has_qkv_bias="layers.0.self_attn.q_proj.bias" in tensors,
+            has_qkv_bias=any(name.startswith("layers.0.self_attn.") and name.endswith("_proj.bias") for name in tensors),
             has_qk_norm="layers.0.self_attn.q_norm.weight" in tensors,
         )
+    if quantization is not None:
+        quantized_shells(model, quantization[0], group_size=quantization[1])
     state = _to_engine_names(tensors, config)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
@@ -44,7 +51,10 @@ def model_load(path: str | Path, *, device: torch.device, dtype: torch.dtype, ma
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.rotary = RotaryEmbedding(config, max_positions)  # its tables are computed, not loaded
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    if quantization is not None:
+        quantized_prepare(model)
+    return model
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:

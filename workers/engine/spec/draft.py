@@ -1,0 +1,106 @@
+"""A draft model that proposes k tokens, autoregressively, over its own paged KV cache.
+
+The draft's cache has the target's block layout (same block ids and slots, its own layers and
+heads), so the target's block tables, reservations and frees serve it too. Each sequence
+records how many of its tokens the draft has K/V for (``draft_num_computed``); a proposal
+first catches up on the tokens it lacks (a new prompt, the tokens accepted last step), then
+runs k - 1 single-token passes. Rolling back is lowering ``draft_num_computed`` to the tokens
+the target accepted; anything the draft wrote past it is overwritten later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from workers.engine.config import EngineConfig, ModelConfig
+from workers.engine.errors import UnsupportedModel
+from workers.engine.metadata import MetadataBuilder, batch_order
+from workers.engine.model.loader import model_load
+from workers.engine.sampler import inverse_cdf, processed_probs
+from workers.engine.sequence import Sequence
+
+Uniform = Callable[[Sequence], float]
+
+
+class _DraftView:
+    """What the metadata builder reads of a sequence, as the draft sees it."""
+
+    __slots__ = ("token_ids", "num_computed_tokens", "block_table", "spec_token_ids")
+
+    def __init__(self, seq: Sequence, drafts: list[int]) -> None:
+        self.token_ids = seq.token_ids + drafts
+        self.num_computed_tokens = seq.draft_num_computed
+        self.block_table = seq.block_table
+        self.spec_token_ids: list[int] = []
+
+
+def draft_kv_bytes_per_block(model_dir: str | Path, block_size: int, dtype: torch.dtype) -> int:
+    mc = ModelConfig.from_dir(model_dir)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    return mc.num_hidden_layers * 2 * mc.num_key_value_heads * block_size * mc.head_dim * itemsize
+
+
+class DraftProposer:
+    def __init__(self, model_dir: str, *, config: EngineConfig, target: ModelConfig, num_blocks: int,
+                 max_model_len: int, device: torch.device, dtype: torch.dtype, uniform: Uniform) -> None:
+        mc = ModelConfig.from_dir(model_dir)
+        if mc.vocab_size != target.vocab_size:
+            raise UnsupportedModel(f"the draft's vocabulary ({mc.vocab_size}) is not the target's ({target.vocab_size})")
+        self.model = model_load(model_dir, device=device, dtype=dtype, max_positions=max_model_len)
+        shape = (mc.num_hidden_layers, 2, mc.num_key_value_heads, num_blocks, config.block_size, mc.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
+        self.metadata = MetadataBuilder(
+            block_size=config.block_size, num_queries_per_kv=mc.num_queries_per_kv,
+            kv_bytes_per_block=draft_kv_bytes_per_block(model_dir, config.block_size, dtype),
+            max_group_padding=config.max_group_padding, device=device, dtype=dtype,
+        )
+        self.uniform = uniform
+
+    def lookahead(self, seq: Sequence, k: int) -> int:
+        return k
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
+        """Fill each sequence's ``spec_token_ids`` (k of them) and ``spec_draft_probs``."""
+        drafts: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        active = list(range(len(seqs)))
+        while active:
+            views = [_DraftView(seqs[i], drafts[i]) for i in active]
+            num_new = [len(v.token_ids) - v.num_computed_tokens for v in views]
+            logits = self._forward(views, num_new)
+            for row, i in enumerate(active):
+                seqs[i].draft_num_computed += num_new[row]
+                token, q = self._sample(seqs[i], logits[row])
+                drafts[i].append(token)
+                if q is not None:
+                    probs[i].append(q)
+            active = [i for i in active if len(drafts[i]) < ks[i]]
+        for seq, tokens, rows in zip(seqs, drafts, probs):
+            seq.spec_token_ids = tokens
+            seq.spec_draft_probs = torch.stack(rows) if rows else None
+
+    def _forward(self, views: list[_DraftView], num_new: list[int]) -> torch.Tensor:
+        """Logits at each view's last new token: [len(views), vocab]."""
+        order = batch_order(views, num_new)
+        ordered = [views[i] for i in order]
+        ordered_new = [num_new[i] for i in order]
+        input_ids, positions, meta = self.metadata.build(ordered, ordered_new)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        ends = torch.tensor(ordered_new).cumsum(0) - 1
+        logits = self.model.compute_logits(hidden[ends]).float().cpu()
+        back = torch.empty(len(order), dtype=torch.long)
+        back[torch.tensor(order)] = torch.arange(len(order))
+        return logits[back]
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        if seq.params.is_greedy:
+            return int(logits.argmax()), None
+        q = processed_probs(logits[None], [seq.params])[0]
+        return inverse_cdf(q, self.uniform(seq)), q
+
+    def extra_kv_bytes_per_block(self) -> int:
+        return self.kv_cache[0, :, :, 0].numel() * self.kv_cache.element_size()

@@ -1,0 +1,120 @@
+"""The speculation controller: who speculates this step and how far, proposals, verification,
+and vLLM's counters (drafts, draft tokens, accepted tokens, accepted per position)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from workers.engine.scheduler import ScheduledBatch
+from workers.engine.sequence import Sequence
+from workers.engine.config import SpeculativeConfig
+from workers.engine.spec.rejection import verify
+
+# How fast a request's acceptance rate follows its latest verifications (an exponential average).
+ACCEPTANCE_SMOOTHING = 0.3
+
+
+class Proposer(Protocol):
+    def lookahead(self, seq: Sequence, k: int) -> int:
+        """Draft slots to reserve for ``seq`` this step (at most ``k``)."""
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
+        """Set ``spec_token_ids`` (``ks[i]`` tokens) and ``spec_draft_probs`` of each sequence."""
+
+
+class SpecStats:
+    """vLLM's speculative decoding counters (mean acceptance length = 1 + accepted / drafts)."""
+
+    def __init__(self, k: int) -> None:
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.num_accepted_tokens_per_pos = [0] * k
+
+    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        for pos in range(num_accepted):
+            self.num_accepted_tokens_per_pos[pos] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "spec_decode_num_drafts": self.num_drafts,
+            "spec_decode_num_draft_tokens": self.num_draft_tokens,
+            "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
+            "spec_decode_num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
+            "spec_decode_mean_acceptance_length": 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0,
+            "spec_decode_draft_acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0,
+        }
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, *, max_model_len: int, generator: torch.Generator) -> None:
+        self.config = config
+        self.proposer = proposer
+        self.max_model_len = max_model_len
+        self.generator = generator  # the engine sampler's: unseeded requests draw from it
+        self.stats = SpecStats(config.num_speculative_tokens)
+        self.step_index = 0
+
+    def lookahead(self, seq: Sequence, num_running: int) -> int:
+        """Draft slots for a decoding sequence this step; 0: it decodes one token as usual."""
+        seq.spec_token_ids = []
+        if not self._is_speculating(seq, num_running):
+            return 0
+        # Never draft past max_tokens (one more token always comes from the target) or the context.
+        k = min(self.config.num_speculative_tokens, seq.params.max_tokens - seq.num_output_tokens - 1,
+                self.max_model_len - seq.num_tokens)
+        return self.proposer.lookahead(seq, k) if k > 0 else 0
+
+    def _is_speculating(self, seq: Sequence, num_running: int) -> bool:
+        params = seq.params
+        if not params.is_speculative or params.has_penalties or seq.is_embedding or seq.num_output_tokens < params.min_tokens:
+            return False
+        if params.seed is not None and not params.is_greedy:
+            # A seeded sampled request speculates or not by its model's config alone, never by
+            # load: its draws, hence its text, must not depend on what else was running.
+            return True
+        limit = self.config.disable_by_batch_size
+        return (limit is None or num_running <= limit) and seq.spec_paused_until <= self.step_index
+
+    def propose(self, batch: ScheduledBatch) -> int:
+        """Drafts for the batch's speculative sequences; returns their tokens this step (k + 1 each)."""
+        seqs, ks = [], []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            if n > 1 and seq.num_tokens - seq.num_computed_tokens == 1:
+                seqs.append(seq)
+                ks.append(n - 1)
+            else:
+                seq.spec_token_ids = []
+        if seqs:
+            self.proposer.propose(seqs, ks)
+        for seq, k in zip(seqs, ks):
+            assert len(seq.spec_token_ids) == k, f"{seq}: proposed {len(seq.spec_token_ids)} tokens for {k} slots"
+        return sum(ks) + len(ks)
+
+    def verify(self, seqs: list[Sequence], logits: torch.Tensor) -> list[list[int]]:
+        emitted = verify(seqs, logits, self.generator)
+        for seq, tokens in zip(seqs, emitted):
+            self._record(seq, len(seq.spec_token_ids), len(tokens) - 1)
+        return emitted
+
+    def _record(self, seq: Sequence, k: int, num_accepted: int) -> None:
+        self.stats.record(k, num_accepted)
+        rate = num_accepted / k
+        seq.spec_acceptance += ACCEPTANCE_SMOOTHING * (rate - seq.spec_acceptance)
+        if seq.spec_acceptance < self.config.min_acceptance_rate:
+            seq.spec_paused_until = self.step_index + self.config.pause_steps
+            seq.spec_acceptance = 1.0  # after the pause it gets a fresh chance
+
+    def rolled_back(self, seq: Sequence) -> None:
+        """After verification: the draft keeps K/V only for tokens the target accepted."""
+        seq.spec_token_ids = []
+        seq.spec_draft_probs = None
+        seq.draft_num_computed = min(seq.draft_num_computed, seq.num_computed_tokens)
+
+    def end_step(self) -> None:
+        self.step_index += 1
