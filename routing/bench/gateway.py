@@ -62,7 +62,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _require_distributed() -> None:
-    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql" or not settings.REDIS_URL:
+    if "postgresql" not in settings.DATABASES["default"]["ENGINE"] or not settings.REDIS_URL:
         sys.exit("bench gateway measures the distributed configuration: set DATABASE_URL to "
                  "PostgreSQL and REDIS_URL (e.g. DATABASE_URL=postgres://postgres@127.0.0.1:5432/"
                  "fairlane REDIS_URL=redis://127.0.0.1:6379/0)")
@@ -85,7 +85,7 @@ def _wait_ready(url: str, process: Process, timeout: float = 120) -> None:
 def _env(**extra) -> dict:
     import os
 
-    return {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
+    return {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}", "PYTHONUNBUFFERED": "1",
             "DJANGO_SETTINGS_MODULE": "settings", "LOG_LEVEL": "WARNING", **extra}
 
 
@@ -114,20 +114,32 @@ def fairlane_setup(upstream_url: str):
     return tenant, agent, key, plain
 
 
-def litellm_start(venv: Path, upstream_url: str, workdir: Path) -> tuple[Process, int]:
+def litellm_start(venv: Path, upstream_url: str, workdir: Path) -> tuple[Process, int, str]:
+    """LiteLLM's proxy with 2 workers and no database; clients authenticate with its master
+    key (it refuses to start without one), checked in memory."""
+    import secrets
+
+    master = "sk-" + secrets.token_urlsafe(24)
     config = workdir / "litellm.yaml"
     config.write_text(json.dumps({  # JSON is YAML
         "model_list": [{"model_name": MODEL, "litellm_params": {
             "model": "openai/via-litellm", "api_base": upstream_url + "/v1",
             "api_key": "sk-bench"}}],
-        "litellm_settings": {"drop_params": True}}))
+        "litellm_settings": {"drop_params": True},
+        "general_settings": {"master_key": master}}))
     port = free_port()
     process = Process([str(venv / "bin" / "litellm"), "--config", str(config), "--host",
-                       "127.0.0.1", "--port", str(port), "--num_workers", "2"],
-                      _env(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR"),
+                       "127.0.0.1", "--port", str(port), "--num_workers", "2",
+                       # uvicorn kills a worker that takes over 5 s to start; LiteLLM's import
+                       # takes longer than that on a busy 2-core machine
+                       "--timeout_worker_healthcheck", "120"],
+                      {k: v for k, v in _env(LITELLM_LOCAL_MODEL_COST_MAP="True",
+                                             LITELLM_LOG="ERROR").items()
+                       # no database: LiteLLM would use ours (and meter into it)
+                       if k not in ("DATABASE_URL", "REDIS_URL")},
                       "bench-litellm")
     _wait_ready(f"http://127.0.0.1:{port}/health/liveliness", process, timeout=180)
-    return process, port
+    return process, port, master
 
 
 def fairlane_start(workers: int) -> tuple[Process, int]:
@@ -135,7 +147,7 @@ def fairlane_start(workers: int) -> tuple[Process, int]:
     process = Process([sys.executable, "-m", "uvicorn", "asgi:application", "--host", "127.0.0.1",
                        "--port", str(port), "--workers", str(workers), "--loop", "uvloop",
                        "--http", "httptools", "--lifespan", "off", "--no-access-log",
-                       "--log-level", "warning"],
+                       "--log-level", "warning", "--timeout-worker-healthcheck", "120"],
                       _env(FAIRLANE_ENGINE_MODE="celery"), f"bench-fairlane-{workers}")
     _wait_ready(f"http://127.0.0.1:{port}/healthz", process)
     return process, port
@@ -245,9 +257,9 @@ def run(argv: list[str] | None = None) -> dict:
         tenant, agent, key, plain = fairlane_setup(upstream_url)
         targets = {"direct": (Target("direct", "127.0.0.1", up_port, "sk-bench", "fake-model"), upstream)}
         if args.litellm:
-            process, port = litellm_start(args.litellm, upstream_url, workdir)
+            process, port, master = litellm_start(args.litellm, upstream_url, workdir)
             started.append(process)
-            targets["litellm"] = (Target("litellm", "127.0.0.1", port, "sk-bench", MODEL), process)
+            targets["litellm"] = (Target("litellm", "127.0.0.1", port, master, MODEL), process)
         for n in args.api_workers:
             process, port = fairlane_start(n)
             started.append(process)
