@@ -6,15 +6,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from django.db.models import Avg, Count, F, Q, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
 from django.db.models.functions import TruncDay, TruncHour
 
 from tenants.models import Agent, ApiKey, Tenant, UsageRecord
 from tenants.reports.spend import ERROR_STATUSES
 
 BUCKETS = {"hour": (TruncHour, timedelta(hours=1)), "day": (TruncDay, timedelta(days=1))}
-SPLITS = {"model": "model", "agent": "agent__name", "key": "api_key__key_id"}
+# Grouped by the column itself (a foreign key's id, not a joined name): no join, a narrower
+# hash; names are looked up afterwards among the tenant's few agents and keys.
+SPLITS = {"model": "model", "agent": "agent_id", "key": "api_key_id"}
 METRICS = {"cost": "cost", "tokens": "tokens", "requests": "requests"}
+SUMS = ("requests", "prompt", "completion", "tokens", "cost", "errors", "latency")
 MAX_SERIES = 8  # the biggest groups get a series each; the rest are summed as "other"
 
 
@@ -36,10 +39,13 @@ class Series:
     groups: dict[str, list[int]] = field(default_factory=dict)
 
 
-def _label(split: str, value) -> str:
-    if value in (None, ""):
-        return "(no key)" if split == "key" else "(none)"
-    return f"fl-{value}" if split == "key" else str(value)
+@dataclass(slots=True)
+class UsageReport:
+    """One grouped query's answer: the chart's series, totals per group, and overall."""
+
+    series: Series
+    breakdown: list[dict]
+    totals: dict
 
 
 def usage_filtered(*, tenant: Tenant, filters: UsageFilter) -> QuerySet[UsageRecord]:
@@ -61,32 +67,62 @@ def _aggregates() -> dict:
     return {"requests": Count("pk"), "prompt": Sum("prompt_tokens"),
             "completion": Sum("completion_tokens"),
             "tokens": Sum(F("prompt_tokens") + F("completion_tokens")),
-            "cost": Sum("cost_microcents"),
+            "cost": Sum("cost_microcents"), "latency": Sum("latency_ms"),
             "errors": Count("pk", filter=Q(status__in=ERROR_STATUSES))}
 
 
-def usage_series(*, tenant: Tenant, filters: UsageFilter, bucket: str, split: str,
-                 metric: str = "cost") -> Series:
-    """One value of `metric` per bucket and group, zero-filled, biggest groups first."""
+def _labels(*, tenant: Tenant, split: str) -> dict:
+    if split == "agent":
+        return dict(Agent.objects.filter(tenant=tenant).values_list("pk", "name"))
+    if split == "key":
+        return {pk: f"fl-{key_id}" for pk, key_id in
+                ApiKey.objects.filter(tenant=tenant).values_list("pk", "key_id")}
+    return {}
+
+
+def _label(split: str, value, names: dict) -> str:
+    if value in (None, ""):
+        return "(no key)" if split == "key" else "(none)"
+    return names.get(value, str(value)) if split != "model" else str(value)
+
+
+def usage_report(*, tenant: Tenant, filters: UsageFilter, bucket: str, split: str,
+                 metric: str = "cost") -> UsageReport:
+    """Sums per bucket and group in one grouped query; the series (zero-filled, biggest
+    groups first), the totals per group and overall are added up from its few rows."""
     trunc, step = BUCKETS[bucket]
     tz = ZoneInfo(tenant.timezone)
-    rows = (usage_filtered(tenant=tenant, filters=filters).order_by()
-            .annotate(bucket=trunc("created_at", tzinfo=tz), group=F(SPLITS[split]))
-            .values("bucket", "group").annotate(**_aggregates()))
+    rows = list(usage_filtered(tenant=tenant, filters=filters).order_by()
+                .annotate(bucket=trunc("created_at", tzinfo=tz), group=F(SPLITS[split]))
+                .values("bucket", "group").annotate(**_aggregates()))
+    names = _labels(tenant=tenant, split=split)
     buckets = _bucket_starts(since=filters.since, until=filters.until, trunc=bucket, tz=tz,
                              step=step)
     index = {b: i for i, b in enumerate(buckets)}
-    sums: dict[str, list[int]] = {}
+    values: dict[str, list[int]] = {}
+    per_group: dict[str, dict] = {}
     for row in rows:
-        label = _label(split, row["group"])
-        values = sums.setdefault(label, [0] * len(buckets))
+        label = _label(split, row["group"], names)
+        series = values.setdefault(label, [0] * len(buckets))
         slot = index.get(row["bucket"].astimezone(tz).replace(tzinfo=None))
         if slot is not None:
-            values[slot] += row[METRICS[metric]] or 0
-    ordered = sorted(sums.items(), key=lambda item: -sum(item[1]))
+            series[slot] += row[METRICS[metric]] or 0
+        sums = per_group.setdefault(label, dict.fromkeys(SUMS, 0))
+        for name in SUMS:
+            sums[name] += row[name] or 0
+    breakdown = sorted(({"label": label, **sums, "latency_ms": sums["latency"] / sums["requests"]}
+                        for label, sums in per_group.items()),
+                       key=lambda row: (-row["cost"], row["label"]))
+    totals = {name: sum(row[name] for row in breakdown) for name in SUMS}
+    return UsageReport(series=_series(buckets, values, tz), breakdown=breakdown, totals=totals)
+
+
+def _series(buckets: list[datetime], values: dict, tz: ZoneInfo) -> Series:
+    ordered = sorted(values.items(), key=lambda item: -sum(item[1]))
     series = Series(buckets=[b.replace(tzinfo=tz) for b in buckets])
-    for label, values in ordered[:MAX_SERIES - 1] if len(ordered) > MAX_SERIES else ordered:
-        series.groups[label] = values
+    keep = ordered[:MAX_SERIES - 1] if len(ordered) > MAX_SERIES else ordered
+    for label, column in keep:
+        series.groups[label] = column
     if len(ordered) > MAX_SERIES:
         series.groups["other"] = [sum(col) for col in zip(*(v for _, v in
                                                              ordered[MAX_SERIES - 1:]))]
@@ -108,30 +144,10 @@ def _bucket_starts(*, since: datetime, until: datetime, trunc: str, tz: ZoneInfo
     return starts
 
 
-def usage_breakdown(*, tenant: Tenant, filters: UsageFilter, split: str) -> list[dict]:
-    """Totals per group over the range, most expensive first."""
-    rows = (usage_filtered(tenant=tenant, filters=filters).order_by()
-            .values(group=F(SPLITS[split]))
-            .annotate(**_aggregates(), latency=Avg("latency_ms"))
-            .order_by("-cost", "group"))
-    return [{**row, "label": _label(split, row["group"])} for row in rows]
-
-
-def usage_totals(*, tenant: Tenant, filters: UsageFilter) -> dict:
-    totals = usage_filtered(tenant=tenant, filters=filters).aggregate(**_aggregates())
-    return {k: v or 0 for k, v in totals.items()}
-
-
 def usage_records(*, tenant: Tenant, filters: UsageFilter) -> QuerySet[UsageRecord]:
     """The rows themselves, newest first (for the table and the CSV export)."""
     return (usage_filtered(tenant=tenant, filters=filters)
             .select_related("agent", "api_key").order_by("-created_at", "-pk"))
-
-
-def usage_models(*, tenant: Tenant, since: datetime) -> list[str]:
-    """Models the tenant used since then (the filter's choices)."""
-    return list(UsageRecord.objects.filter(tenant=tenant, created_at__gte=since)
-                .order_by("model").values_list("model", flat=True).distinct())
 
 
 def usage_record_get(*, tenant: Tenant, request_id: str) -> UsageRecord | None:

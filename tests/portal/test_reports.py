@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from tenants.models import Role, UsageRecord
 from tenants.reports.spend import spend_overview
-from tenants.reports.usage import UsageFilter, usage_breakdown, usage_series, usage_totals
+from tenants.reports.usage import UsageFilter, usage_report
 from tenants.services.budgets import budget_create
 from tenants.services.tenancy import agent_create
 
@@ -40,7 +40,7 @@ def ledger(tenant, agent, other_tenant, other_agent, api_key):
 
 def test_usage_series_buckets_by_local_hour_and_splits_by_model(tenant, ledger):
     filters = UsageFilter(since=NOW - timedelta(hours=24), until=NOW)
-    series = usage_series(tenant=tenant, filters=filters, bucket="hour", split="model")
+    series = usage_report(tenant=tenant, filters=filters, bucket="hour", split="model").series
     assert len(series.buckets) == 25  # 12:00 yesterday .. 13:00 today, local
     labels = [b.strftime("%d %H:%M") for b in series.buckets]
     assert labels[-2:] == ["10 12:00", "10 13:00"]  # Berlin wall-clock hours
@@ -51,26 +51,27 @@ def test_usage_series_buckets_by_local_hour_and_splits_by_model(tenant, ledger):
 
 def test_usage_by_day_agent_and_key_and_totals(tenant, agent, ledger, api_key):
     filters = UsageFilter(since=NOW - timedelta(days=7), until=NOW)
-    by_agent = usage_series(tenant=tenant, filters=filters, bucket="day", split="agent")
+    by_agent = usage_report(tenant=tenant, filters=filters, bucket="day", split="agent").series
     assert len(by_agent.buckets) == 8
     assert sum(by_agent.groups["support-bot"]) == 1100 and sum(by_agent.groups["writer"]) == 400
-    by_key = {r["label"]: r for r in usage_breakdown(tenant=tenant, filters=filters,
-                                                     split="key")}
+    by_key = {r["label"]: r for r in usage_report(tenant=tenant, filters=filters, bucket="day",
+                                                  split="key").breakdown}
     assert by_key[api_key[0].prefix]["cost"] == 100 and by_key["(no key)"]["requests"] == 3
-    totals = usage_totals(tenant=tenant, filters=filters)
+    totals = usage_report(tenant=tenant, filters=filters, bucket="day", split="model").totals
     assert totals == {"requests": 4, "prompt": 40, "completion": 20, "tokens": 60,
-                      "cost": 1500, "errors": 1}
-    only_writer = usage_totals(tenant=tenant, filters=UsageFilter(
-        since=filters.since, until=NOW, agent=ledger, status="error"))
-    assert only_writer["cost"] == 400
+                      "cost": 1500, "errors": 1, "latency": 400}
+    only_writer = usage_report(tenant=tenant, filters=UsageFilter(
+        since=filters.since, until=NOW, agent=ledger, status="error"), bucket="day",
+        split="agent")
+    assert only_writer.totals["cost"] == 400 and list(only_writer.series.groups) == ["writer"]
 
 
 def test_more_than_eight_groups_keep_seven_and_sum_the_rest_as_other(tenant, agent):
     for i in range(10):
         record(tenant, agent, NOW - timedelta(minutes=5), 10 * (i + 1), model=f"m{i}")
-    series = usage_series(tenant=tenant, filters=UsageFilter(since=NOW - timedelta(hours=2),
+    series = usage_report(tenant=tenant, filters=UsageFilter(since=NOW - timedelta(hours=2),
                                                              until=NOW), bucket="hour",
-                          split="model", metric="cost")
+                          split="model", metric="cost").series
     assert list(series.groups)[:2] == ["m9", "m8"] and len(series.groups) == 8
     assert sum(series.groups["other"]) == 10 + 20 + 30
 

@@ -85,23 +85,31 @@ def _chart(series, metric: str) -> dict:
                          for name, values in series.groups.items()]}
 
 
+class _KnownCountPaginator(Paginator):
+    """The row count is already known from the grouped totals: no second COUNT(*) scan."""
+
+    def __init__(self, object_list, per_page, *, count: int):
+        super().__init__(object_list, per_page)
+        self.__dict__["count"] = count
+
+
 @portal_page()
 def usage(request, portal):
     form, q = _query(request, portal)
     filters = q["filters"]
-    series = reports.usage_series(tenant=portal.tenant, filters=filters, bucket=q["bucket"],
+    report = reports.usage_report(tenant=portal.tenant, filters=filters, bucket=q["bucket"],
                                   split=q["split"], metric=q["metric"])
-    page = Paginator(reports.usage_records(tenant=portal.tenant, filters=filters),
-                     PAGE_SIZE).get_page(request.GET.get("page"))
+    page = _KnownCountPaginator(reports.usage_records(tenant=portal.tenant, filters=filters),
+                                PAGE_SIZE, count=report.totals["requests"]
+                                ).get_page(request.GET.get("page"))
+    agents = list(selectors.agent_list(tenant=portal.tenant))
+    models = sorted({m for a in agents for m in a.allowed_models}
+                    | ({r["label"] for r in report.breakdown} if q["split"] == "model" else set()))
     context = {
-        "form": form, "q": q, "chart": _chart(series, q["metric"]),
-        "breakdown": reports.usage_breakdown(tenant=portal.tenant, filters=filters,
-                                             split=q["split"]),
-        "totals": reports.usage_totals(tenant=portal.tenant, filters=filters),
-        "page": page, "query_string": _without_page(request),
-        "agents": selectors.agent_list(tenant=portal.tenant),
-        "keys": selectors.api_key_list(tenant=portal.tenant),
-        "models": reports.usage_models(tenant=portal.tenant, since=filters.since),
+        "form": form, "q": q, "chart": _chart(report.series, q["metric"]),
+        "breakdown": report.breakdown, "totals": report.totals, "page": page,
+        "query_string": _without_page(request), "agents": agents,
+        "keys": selectors.api_key_list(tenant=portal.tenant), "models": models,
     }
     return render_page(request, portal, "portal/usage/index.html", context, section="usage")
 
