@@ -53,7 +53,8 @@ class BackendAdmin(admin.ModelAdmin):
     list_filter = ["kind", "health", "is_enabled"]
     search_fields = ["name", "base_url"]
     readonly_fields = ["health", "health_checked_at", "health_ok_at", "health_detail",
-                       "probe_p50_ms", "probe_p95_ms", "probe_error_rate"]
+                       "probe_p50_ms", "probe_p95_ms", "probe_error_rate", "last_error",
+                       "last_error_at"]
     inlines = [BackendModelInline]
 
     @admin.display(boolean=True)

@@ -25,7 +25,9 @@ from routing.backends import Route, UpstreamError
 from routing.breaker import breakers
 from routing.leases import lease_acquire, leases_get
 from routing.metrics import ROUTE_ATTEMPTS, ROUTE_TTFT
-from routing.remote import SURFACED, remote_start
+from routing.errors import SURFACED, client_error
+from routing.registry import backend_error_noted
+from routing.remote import remote_start
 from tenants.errors import (
     ApplicationError, BackendUnavailable, BudgetExhausted, CircuitOpen, error_from_code,
 )
@@ -133,13 +135,9 @@ def _final_error(attempt: Attempt, plan) -> ApplicationError:
     return BackendUnavailable("No backend can serve this request right now.", retry_after=5)
 
 
-def _upstream_error(exc: UpstreamError, route: Route) -> ApplicationError:
-    code = exc.code if exc.code in SURFACED else ("timeout" if exc.code == "timeout"
-                                                  else "backend_unavailable")
-    error = error_from_code(code, f"{route.backend.name}: {exc.message}"
-                            if code not in SURFACED else exc.message)
-    error.retryable = exc.fall_through
-    return error
+def _upstream_error(exc: UpstreamError) -> ApplicationError:
+    code = exc.code if exc.code in SURFACED or exc.code == "timeout" else "backend_unavailable"
+    return client_error(code, retryable=exc.fall_through)
 
 
 def _route_prepare(attempt: Attempt, route: Route, has_next: bool) -> str:
@@ -194,6 +192,7 @@ async def _try_route(attempt: Attempt, route: Route, has_next: bool) -> Served |
         breakers.end(name)
         if has_lease:
             await asyncio.to_thread(leases_get().release, name, attempt.request_id)
+        await backend_error_noted(name, f"{exc.code}: {exc.message}")
         return _failed(attempt, route, exc)
     except BaseException:
         breakers.neutral(name)
@@ -233,7 +232,7 @@ def _failed(attempt: Attempt, route: Route, exc: UpstreamError) -> None:
     if exc.code in SURFACED:
         breakers.neutral(name)
         ROUTE_ATTEMPTS.labels(name, "refused").inc()
-        raise _upstream_error(exc, route)
+        raise _upstream_error(exc)
     if exc.code == "rate_limited":
         wait = exc.retry_after
         if wait is None:
@@ -247,7 +246,7 @@ def _failed(attempt: Attempt, route: Route, exc: UpstreamError) -> None:
             breakers.cool(name, exc.retry_after)
             attempt.waits.append(exc.retry_after)
         ROUTE_ATTEMPTS.labels(name, "failed").inc()
-    attempt.errors.append(_upstream_error(exc, route))
+    attempt.errors.append(_upstream_error(exc))
     return None
 
 

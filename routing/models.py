@@ -88,6 +88,10 @@ class Backend(models.Model):
     probe_error_rate = models.FloatField(default=0.0)
     # The last probes, newest last: [[milliseconds, ok], ...].
     probe_samples = models.JSONField(default=list, blank=True, editable=False)
+    # What the last failed request said (clients only get a code and a generic message);
+    # written at most every few seconds per API process.
+    last_error = models.CharField(max_length=500, blank=True, default="", editable=False)
+    last_error_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

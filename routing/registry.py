@@ -4,12 +4,20 @@ validated like a form, so bad input is an InvalidRequest naming the field."""
 
 from __future__ import annotations
 
+import logging
+import time
+from datetime import datetime
+
+from channels.db import database_sync_to_async
+from django.utils import timezone
+
 from tenants.errors import InvalidRequest
 from tenants.models import Agent
 from tenants.services.validation import save_validated
 from routing.credentials import credential_encrypt, credential_ref_check
 from routing.models import AgentRouting, Backend, BackendKind, BackendModel, Policy
 
+logger = logging.getLogger(__name__)
 SETTABLE = {"base_url", "credential_ref", "context_length", "hidden_states", "accelerator",
             "max_concurrency", "continuous_batching", "paged_kv", "zone", "energy_mj_per_token",
             "carbon_g_per_kwh", "lease_seconds", "queue_depth", "timeout_seconds", "is_enabled"}
@@ -41,6 +49,30 @@ def backend_register(*, name: str, kind: str, credential: str | None = None,
     elif fields.get("credential_ref"):
         backend.credential_encrypted = ""
     return save_validated(backend, unique_param="name")
+
+
+def backend_error_note(*, name: str, detail: str, now: datetime | None = None) -> None:
+    """Keep a backend's latest failure for operators (the admin shows it); clients got a
+    code and a generic message."""
+    Backend.objects.filter(name=name).update(last_error=detail[:500],
+                                             last_error_at=now or timezone.now())
+
+
+NOTE_EVERY_SECONDS = 10.0
+_noted: dict[str, float] = {}
+
+
+async def backend_error_noted(name: str, detail: str) -> None:
+    """`backend_error_note` from the request path: at most once per NOTE_EVERY_SECONDS per
+    backend and process, so an outage does not turn into a write per request."""
+    now = time.monotonic()
+    if now - _noted.get(name, -NOTE_EVERY_SECONDS) < NOTE_EVERY_SECONDS:
+        return
+    _noted[name] = now
+    try:
+        await database_sync_to_async(backend_error_note)(name=name, detail=detail)
+    except Exception:  # the database is down too: the log has the detail
+        logger.warning("could not note %s's failure for the admin", name, exc_info=True)
 
 
 def backend_model_set(*, backend: Backend, model: str, upstream_name: str = "",

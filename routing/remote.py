@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator
 
 from routing.backends import Call, Route, UpstreamError, backend_embed, backend_stream
 from routing.backends.base import estimate_tokens
+from routing.errors import CLIENT_MESSAGES, MID_STREAM, SURFACED
+from routing.registry import backend_error_noted
 from tenants.models import UsageRecord
 from workers.generation import GenerationJob, generation_settle
 from workers.registry import usage_cost
 
 logger = logging.getLogger(__name__)
-# Refusals the client must hear (not retried elsewhere).
-SURFACED = {"invalid_request", "context_length_exceeded", "content_filtered"}
 
 
 async def remote_start(route: Route, call: Call, job: GenerationJob, started: float,
@@ -68,10 +68,11 @@ async def _remote_events(job: GenerationJob, route: Route, call: Call,
     except UpstreamError as exc:
         logger.warning("request %s: %s failed mid-stream: %s", job.request_id,
                        route.backend.name, exc.message)
+        await backend_error_noted(route.backend.name, f"mid-stream {exc.code}: {exc.message}")
         status = UsageRecord.Status.ERROR
         code = exc.code if exc.code in SURFACED or exc.code == "timeout" else "backend_unavailable"
         tail.append({"type": "error", "code": code, "param": None,
-                     "message": f"The backend failed after the answer started: {exc.message}"})
+                     "message": CLIENT_MESSAGES[code] if code in SURFACED else MID_STREAM})
     except (asyncio.CancelledError, GeneratorExit):
         status = UsageRecord.Status.CANCELLED
         raise

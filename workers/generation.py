@@ -197,7 +197,7 @@ class GenerationRun:
         """Stop every sequence after a failure; the error event to send."""
         if not isinstance(exc, EngineError):  # a bug: log it with the request id
             logger.error("request %s failed", self.job.request_id, exc_info=exc)
-            exc = EngineError(f"internal error: {exc}")
+            exc = EngineError("The engine failed while running this request.")
         self.status, self.error = UsageRecord.Status.ERROR, exc
         for engine_id in self.engine_ids:
             self.engine.abort(engine_id)
