@@ -83,6 +83,6 @@ def browser_type_launch_args(browser_type_launch_args):
                      "--disable-component-update", "--no-first-run"]}
 
 
-@pytest.fixture(scope="session")
-def browser_context_args(browser_context_args):
-    return {**browser_context_args, "viewport": {"width": 1280, "height": 860}}
+@pytest.fixture(scope="module")
+def browser_context_args():
+    return {"viewport": {"width": 1280, "height": 860}}
