@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from django.conf import settings
+from django.db import close_old_connections, connection
 
 from tenants.errors import BackendUnavailable, InvalidRequest
 from workers.artifacts.models import ModelVerification
@@ -104,6 +105,9 @@ def _record(model: str, status: str, result: Verification, refusals: list[Proble
                 "manifest_digest": result.digest, "signer": result.signer})
     except Exception:  # the database is down: the load decision stands, the record waits
         logger.exception("could not record the verification of %s", model)
+    finally:
+        if not connection.in_atomic_block:  # loads run on worker threads: give it back
+            close_old_connections()
 
 
 def artifact_provenance(*, path: Path) -> dict:
