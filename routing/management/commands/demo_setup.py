@@ -13,6 +13,8 @@ from tenants.models import MICROCENTS_PER_USD, Agent, ApiKey, Budget, Role, Scop
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
 from tenants.services.tenancy import agent_create, member_add, tenant_create
+from workers.artifacts.keys import key_id
+from workers.artifacts.trust import dev_key_ensure, dev_key_path
 from workers.models import ServedModel
 from workers.registry import model_register
 
@@ -54,6 +56,11 @@ class Command(BaseCommand):
         if not Budget.objects.filter(tenant=tenant, agent=agent).exists():
             budget_create(tenant=tenant, agent=agent, limit_microcents=5 * MICROCENTS_PER_USD)
 
+        # The local development key signs the presets (and trained models) as they are made.
+        dev_key = dev_key_ensure()
+        if dev_key is not None:
+            lines.append(f"  Signing key: {dev_key_path()} (development key "
+                         f"{key_id(dev_key.public_key())[:19]}...: signs the presets)")
         if not ServedModel.objects.filter(name="tiny").exists():
             model_register(name="tiny", source="preset:tiny",
                            description="Seeded random weights: fast, and gibberish.", **DEMO_PRICES)
