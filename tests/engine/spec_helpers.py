@@ -33,10 +33,11 @@ def always(method: str, k: int = 4, **kwargs) -> SpeculativeConfig:
 
 
 class ScriptedProposer:
-    """Proposes tokens from a function of the sequence (a point-mass draft, like prompt lookup)."""
+    """Proposes what ``script(seq, k)`` returns: k tokens, and the distribution each was drawn
+    from ([k, vocab]) or None for point masses (as prompt lookup proposes)."""
 
     def __init__(self, script) -> None:
-        self.script = script  # (seq, k) -> list of k tokens
+        self.script = script
         self.num_calls = 0
 
     def lookahead(self, seq: Sequence, k: int) -> int:
@@ -45,5 +46,6 @@ class ScriptedProposer:
     def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
         self.num_calls += 1
         for seq, k in zip(seqs, ks):
-            seq.spec_token_ids = list(self.script(seq, k))[:k]
-            seq.spec_draft_probs = None
+            tokens, probs = self.script(seq, k)
+            seq.spec_token_ids = list(tokens)[:k]
+            seq.spec_draft_probs = None if probs is None else probs[:k]

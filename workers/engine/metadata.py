@@ -8,6 +8,8 @@ and skips the cache read. Masks are additive floats built here once and shared b
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from workers.engine.model.attention import AttentionGroup, AttentionMetadata
@@ -61,7 +63,11 @@ class MetadataBuilder:
             positions.extend(range(start, start + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
         num_decodes = sum(1 for n in num_new if n == 1)
-        groups = self._decode_groups(seqs[:num_decodes]) + self._prefill_groups(seqs[num_decodes:], num_new[num_decodes:], num_decodes)
+        rows = [0, *itertools.accumulate(num_new)]
+        chunks = [(seq, n, rows[i]) for i, (seq, n) in enumerate(zip(seqs, num_new)) if i >= num_decodes]
+        groups = (self._decode_groups(seqs[:num_decodes])
+                  + self._spec_groups([e for e in chunks if e[0].spec_token_ids])
+                  + self._prefill_groups([e for e in chunks if not e[0].spec_token_ids]))
         meta = AttentionMetadata(slot_mapping=self._long(slots), groups=groups)
         return self._long(input_ids), self._long(positions), meta
 
@@ -105,18 +111,38 @@ class MetadataBuilder:
         table = [s.block_table[:num_blocks] + [0] * (num_blocks - min(len(s.block_table), num_blocks)) for s in seqs]
         return torch.tensor(table, dtype=torch.long, device=self.device).view(-1)
 
+    # Speculative steps ---------------------------------------------------------------------
+
+    def _spec_groups(self, entries: list[tuple[Sequence, int, int]]) -> list[AttentionGroup]:
+        """Sequences verifying drafts (k + 1 queries each) are cut like decodes: by how much
+        padding to the group's longest context would add, then attended as padded chunks."""
+        entries = sorted(entries, key=lambda e: -(e[0].num_computed_tokens + e[1]))
+        groups, start = [], 0
+        while start < len(entries):
+            longest = self._num_blocks(entries[start][0].num_computed_tokens + entries[start][1])
+            end, used = start + 1, longest
+            while end < len(entries):
+                used_next = used + self._num_blocks(entries[end][0].num_computed_tokens + entries[end][1])
+                padded = longest * (end + 1 - start)
+                is_wasteful = padded > (1 + self.max_group_padding) * used_next or padded > self.max_group_blocks
+                if is_wasteful and end - start >= MIN_DECODE_GROUP:
+                    break
+                end, used = end + 1, used_next
+            groups.append(self._prefill_group(entries[start:end]))
+            start = end
+        return groups
+
     # Prefill chunks -----------------------------------------------------------------------
 
-    def _prefill_groups(self, seqs: list[Sequence], num_new: list[int], first_row: int) -> list[AttentionGroup]:
+    def _prefill_groups(self, entries: list[tuple[Sequence, int, int]]) -> list[AttentionGroup]:
+        """``entries``: (sequence, new tokens, first row in the flattened batch)."""
         groups: list[AttentionGroup] = []
-        pending: list[tuple[Sequence, int, int]] = []  # (seq, new tokens, first row)
-        row = first_row
-        for seq, n in zip(seqs, num_new):
+        pending: list[tuple[Sequence, int, int]] = []
+        for seq, n, row in entries:
             if seq.num_computed_tokens == 0 and n >= MIN_DIRECT_PREFILL:
                 groups.append(AttentionGroup(1, n, 0, None, None, rows=slice(row, row + n)))
             else:
                 pending.append((seq, n, row))
-            row += n
         pending.sort(key=lambda e: -(e[0].num_computed_tokens + e[1]))
         start = 0
         while start < len(pending):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -116,20 +117,25 @@ class Scheduler:
         return len(seq.block_table) * bm.block_size - seq.num_computed_tokens + bm.num_free_blocks * bm.block_size
 
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        """Admit waiting sequences in policy order. Keys only grow within a step (tenants are
+        charged as they are scheduled), so a heap re-checks a popped key instead of sorting
+        every waiting sequence again after each admission."""
         in_flight: set[bytes] | None = None
-        deferred: set[int] = set()
-        while budget > 0 and len(self.running) < self.config.max_num_seqs:
-            candidates = [s for s in self.waiting if id(s) not in deferred]
-            if not candidates:
-                return
-            seq = min(candidates, key=self.policy.key)
+        heap = [(self.policy.key(s), s.arrival_order, s) for s in self.waiting]
+        heapq.heapify(heap)
+        rekeyed: set[int] = set()
+        while budget > 0 and len(self.running) < self.config.max_num_seqs and heap:
+            key, order, seq = heapq.heappop(heap)
+            if id(seq) not in rekeyed and (fresh := self.policy.key(seq)) != key:
+                rekeyed.add(id(seq))
+                heapq.heappush(heap, (fresh, order, seq))
+                continue
             hits = self.block_manager.prefix_lookup(seq)
             if self.block_manager.is_prefix_caching_enabled and not seq.is_embedding:
                 in_flight = self._in_flight() if in_flight is None else in_flight
                 if len(hits) < len(seq.block_hashes) and seq.block_hashes[len(hits)] in in_flight:
                     # Another sequence is computing this prefix right now: wait and reuse it
                     # rather than compute the same blocks twice.
-                    deferred.add(id(seq))
                     continue
             num_tokens = self._admission_chunk(seq, hits, budget, is_alone=not batch.seqs)
             if num_tokens == 0:

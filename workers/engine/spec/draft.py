@@ -72,12 +72,12 @@ class DraftProposer:
             views = [_DraftView(seqs[i], drafts[i]) for i in active]
             num_new = [len(v.token_ids) - v.num_computed_tokens for v in views]
             logits = self._forward(views, num_new)
+            tokens, qs = self._sample([seqs[i] for i in active], logits)
             for row, i in enumerate(active):
                 seqs[i].draft_num_computed += num_new[row]
-                token, q = self._sample(seqs[i], logits[row])
-                drafts[i].append(token)
-                if q is not None:
-                    probs[i].append(q)
+                drafts[i].append(tokens[row])
+                if qs[row] is not None:
+                    probs[i].append(qs[row])
             active = [i for i in active if len(drafts[i]) < ks[i]]
         for seq, tokens, rows in zip(seqs, drafts, probs):
             seq.spec_token_ids = tokens
@@ -96,11 +96,17 @@ class DraftProposer:
         back[torch.tensor(order)] = torch.arange(len(order))
         return logits[back]
 
-    def _sample(self, seq: Sequence, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-        if seq.params.is_greedy:
-            return int(logits.argmax()), None
-        q = processed_probs(logits[None], [seq.params])[0]
-        return inverse_cdf(q, self.uniform(seq)), q
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[int], list[torch.Tensor | None]]:
+        """Each row's draft token: argmax for greedy requests, else drawn from q (returned too)."""
+        tokens = logits.argmax(dim=-1).tolist()
+        qs: list[torch.Tensor | None] = [None] * len(seqs)
+        sampled = [i for i, s in enumerate(seqs) if not s.params.is_greedy]
+        if sampled:
+            q = processed_probs(logits[sampled], [seqs[i].params for i in sampled])
+            for row, i in enumerate(sampled):
+                qs[i] = q[row]
+                tokens[i] = inverse_cdf(q[row], self.uniform(seqs[i]))
+        return tokens, qs
 
     def extra_kv_bytes_per_block(self) -> int:
         return self.kv_cache[0, :, :, 0].numel() * self.kv_cache.element_size()

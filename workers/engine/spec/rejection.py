@@ -10,6 +10,8 @@ point mass on ``d`` for prompt lookup). The emitted tokens then follow ``p`` exa
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from workers.engine.sampler import inverse_cdf, processed_probs, uniform
@@ -21,15 +23,20 @@ def verify(seqs: list[Sequence], logits: torch.Tensor, shared: torch.Generator) 
     each sequence's k + 1 positions, stacked in order: [sum(k + 1), vocab]."""
     logits = logits.float().cpu()
     argmax = logits.argmax(dim=-1).tolist()
-    emitted, row = [], 0
-    for seq in seqs:
-        k = len(seq.spec_token_ids)
-        if seq.params.is_greedy:
-            emitted.append(_greedy(seq.spec_token_ids, argmax[row : row + k + 1]))
+    starts = [0, *itertools.accumulate(len(s.spec_token_ids) + 1 for s in seqs)]
+    sampled = [i for i, s in enumerate(seqs) if not s.params.is_greedy]
+    probs: dict[int, torch.Tensor] = {}
+    if sampled:  # every sampled row's distribution in one batched call
+        rows = [r for i in sampled for r in range(starts[i], starts[i + 1])]
+        p = processed_probs(logits[rows], [seqs[i].params for i in sampled for _ in range(starts[i], starts[i + 1])])
+        offsets = [0, *itertools.accumulate(starts[i + 1] - starts[i] for i in sampled)]
+        probs = {i: p[offsets[j] : offsets[j + 1]] for j, i in enumerate(sampled)}
+    emitted = []
+    for i, seq in enumerate(seqs):
+        if i in probs:
+            emitted.append(_sampled(seq, probs[i], shared))
         else:
-            p = processed_probs(logits[row : row + k + 1], [seq.params] * (k + 1))
-            emitted.append(_sampled(seq, p, shared))
-        row += k + 1
+            emitted.append(_greedy(seq.spec_token_ids, argmax[starts[i] : starts[i + 1]]))
     return emitted
 
 
