@@ -26,6 +26,7 @@ from routing.breaker import breakers
 from routing.leases import lease_acquire, leases_get
 from routing.metrics import ROUTE_ATTEMPTS, ROUTE_TTFT
 from routing.errors import SURFACED, client_error
+from routing.holds import holds
 from routing.registry import backend_error_noted
 from routing.remote import remote_start
 from tenants.errors import (
@@ -71,6 +72,7 @@ def _hold(attempt: Attempt, amount: int) -> None:
     if attempt.reserved is None:
         budget_reserve(tenant=attempt.tenant, agent=attempt.agent, amount_microcents=amount,
                        request_id=attempt.request_id, api_key=attempt.api_key)
+        holds.add(attempt.request_id)  # renewed for as long as the request runs
     elif amount != attempt.reserved:
         budget_reserve_adjust(tenant=attempt.tenant, request_id=attempt.request_id,
                               amount_microcents=amount)
@@ -81,6 +83,7 @@ def attempt_release(attempt: Attempt) -> None:
     if attempt.reserved is not None:
         budget_release(tenant=attempt.tenant, request_id=attempt.request_id)
         attempt.reserved = None
+        holds.discard(attempt.request_id)
 
 
 async def routes_walk(attempt: Attempt, plan_for, plan=None) -> Served:
@@ -266,6 +269,7 @@ async def _guarded(events: AsyncIterator[dict], route: Route, request_id: str,
                 breakers.failure(name)
             yield event
     finally:
+        holds.discard(request_id)  # settled (or being settled) by now
         breakers.end(name)
         if has_lease:
             await asyncio.to_thread(leases_get().release, name, request_id)

@@ -269,7 +269,9 @@ class Reservation(models.Model):
 
 
 class UsageRecord(models.Model):
-    """The ledger: one row per request, written once (request_id is unique)."""
+    """The ledger: one row per request, written once (request_id is unique). `cost_microcents`
+    is what was charged to the budgets; `unbilled_microcents` what the request cost beyond
+    the room its budgets had left (never charged past a limit; normally 0)."""
 
     class Status(models.TextChoices):
         OK = "ok"
@@ -288,6 +290,7 @@ class UsageRecord(models.Model):
     completion_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0)
     cost_microcents = models.BigIntegerField(default=0)
+    unbilled_microcents = models.BigIntegerField(default=0)
     latency_ms = models.PositiveIntegerField(default=0)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OK)
     created_at = models.DateTimeField()

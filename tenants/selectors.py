@@ -12,7 +12,7 @@ from tenants.errors import NotFound
 from tenants.models import (
     Agent, ApiKey, Budget, BudgetWindow, Membership, Tenant, UsageRecord,
 )
-from tenants.windows import window_bounds
+from tenants.windows import window_bounds, window_holds_open, window_spent_settled
 
 
 def tenant_list(*, user: AbstractBaseUser) -> QuerySet[Tenant]:
@@ -88,13 +88,19 @@ class WindowStatus:
 
 
 def budget_window_status(*, budget: Budget, now: datetime | None = None) -> WindowStatus:
-    """The current window's figures; a window nobody has used yet reads as empty."""
+    """The current window's figures; a window nobody has used yet reads as what it will open
+    with (the ledger's charges and open holds of its time, e.g. after a time zone change)."""
     start, end = window_bounds(period=budget.period, tz_name=budget.tenant.timezone,
                                now=now or timezone.now())
     window = BudgetWindow.objects.filter(budget=budget, start=start).first()
+    if window is None:
+        spent = window_spent_settled(budget=budget, start=start, end=end)
+        held = window_holds_open(budget=budget, start=start, end=end).aggregate(
+            total=Sum("amount_microcents"))["total"] or 0
+    else:
+        spent, held = window.spent_microcents, window.reserved_microcents
     return WindowStatus(start=start, end=end, limit_microcents=budget.limit_microcents,
-                        spent_microcents=window.spent_microcents if window else 0,
-                        reserved_microcents=window.reserved_microcents if window else 0)
+                        spent_microcents=spent, reserved_microcents=held)
 
 
 def usage_list(*, tenant: Tenant, since: datetime | None = None, until: datetime | None = None,

@@ -5,11 +5,16 @@ processes reserve at once. Each hold is one conditional UPDATE
 (`reserved = reserved + c WHERE spent + reserved + c <= limit`), which PostgreSQL re-checks on
 the latest row version after waiting for the row lock, and which SQLite serialises with
 IMMEDIATE transactions. The agent's window is always locked before the tenant's, so two
-requests never wait on each other in opposite orders.
+requests never wait on each other in opposite orders; a reservation row is always locked
+before the windows it holds on.
+
+A hold lives as long as its request: whoever owns the request renews it
+(`budget_holds_renew`, the API process every third of FAIRLANE_RESERVATION_TTL_SECONDS), and
+the beat releases only holds nobody renewed (their process died). Settlement is in
+tenants/services/settlement.py.
 """
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -19,10 +24,10 @@ from django.utils import timezone
 
 from tenants.errors import BudgetExhausted, InvalidRequest, NotFound
 from tenants.models import (
-    MAX_MICROCENTS, Agent, ApiKey, Budget, BudgetWindow, Period, Reservation, Tenant, UsageRecord,
+    MAX_MICROCENTS, Agent, ApiKey, Budget, BudgetWindow, Period, Reservation, Tenant,
 )
 from tenants.services.validation import save_validated
-from tenants.windows import window_bounds
+from tenants.windows import window_bounds, window_holds_open, window_spent_settled
 
 logger = logging.getLogger(__name__)
 
@@ -61,15 +66,44 @@ def budget_delete(*, budget: Budget) -> None:
 
 
 def budget_window_current(*, budget: Budget, now: datetime) -> BudgetWindow:
-    """The budget's window containing `now`, created on first use."""
+    """The budget's window containing `now`, opened on first use with what the ledger and the
+    open holds already count in its time (see `_window_open`)."""
     start, end = window_bounds(period=budget.period, tz_name=budget.tenant.timezone, now=now)
-    window, _ = BudgetWindow.objects.get_or_create(budget=budget, start=start,
-                                                   defaults={"end": end})
-    return window
+    window = BudgetWindow.objects.filter(budget=budget, start=start).first()
+    return window or _window_open(budget=budget, start=start, end=end)
 
 
-def _window_hold(*, budget: Budget, amount: int, now: datetime, owner: str) -> BudgetWindow:
-    window = budget_window_current(budget=budget, now=now)
+def _window_open(*, budget: Budget, start: datetime, end: datetime) -> BudgetWindow:
+    """Create a window that starts with what its owner already spent in its time: after a
+    change of the tenant's time zone or the budget's period (or a budget created mid-window),
+    the settled cost of every request reserved since `start` counts, and open holds of that
+    time move into it, so a settings change never resets a window. Its own transaction, taken
+    before any hold: the holds it moves are locked before their windows, as everywhere."""
+    try:
+        with transaction.atomic():
+            moving = list(window_holds_open(budget=budget, start=start, end=end)
+                          .select_for_update().order_by("pk"))
+            # After the locks: a settlement that won the race has committed, and is counted.
+            window = BudgetWindow.objects.create(
+                budget=budget, start=start, end=end,
+                spent_microcents=window_spent_settled(budget=budget, start=start, end=end),
+                reserved_microcents=sum(r.amount_microcents for r in moving))
+            field = "agent_window" if budget.agent_id else "tenant_window"
+            for reservation in moving:
+                old = getattr(reservation, f"{field}_id")
+                if old is not None:
+                    BudgetWindow.objects.filter(pk=old).update(
+                        reserved_microcents=F("reserved_microcents")
+                        - reservation.amount_microcents)
+                setattr(reservation, field, window)
+                reservation.save(update_fields=[field])
+            return window
+    except IntegrityError:  # another request opened it first
+        return BudgetWindow.objects.get(budget=budget, start=start)
+
+
+def _window_hold(*, window: BudgetWindow, budget: Budget, amount: int, now: datetime,
+                 owner: str) -> BudgetWindow:
     held = BudgetWindow.objects.filter(
         pk=window.pk,
         reserved_microcents__lte=budget.limit_microcents - amount - F("spent_microcents"),
@@ -98,14 +132,17 @@ def budget_reserve(*, tenant: Tenant, agent: Agent, amount_microcents: int, requ
     amount = _amount_clean(amount_microcents, param="amount_microcents")
     now = now or timezone.now()
     agent_budget, tenant_budget = _budgets_for(tenant=tenant, agent=agent)
+    windows = {b.pk: budget_window_current(budget=b, now=now)
+               for b in (agent_budget, tenant_budget) if b is not None}
     try:
         with transaction.atomic():
             agent_window = tenant_window = None
             if agent_budget is not None:
-                agent_window = _window_hold(budget=agent_budget, amount=amount, now=now,
-                                            owner="agent's")
+                agent_window = _window_hold(window=windows[agent_budget.pk], budget=agent_budget,
+                                            amount=amount, now=now, owner="agent's")
             if tenant_budget is not None:
-                tenant_window = _window_hold(budget=tenant_budget, amount=amount, now=now,
+                tenant_window = _window_hold(window=windows[tenant_budget.pk],
+                                             budget=tenant_budget, amount=amount, now=now,
                                              owner="tenant's")
             return Reservation.objects.create(
                 request_id=request_id, tenant=tenant, agent=agent, api_key=api_key,
@@ -173,45 +210,6 @@ def _reservation_lock(*, tenant: Tenant, request_id: str) -> Reservation:
     return reservation
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """What a finished (or cut) request used, as the backend reported it."""
-
-    backend: str = ""
-    model: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    latency_ms: int = 0
-    status: str = UsageRecord.Status.OK
-
-
-def budget_settle(*, tenant: Tenant, request_id: str, cost_microcents: int, usage: Usage,
-                  now: datetime | None = None) -> UsageRecord:
-    """Charge a request's actual cost, free the rest of its reservation, and write its one
-    ledger row. Idempotent: settling again returns the first row and charges nothing."""
-    cost = _amount_clean(cost_microcents, param="cost_microcents")
-    now = now or timezone.now()
-    with transaction.atomic():
-        reservation = _reservation_lock(tenant=tenant, request_id=request_id)
-        if reservation.status == Reservation.Status.SETTLED:
-            return UsageRecord.objects.get(request_id=request_id)
-        if cost > reservation.amount_microcents:
-            logger.warning("request %s cost %d exceeds its reservation %d", request_id, cost,
-                           reservation.amount_microcents)
-        _windows_unhold(reservation=reservation, charge=cost)
-        reservation.status = Reservation.Status.SETTLED
-        reservation.closed_at = now
-        reservation.save(update_fields=["status", "closed_at"])
-        return UsageRecord.objects.create(
-            request_id=request_id, tenant=tenant, agent_id=reservation.agent_id,
-            api_key_id=reservation.api_key_id, backend=usage.backend, model=usage.model,
-            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens, cost_microcents=cost,
-            latency_ms=usage.latency_ms, status=usage.status, created_at=now,
-        )
-
-
 def budget_release(*, tenant: Tenant, request_id: str, now: datetime | None = None,
                    status: str = Reservation.Status.RELEASED) -> Reservation:
     """Free a reservation without charging (the request never reached a backend).
@@ -226,9 +224,22 @@ def budget_release(*, tenant: Tenant, request_id: str, now: datetime | None = No
     return reservation
 
 
+def budget_holds_renew(*, request_ids: list[str], now: datetime | None = None) -> int:
+    """Keep the holds of requests still running (their owner calls this every third of
+    FAIRLANE_RESERVATION_TTL_SECONDS); returns how many are still held. A system task over
+    many tenants' requests, like the expiry below."""
+    if not request_ids:
+        return 0
+    now = now or timezone.now()
+    return Reservation.objects.filter(request_id__in=request_ids,
+                                      status=Reservation.Status.HELD).update(
+        expires_at=now + timedelta(seconds=settings.FAIRLANE_RESERVATION_TTL_SECONDS))
+
+
 def budget_reservations_expire(*, now: datetime | None = None) -> int:
-    """Release reservations held past their TTL (their API process died); a late settlement
-    still charges and records the request."""
+    """Release reservations held past their TTL: nobody renewed them (their API process
+    died). A late settlement still records the request, charging at most what its windows
+    have room for (see settlement.py)."""
     now = now or timezone.now()
     stale = Reservation.objects.filter(status=Reservation.Status.HELD, expires_at__lt=now)
     count = 0
@@ -237,3 +248,13 @@ def budget_reservations_expire(*, now: datetime | None = None) -> int:
                                      now=now, status=Reservation.Status.EXPIRED)
         count += reservation.status == Reservation.Status.EXPIRED
     return count
+
+
+def __getattr__(name: str):
+    """`Usage` and `budget_settle` live in settlement.py; importing them from here still works
+    (lazily, so that either module may be imported first)."""
+    if name in {"Usage", "budget_settle"}:
+        from tenants.services import settlement
+
+        return getattr(settlement, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
