@@ -174,6 +174,9 @@ def test_the_members_story_from_sign_in_to_a_revoked_key(live, acme, make_user, 
     with pytest.raises(openai.AuthenticationError):
         client.models.list()
     assert fresh.models.list().data
+    nav(page, "Overview")
+    expect(page.locator("tr[data-owner=writer]")).to_contain_text("$1.00")
+    shot(page, "overview")
 
 
 def test_a_viewer_sees_everything_and_can_change_nothing(live, acme, make_user, page: Page):
@@ -184,6 +187,17 @@ def test_a_viewer_sees_everything_and_can_change_nothing(live, acme, make_user, 
         nav(page, section)
         expect(page.locator("main h1")).to_be_visible()
         shot(page, f"viewer-{section.lower()}")
+    # on a phone, in the dark, by keyboard
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.emulate_media(color_scheme="dark")
+    nav(page, "Usage")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(18, 22, 28)"
+    shot(page, "viewer-phone-dark-usage")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    page.set_viewport_size({"width": 1280, "height": 860})
+    page.emulate_media(color_scheme="light")
     nav(page, "Keys")
     expect(page.get_by_role("button", name="Create key")).to_have_count(0)
     nav(page, "Agents")
