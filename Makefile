@@ -74,5 +74,14 @@ bench: test-venv
 smoke:
 	bash deploy/dev/smoke-install.sh
 
+# A CycloneDX SBOM of the runtime environment (requirements.txt's closure): make sbom [SBOM=path]
+SBOM ?= var/sbom.cdx.json
+sbom: test-venv
+	$(PY) deploy/sbom.py -o $(SBOM)
+
+# On a CUDA machine only: vLLM, the engine's equivalence tests and bench on the GPU (see README)
+gpu-check:
+	bash deploy/gpu-check.sh
+
 clean:
 	rm -rf $(VENV) var staticfiles .pytest_cache
