@@ -13,7 +13,7 @@ export DJANGO_SETTINGS_MODULE := settings
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/fairlane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test venv test-venv services chromium demo-key manage worker beat bench smoke clean
+.PHONY: run test venv test-venv services chromium demo-key manage worker beat bench smoke clean sbom gpu-check
 
 $(VENV)/.installed: requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

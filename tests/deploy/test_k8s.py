@@ -1,0 +1,223 @@
+"""deploy/k8s, validated without a cluster: every rendered manifest of every overlay against the
+Kubernetes schemas (kubernetes-validate, strict), KEDA's ScaledObject and the ServiceMonitor
+against schemas of the fields we use, yamllint, and the deployment's own rules (drain, probes,
+one beat, no secrets, a PDB and a scaler per pool, GPUs only in the GPU overlay)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from tests.deploy.kustomize import containers, merge, render
+
+K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+VERSIONS = ("1.31.0", "1.37.0")
+CRDS = {"ScaledObject", "ServiceMonitor"}
+
+
+def overlays() -> dict[str, list[dict]]:
+    rendered = {name: render(K8S / path) for name, path in
+                (("base", "base"), ("gpu", "overlays/gpu"), ("dev", "overlays/dev"))}
+    gpu = K8S / "overlays" / "gpu"
+    spec = (gpu / "kustomization.yaml").read_text().replace(
+        "# components:\n#   - ../../components/scale-to-zero", "components:\n"
+        "  - ../../components/scale-to-zero")
+    assert "components:\n  - ../../components" in spec
+    return rendered | {"gpu+scale-to-zero": _render_with(gpu, spec)}
+
+
+def _render_with(directory: Path, kustomization: str) -> list[dict]:
+    import tempfile
+
+    import shutil
+
+    with tempfile.TemporaryDirectory(dir=K8S / "overlays") as tmp:
+        for item in directory.iterdir():
+            shutil.copy(item, tmp)
+        Path(tmp, "kustomization.yaml").write_text(kustomization)
+        return render(Path(tmp))
+
+
+RENDERED = overlays()
+
+
+def of(docs, kind, name=None):
+    return [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] ==
+                                                      name)]
+
+
+def one(docs, kind, name):
+    found = of(docs, kind, name)
+    assert len(found) == 1, (kind, name)
+    return found[0]
+
+
+def env_of(container) -> dict:
+    names = [e["name"] for e in container.get("env", [])]
+    assert len(names) == len(set(names)), f"duplicate env in {container['name']}: {names}"
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+@pytest.mark.parametrize("overlay", sorted(RENDERED))
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_manifest_is_valid_for_kubernetes(overlay, version):
+    checked = 0
+    for doc in RENDERED[overlay]:
+        if doc["kind"] in CRDS:
+            continue
+        kubernetes_validate.validate(doc, version, strict=True)
+        checked += 1
+    assert checked >= 10
+
+
+SCALED_OBJECT = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {"apiVersion": {"const": "keda.sh/v1alpha1"}, "spec": {
+        "type": "object", "additionalProperties": False,
+        "required": ["scaleTargetRef", "triggers"],
+        "properties": {
+            "scaleTargetRef": {"type": "object", "required": ["name"], "additionalProperties":
+                               False, "properties": {"name": {"type": "string"},
+                                                     "kind": {"type": "string"},
+                                                     "apiVersion": {"type": "string"}}},
+            "pollingInterval": {"type": "integer", "minimum": 1},
+            "cooldownPeriod": {"type": "integer", "minimum": 0},
+            "minReplicaCount": {"type": "integer", "minimum": 0},
+            "maxReplicaCount": {"type": "integer", "minimum": 1},
+            "advanced": {"type": "object", "properties": {"horizontalPodAutoscalerConfig": {
+                "type": "object", "properties": {"behavior": {"type": "object"}}}}},
+            "triggers": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "required": ["type", "metadata"],
+                "properties": {"type": {"const": "prometheus"}, "metadata": {
+                    "type": "object", "additionalProperties": {"type": "string"},
+                    "required": ["serverAddress", "query", "threshold"]}}}}}}}}
+SERVICE_MONITOR = {
+    "type": "object", "properties": {"apiVersion": {"const": "monitoring.coreos.com/v1"},
+                                     "spec": {
+        "type": "object", "required": ["selector", "endpoints"], "additionalProperties": False,
+        "properties": {"selector": {"type": "object", "required": ["matchLabels"]},
+                       "endpoints": {"type": "array", "minItems": 1, "items": {
+                           "type": "object", "additionalProperties": False,
+                           "required": ["port", "path"],
+                           "properties": {"port": {"type": "string"}, "path": {"type": "string"},
+                                          "interval": {"type": "string",
+                                                       "pattern": "^[0-9]+[smh]$"},
+                                          "authorization": {"type": "object",
+                                                            "required": ["credentials"]}}}}}}}}
+
+
+@pytest.mark.parametrize("overlay", sorted(RENDERED))
+def test_keda_scaled_objects_and_the_service_monitor_are_well_formed(overlay):
+    docs = RENDERED[overlay]
+    deployments = {d["metadata"]["name"]: d for d in of(docs, "Deployment")}
+    for scaled in of(docs, "ScaledObject"):
+        jsonschema.validate(scaled, SCALED_OBJECT)
+        target = deployments[scaled["spec"]["scaleTargetRef"]["name"]]
+        assert target["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+        trigger = scaled["spec"]["triggers"][0]["metadata"]
+        assert trigger["threshold"] == "5" and scaled["spec"]["cooldownPeriod"] >= 60
+        models = env_of(containers(target)[0])["FAIRLANE_WORKER_MODELS"].split(",")
+        pattern = re.search(r'model=~"([^"]+)"', trigger["query"])[1]
+        assert all(re.fullmatch(pattern, m) for m in models), (pattern, models)
+    monitor = one(docs, "ServiceMonitor", "fairlane-api")
+    jsonschema.validate(monitor, SERVICE_MONITOR)
+    service = one(docs, "Service", "fairlane-api")
+    labels = service["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+
+
+@pytest.mark.parametrize("overlay", sorted(RENDERED))
+def test_pods_drain_probe_and_take_secrets_only_by_reference(overlay):
+    docs = RENDERED[overlay]
+    assert not of(docs, "Secret")
+    config = one(docs, "ConfigMap", "fairlane-config")["data"]
+    assert {"SECRET_KEY", "DATABASE_URL", "REDIS_URL", "FAIRLANE_API_KEY_PEPPER",
+            "FAIRLANE_METRICS_TOKEN"}.isdisjoint(config)
+    drain = int(config["FAIRLANE_DRAIN_TIMEOUT_SECONDS"])
+    for doc in of(docs, "Deployment") + of(docs, "Job"):
+        pod = doc["spec"]["template"]["spec"]
+        for container in containers(doc):
+            refs = [e.get("secretRef", {}).get("name") for e in container.get("envFrom", [])]
+            assert "fairlane-secrets" in refs, doc["metadata"]["name"]
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
+        if component in ("api", "worker"):
+            assert pod["terminationGracePeriodSeconds"] >= drain
+            assert "preStop" in containers(doc)[0]["lifecycle"]
+    api = containers(one(docs, "Deployment", "fairlane-api"))[0]
+    assert api["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert {"name": "Host", "value": "localhost"} in api["readinessProbe"]["httpGet"][
+        "httpHeaders"]
+    assert "localhost" in env_of(api)["ALLOWED_HOSTS"]
+
+
+@pytest.mark.parametrize("overlay", sorted(RENDERED))
+def test_one_beat_a_migration_job_an_hpa_and_a_pdb_per_pool(overlay):
+    docs = RENDERED[overlay]
+    beat = one(docs, "Deployment", "fairlane-beat")
+    assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"]["type"] == "Recreate"
+    job = one(docs, "Job", "fairlane-migrate")
+    assert containers(job)[0]["command"][-2:] == ["migrate", "--noinput"]
+    hpa = one(docs, "HorizontalPodAutoscaler", "fairlane-api")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "fairlane-api"
+    pdbs = of(docs, "PodDisruptionBudget")
+    for deployment in of(docs, "Deployment"):
+        component = deployment["metadata"]["labels"]["app.kubernetes.io/component"]
+        if component not in ("api", "worker"):
+            continue
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert any(p["spec"]["selector"]["matchLabels"].items() <= labels.items() for p in pdbs)
+        if component == "worker":
+            command = containers(deployment)[0]["command"]
+            assert command[command.index("-Q") + 1] == "gpu"  # hosts models; no housekeeping
+            assert of(docs, "ScaledObject", deployment["metadata"]["name"])
+    housekeeping = containers(one(docs, "Deployment", "fairlane-housekeeping"))[0]["command"]
+    assert housekeeping[housekeeping.index("-Q") + 1] == "default"
+
+
+def test_gpus_only_in_the_gpu_overlay_and_scale_to_zero_only_when_asked():
+    for name, docs in RENDERED.items():
+        worker = one(docs, "Deployment", "fairlane-worker-default")
+        pod, container = worker["spec"]["template"]["spec"], containers(worker)[0]
+        device = env_of(container)["FAIRLANE_ENGINE_DEVICE"]
+        if name.startswith("gpu"):
+            assert container["resources"]["limits"]["nvidia.com/gpu"] == 1 and device == "cuda"
+            assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+            assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+            assert container["image"] == "registry.example.com/fairlane-gpu:0.1.0"
+        else:
+            assert "nvidia.com/gpu" not in str(worker) and device == "cpu"
+        minimum = one(docs, "ScaledObject", "fairlane-worker-default")["spec"]["minReplicaCount"]
+        assert minimum == (0 if name == "gpu+scale-to-zero" else 1)
+    dev = RENDERED["dev"]
+    volumes = one(dev, "Deployment", "fairlane-worker-default")["spec"]["template"]["spec"][
+        "volumes"]
+    assert next(v for v in volumes if v["name"] == "models") == {"name": "models", "emptyDir": {}}
+    assert one(dev, "ConfigMap", "fairlane-config")["data"]["FAIRLANE_DEV_SIGNING_KEY"]
+    assert one(RENDERED["gpu"], "ConfigMap", "fairlane-config")["data"][
+        "FAIRLANE_DEV_SIGNING_KEY"] == ""
+
+
+def test_the_renderer_merges_like_kustomize():
+    base = {"spec": {"containers": [{"name": "a", "env": [{"name": "X", "value": "1"}]}],
+                     "volumes": [{"name": "m", "persistentVolumeClaim": {"claimName": "c"}}]}}
+    patch = {"spec": {"containers": [{"name": "a", "env": [{"name": "Y", "value": "2"}]}],
+                      "volumes": [{"name": "m", "persistentVolumeClaim": None, "emptyDir": {}}]}}
+    assert merge(base, patch) == {"spec": {
+        "containers": [{"name": "a", "env": [{"name": "X", "value": "1"},
+                                             {"name": "Y", "value": "2"}]}],
+        "volumes": [{"name": "m", "emptyDir": {}}]}}
+
+
+def test_yamllint_passes_strictly():
+    done = subprocess.run([sys.executable, "-m", "yamllint", "-s", "-c",
+                           str(K8S / ".yamllint.yaml"), str(K8S)], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
