@@ -11,7 +11,7 @@ from django.conf import settings
 
 from workers.artifacts.load import artifact_verify_for_load
 from workers.engine import AsyncEngine, EngineConfig
-from workers.registry import ModelInfo, model_dir
+from workers.registry import ModelInfo, model_dir, model_engine_options
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,9 @@ class EngineHost:
             if engine is None or not engine.is_running:
                 path = model_dir(info.source)
                 artifact_verify_for_load(model=info.name, path=path)  # raises ModelRefused
+                options = model_engine_options(info)
+                if info.speculative_draft:  # the draft's weights are loaded too: same check
+                    artifact_verify_for_load(model=info.name, path=model_dir(info.speculative_draft))
                 config = EngineConfig(
                     model=str(path),
                     device=settings.FAIRLANE_ENGINE_DEVICE,
@@ -35,6 +38,7 @@ class EngineHost:
                     max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS,
                     max_model_len=settings.FAIRLANE_MAX_MODEL_LEN,
                     num_threads=settings.FAIRLANE_ENGINE_THREADS,
+                    **options,
                 )
                 logger.info("loading model %s from %s", info.name, config.model)
                 engine = AsyncEngine.from_config(config).start()

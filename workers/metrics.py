@@ -21,12 +21,19 @@ GAUGES = {
     "num_waiting": "sequences waiting to be scheduled",
     "prefix_hit_rate": "share of prompt tokens served from the prefix cache",
     "batch_seqs_mean": "mean sequences per engine step",
+    # Speculative decoding, with vLLM's definitions.
+    "spec_decode_mean_acceptance_length": "1 + accepted draft tokens / drafts",
+    "spec_decode_draft_acceptance_rate": "accepted draft tokens / draft tokens",
 }
 COUNTERS = {
     "num_generated_tokens": "tokens generated",
     "num_preemptions": "sequences preempted (recomputed later) for lack of KV blocks",
     "num_steps": "engine steps",
+    "spec_decode_num_drafts": "speculative steps of a sequence (drafts verified)",
+    "spec_decode_num_draft_tokens": "draft tokens proposed and verified",
+    "spec_decode_num_accepted_tokens": "draft tokens the target accepted",
 }
+PER_POSITION = "spec_decode_num_accepted_tokens_per_pos"
 
 
 def engine_stats() -> dict[tuple[str, str], dict]:
@@ -53,6 +60,9 @@ class EngineCollector:
         families.update({name: CounterMetricFamily(f"fairlane_engine_{name}", help_text,
                                                    labels=["worker", "model"])
                          for name, help_text in COUNTERS.items()})
+        families[PER_POSITION] = CounterMetricFamily(
+            f"fairlane_engine_{PER_POSITION}", "draft tokens accepted at each draft position",
+            labels=["worker", "model", "position"])
         return families
 
     def collect(self):
@@ -64,7 +74,10 @@ class EngineCollector:
         families = self._families()
         for (where, model), values in stats.items():
             for name, family in families.items():
-                if name in values:
+                if name == PER_POSITION:
+                    for position, count in enumerate(values.get(name) or []):
+                        family.add_metric([where, model, str(position)], float(count))
+                elif name in values:
                     family.add_metric([where, model], float(values[name]))
         yield from families.values()
 

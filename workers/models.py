@@ -1,7 +1,7 @@
 """The model registry: which models the platform serves, where their weights come from, and
 what a token costs. Which worker hosts which model is live state, kept in heartbeats."""
 
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from tenants.models import MAX_MICROCENTS, name_validator
@@ -30,6 +30,21 @@ class ServedModel(models.Model):
     origin = models.CharField(max_length=500, blank=True, default="",
                               help_text="where the weights came from, per the manifest")
     license = models.CharField(max_length=200, blank=True, default="")
+    # Engine options (workers/engine): weight-only quantization at load, speculative decoding.
+    quantization = models.CharField(
+        max_length=8, blank=True, default="", choices=[("", "none"), ("int8", "int8"), ("int4", "int4")],
+        help_text="int8: per output channel; int4: group-wise (quantization_group_size)")
+    quantization_group_size = models.PositiveSmallIntegerField(
+        default=128, choices=[(32, "32"), (64, "64"), (128, "128")])
+    speculative_method = models.CharField(
+        max_length=8, blank=True, default="", choices=[("", "none"), ("ngram", "n-gram prompt lookup"),
+                                                       ("draft", "draft model")])
+    speculative_tokens = models.PositiveSmallIntegerField(
+        default=4, validators=[MinValueValidator(1), MaxValueValidator(16)],
+        help_text="draft tokens (k) verified per step")
+    speculative_draft = models.CharField(
+        max_length=500, blank=True, default="",
+        help_text="the draft model's source (preset:<name>[@seed] or an absolute path), same tokenizer")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -44,3 +59,7 @@ class ServedModel(models.Model):
         for field in ("price_input_per_mtok", "price_output_per_mtok", "price_cached_per_mtok"):
             if getattr(self, field) > MAX_MICROCENTS:
                 raise ValidationError({field: "Price is out of range."})
+        if self.speculative_method == "draft" and not self.speculative_draft:
+            raise ValidationError({"speculative_draft": "The draft method needs a draft model."})
+        if self.speculative_draft and self.speculative_method != "draft":
+            raise ValidationError({"speculative_draft": "A draft model is used by the draft method only."})

@@ -14,7 +14,7 @@ from tenants.errors import InvalidRequest
 from tenants.services.validation import save_validated
 from workers.artifacts.load import artifact_provenance
 from workers.artifacts.presets import preset_signed_dir
-from workers.engine import Tokenizer
+from workers.engine import SpeculativeConfig, Tokenizer
 from workers.engine.presets import PRESETS
 from workers.models import ServedModel
 
@@ -30,30 +30,39 @@ class ModelInfo:
     price_input_per_mtok: int = 0
     price_output_per_mtok: int = 0
     price_cached_per_mtok: int = 0
+    # Engine options: "" = none.
+    quantization: str = ""
+    quantization_group_size: int = 128
+    speculative_method: str = ""
+    speculative_tokens: int = 4
+    speculative_draft: str = ""
 
     @classmethod
     def of(cls, row: ServedModel) -> ModelInfo:
         return cls(name=row.name, source=row.source,
                    price_input_per_mtok=row.price_input_per_mtok,
                    price_output_per_mtok=row.price_output_per_mtok,
-                   price_cached_per_mtok=row.price_cached_per_mtok)
+                   price_cached_per_mtok=row.price_cached_per_mtok,
+                   quantization=row.quantization, quantization_group_size=row.quantization_group_size,
+                   speculative_method=row.speculative_method, speculative_tokens=row.speculative_tokens,
+                   speculative_draft=row.speculative_draft)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def model_source_check(source: str) -> None:
+def model_source_check(source: str, *, param: str = "source") -> None:
     if source.startswith(PRESET_PREFIX):
         preset = source.removeprefix(PRESET_PREFIX).split("@")[0]
         if preset not in PRESETS:
             raise InvalidRequest(f"Unknown preset {preset!r}; presets: {sorted(PRESETS)}.",
-                                 param="source")
+                                 param=param)
         return
     path = Path(source)
     if not path.is_absolute() or not (path / "config.json").exists():
-        raise InvalidRequest("source must be preset:<name>[@seed] or an absolute path to a "
+        raise InvalidRequest(f"{param} must be preset:<name>[@seed] or an absolute path to a "
                              "directory with config.json, *.safetensors and tokenizer.json.",
-                             param="source")
+                             param=param)
 
 
 def model_dir(source: str) -> Path:
@@ -102,18 +111,37 @@ def model_get(*, name: str) -> ModelInfo | None:
 
 def model_register(*, name: str, source: str, description: str = "",
                    price_input_per_mtok: int = 0, price_output_per_mtok: int = 0,
-                   price_cached_per_mtok: int = 0) -> ServedModel:
+                   price_cached_per_mtok: int = 0, quantization: str = "",
+                   quantization_group_size: int = 128, speculative_method: str = "",
+                   speculative_tokens: int = 4, speculative_draft: str = "") -> ServedModel:
     """Add a model to the registry, or update the one with that name, with the provenance of
-    its signed manifest (refused if a worker would refuse to load it)."""
+    its signed manifest (refused if a worker would refuse to load it), and its engine options:
+    quantization at load (int8 / int4) and speculative decoding (ngram / draft)."""
     model_source_check(source)
+    if speculative_draft:
+        model_source_check(speculative_draft, param="speculative_draft")
     row = ServedModel.objects.filter(name=name).first() or ServedModel(name=name)
     row.source, row.description = source, description
     row.price_input_per_mtok = price_input_per_mtok
     row.price_output_per_mtok = price_output_per_mtok
     row.price_cached_per_mtok = price_cached_per_mtok
+    row.quantization, row.quantization_group_size = quantization, quantization_group_size
+    row.speculative_method, row.speculative_tokens = speculative_method, speculative_tokens
+    row.speculative_draft = speculative_draft
     for field, value in artifact_provenance(path=model_dir(source)).items():
         setattr(row, field, value)
     return save_validated(row, unique_param="name")
+
+
+def model_engine_options(info: ModelInfo) -> dict:
+    """EngineConfig keyword arguments for the model's quantization and speculation."""
+    options: dict = {"quantization": info.quantization or None,
+                     "quantization_group_size": info.quantization_group_size}
+    if info.speculative_method:
+        draft = str(model_dir(info.speculative_draft)) if info.speculative_draft else None
+        options["speculative"] = SpeculativeConfig(info.speculative_method, num_speculative_tokens=info.speculative_tokens,
+                                                   model=draft)
+    return options
 
 
 def usage_cost(info: ModelInfo, *, prompt_tokens: int, completion_tokens: int,

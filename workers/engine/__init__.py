@@ -4,7 +4,7 @@ Plain PyTorch; nothing here imports Django or another app of the repository.
 """
 
 from workers.engine.async_engine import AsyncEngine
-from workers.engine.config import EngineConfig, ModelConfig
+from workers.engine.config import EngineConfig, ModelConfig, SpeculativeConfig
 from workers.engine.engine import LLMEngine
 from workers.engine.errors import (
     ContextLengthExceeded,
@@ -25,5 +25,6 @@ __all__ = [
     "LANES", "PRESETS", "AsyncEngine", "Completion", "ContextLengthExceeded", "EngineConfig",
     "EngineError", "EngineStopped", "FairSharePolicy", "FinishReason", "FifoPolicy", "InvalidRequest", "KeyPolicy",
     "LLMEngine", "ModelConfig", "OutOfBlocks", "RequestOutput", "SamplingParams", "SchedulingPolicy",
+    "SpeculativeConfig",
     "Tokenizer", "UnsupportedModel", "ensure_preset", "preset_create",
 ]

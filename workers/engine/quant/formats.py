@@ -4,7 +4,7 @@ int8: symmetric per output channel, ``w ~ q * scale`` with q in [-127, 127].
 int4: asymmetric per group of ``group`` input columns, ``w ~ (q - 8) * scale + zero`` with q in
 [0, 15] (tinygemm's convention, so the kernels take the scales and zeros as they are);
 ``zero = min + 8 * scale`` puts q = 0 on the group's minimum. Two codes per byte, the even
-column in the low nibble.
+column in the low nibble; rows are padded with zero columns to a whole number of groups.
 """
 
 from __future__ import annotations
@@ -26,12 +26,18 @@ def int8_dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return codes.float() * scale.float()[:, None]
 
 
+def padded_columns(cols: int, group: int) -> int:
+    """int4 rows are padded with zero columns to a whole number of groups."""
+    return -(-cols // group) * group
+
+
 def int4_quantize(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[N, K] -> (codes uint8 [N, K] in 0..15, scale float32 [N, K / group], zero float32 [N, K / group])."""
+    """[N, K] -> (codes uint8 [N, K'] in 0..15, scale float32 [N, K' / group], zero float32 [N, K' / group]),
+    K' = K padded with zero columns to a multiple of ``group``."""
     rows, cols = weight.shape
-    if cols % group:
-        raise ValueError(f"{cols} input columns are not a multiple of the group size {group}")
-    w = weight.float().view(rows, cols // group, group)
+    weight = torch.nn.functional.pad(weight.float(), (0, padded_columns(cols, group) - cols))
+    cols = weight.shape[1]
+    w = weight.view(rows, cols // group, group)
     low, high = w.amin(dim=2), w.amax(dim=2)
     scale = ((high - low) / INT4_MAX).clamp(min=1e-12)
     codes = torch.round((w - low[..., None]) / scale[..., None]).clamp_(0, INT4_MAX).to(torch.uint8)

@@ -24,6 +24,7 @@ from workers.engine.quant.formats import (
     int8_quantize,
     nibbles_pack,
     nibbles_unpack,
+    padded_columns,
 )
 
 logger = logging.getLogger(__name__)
@@ -40,14 +41,16 @@ class QuantLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, *, bits: int, group_size: int, has_bias: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features, self.bits, self.group_size = in_features, out_features, bits, group_size
+        self.padded_in = in_features  # int4: padded to whole groups
         empty = {"device": "meta"}
         if bits == 8:
             self.register_buffer("qweight", torch.empty(out_features, in_features, dtype=torch.int8, **empty))
             self.register_buffer("scales", torch.empty(out_features, **empty))
             self.zeros = None
         else:
-            groups = in_features // group_size
-            self.register_buffer("qweight", torch.empty(out_features, in_features // 2, dtype=torch.uint8, **empty))
+            self.padded_in = padded_columns(in_features, group_size)
+            groups = self.padded_in // group_size
+            self.register_buffer("qweight", torch.empty(out_features, self.padded_in // 2, dtype=torch.uint8, **empty))
             self.register_buffer("scales", torch.empty(out_features, groups, **empty))
             self.register_buffer("zeros", torch.empty(out_features, groups, **empty))
         self.bias = nn.Parameter(torch.empty(out_features, **empty)) if has_bias else None
@@ -77,14 +80,14 @@ class QuantLinear(nn.Module):
             raise RuntimeError("the kernel form replaced the portable weights of this layer")
         if self.bits == 8:
             return int8_dequantize(self.qweight, self.scales)
-        return int4_dequantize(nibbles_unpack(self.qweight), self.scales, self.zeros, self.group_size)
+        return int4_dequantize(nibbles_unpack(self.qweight), self.scales, self.zeros, self.group_size)[:, : self.in_features]
 
     def prepare(self) -> QuantLinear:
         """Probe the kernel on this layer's shapes; keep whichever form the forward will use."""
         try:
             self._kernel_build()
             x = torch.randn(4, self.in_features, generator=torch.Generator().manual_seed(0)).to(self.scales.device)
-            got = self._kernel_forward(x).float()
+            got = self._kernel_forward(self._pad(x)).float()
             want = x @ self.dequantized_weight().t()
             is_ok = bool(((got - want).abs().max() <= PROBE_TOLERANCE * want.abs().max().clamp(min=1e-6)).item())
         except (RuntimeError, NotImplementedError, TypeError, AttributeError) as exc:
@@ -108,10 +111,14 @@ class QuantLinear(nn.Module):
         if device.type == "cpu":
             self.kernel = "int4pack_mm_for_cpu"
             self._packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
-        else:  # tinygemm wants the even column in the high nibble
+        else:  # tinygemm wants the even column in the high nibble, and K a multiple of 16 * tiles
             self.kernel = "int4pack_mm"
             high_even = ((codes[:, 0::2] << 4) | codes[:, 1::2]).contiguous()
-            self._packed = torch.ops.aten._convert_weight_to_int4pack(high_even, CUDA_INNER_K_TILES)
+            tiles = next(t for t in (8, 4, 2, 1) if self.padded_in % (16 * t) == 0)
+            self._packed = torch.ops.aten._convert_weight_to_int4pack(high_even, tiles)
+
+    def _pad(self, x2: torch.Tensor) -> torch.Tensor:
+        return F.pad(x2, (0, self.padded_in - self.in_features)) if self.padded_in != self.in_features else x2
 
     def _kernel_forward(self, x2: torch.Tensor) -> torch.Tensor:
         x2 = x2.to(KERNEL_DTYPE).contiguous()
@@ -124,7 +131,7 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "dequantize":
             return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
-        y = self._kernel_forward(x.reshape(-1, self.in_features)).to(x.dtype)
+        y = self._kernel_forward(self._pad(x.reshape(-1, self.in_features))).to(x.dtype)
         y = y.view(*x.shape[:-1], self.out_features)
         return y + self.bias if self.bias is not None else y
 

@@ -18,17 +18,38 @@ class Command(BaseCommand):
         for kind in ("input", "output", "cached"):
             parser.add_argument(f"--price-{kind}", type=int, default=0,
                                 help=f"{kind} tokens: micro-cents per million (10_000_000 = $0.10)")
+        parser.add_argument("--quantization", choices=["int8", "int4"], default="",
+                            help="weight-only quantization of the linear layers at load")
+        parser.add_argument("--quantization-group-size", type=int, choices=[32, 64, 128], default=128,
+                            help="int4: input columns per scale")
+        parser.add_argument("--speculative-method", choices=["ngram", "draft"], default="",
+                            help="speculative decoding: n-gram prompt lookup, or a draft model")
+        parser.add_argument("--speculative-tokens", type=int, default=4, help="draft tokens per step (1-16)")
+        parser.add_argument("--speculative-draft", default="",
+                            help="the draft model (preset:<name>[@seed] or an absolute path), same tokenizer")
 
     def handle(self, *args, name, source, description, price_input, price_output, price_cached,
-               **options):
+               quantization, quantization_group_size, speculative_method, speculative_tokens,
+               speculative_draft, **options):
         try:
             row = model_register(name=name, source=source, description=description,
                                  price_input_per_mtok=price_input,
                                  price_output_per_mtok=price_output,
-                                 price_cached_per_mtok=price_cached)
+                                 price_cached_per_mtok=price_cached,
+                                 quantization=quantization,
+                                 quantization_group_size=quantization_group_size,
+                                 speculative_method=speculative_method,
+                                 speculative_tokens=speculative_tokens,
+                                 speculative_draft=speculative_draft)
         except InvalidRequest as exc:
             raise CommandError(exc.message) from None
         self.stdout.write(f"registered {row.name} -> {row.source}")
+        if row.quantization:
+            self.stdout.write(f"  quantization {row.quantization}"
+                              + (f" (groups of {row.quantization_group_size})" if row.quantization == "int4" else ""))
+        if row.speculative_method:
+            self.stdout.write(f"  speculation {row.speculative_method}, k={row.speculative_tokens}"
+                              + (f", draft {row.speculative_draft}" if row.speculative_draft else ""))
         if row.manifest_digest:
             self.stdout.write(f"  manifest {row.manifest_digest}\n  signer   "
                               f"{row.signer or '(unsigned)'}\n  origin   {row.origin}\n"
