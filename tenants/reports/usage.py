@@ -3,10 +3,11 @@ split by model, agent or key, summed in the database so 100,000 rows cost one gr
 of the (tenant, created_at) index, not 100,000 Python objects."""
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from django.db.models import Count, F, Q, QuerySet, Sum
+from django.db import connection
+from django.db.models import CharField, Count, F, Func, Q, QuerySet, Sum
 from django.db.models.functions import TruncDay, TruncHour
 
 from tenants.models import Agent, ApiKey, Tenant, UsageRecord
@@ -86,25 +87,55 @@ def _label(split: str, value, names: dict) -> str:
     return names.get(value, str(value)) if split != "model" else str(value)
 
 
+class _UtcHour(Func):
+    """The row's UTC hour as 'YYYY-MM-DD HH', in native SQLite (a prefix of the stored text):
+    Django's datetime functions are Python callbacks there, one per row."""
+
+    template = "substr(%(expressions)s, 1, 13)"
+    output_field = CharField()
+
+
+def _whole_hour_offsets(tz: ZoneInfo, filters: UsageFilter) -> bool:
+    return all(moment.astimezone(tz).utcoffset().total_seconds() % 3600 == 0
+               for moment in (filters.since, filters.until))
+
+
+def _bucketed(*, records: QuerySet, tz: ZoneInfo, bucket: str, filters: UsageFilter):
+    """(queryset with a `bucket` annotation, function from its value to the local bucket
+    start). On SQLite (with a zone whose offsets are whole hours) rows are grouped by UTC
+    hour natively and folded into local buckets here; elsewhere the database truncates in
+    the tenant's zone itself."""
+    trunc = BUCKETS[bucket][0]
+    if connection.vendor != "sqlite" or not _whole_hour_offsets(tz, filters):
+        return (records.annotate(bucket=trunc("created_at", tzinfo=tz)),
+                lambda value: value.astimezone(tz).replace(tzinfo=None))
+
+    def local(value: str) -> datetime:
+        at = datetime.strptime(value, "%Y-%m-%d %H").replace(tzinfo=UTC).astimezone(tz)
+        at = at.replace(tzinfo=None)
+        return at.replace(hour=0) if bucket == "day" else at
+    return records.annotate(bucket=_UtcHour("created_at")), local
+
+
 def usage_report(*, tenant: Tenant, filters: UsageFilter, bucket: str, split: str,
                  metric: str = "cost") -> UsageReport:
     """Sums per bucket and group in one grouped query; the series (zero-filled, biggest
     groups first), the totals per group and overall are added up from its few rows."""
-    trunc, step = BUCKETS[bucket]
     tz = ZoneInfo(tenant.timezone)
-    rows = list(usage_filtered(tenant=tenant, filters=filters).order_by()
-                .annotate(bucket=trunc("created_at", tzinfo=tz), group=F(SPLITS[split]))
-                .values("bucket", "group").annotate(**_aggregates()))
+    records, local = _bucketed(records=usage_filtered(tenant=tenant, filters=filters).order_by(),
+                               tz=tz, bucket=bucket, filters=filters)
+    rows = records.annotate(group=F(SPLITS[split])).values("bucket", "group").annotate(
+        **_aggregates())
     names = _labels(tenant=tenant, split=split)
     buckets = _bucket_starts(since=filters.since, until=filters.until, trunc=bucket, tz=tz,
-                             step=step)
+                             step=BUCKETS[bucket][1])
     index = {b: i for i, b in enumerate(buckets)}
     values: dict[str, list[int]] = {}
     per_group: dict[str, dict] = {}
     for row in rows:
         label = _label(split, row["group"], names)
         series = values.setdefault(label, [0] * len(buckets))
-        slot = index.get(row["bucket"].astimezone(tz).replace(tzinfo=None))
+        slot = index.get(local(row["bucket"]))
         if slot is not None:
             series[slot] += row[METRICS[metric]] or 0
         sums = per_group.setdefault(label, dict.fromkeys(SUMS, 0))
