@@ -169,6 +169,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "tenants.tasks.budget_reservations_expire",
         "schedule": 60.0,
     },
+    "settlements-drain": {
+        "task": "workers.tasks.settlements_drain",
+        "schedule": 30.0,
+    },
     "backends-probe": {
         "task": "routing.tasks.backends_probe",
         "schedule": float(os.environ.get("FAIRLANE_HEALTH_INTERVAL_SECONDS", "15")),
@@ -336,6 +340,12 @@ FAIRLANE_HEARTBEAT_TTL_SECONDS = env_int("FAIRLANE_HEARTBEAT_TTL_SECONDS", 10)
 # first timeout, or a started one went silent for the idle timeout.
 FAIRLANE_FIRST_EVENT_TIMEOUT_SECONDS = env_int("FAIRLANE_FIRST_EVENT_TIMEOUT_SECONDS", 300)
 FAIRLANE_STREAM_IDLE_TIMEOUT_SECONDS = env_int("FAIRLANE_STREAM_IDLE_TIMEOUT_SECONDS", 60)
+# Settlements the ledger could not take (the database was unreachable) wait in an outbox and
+# are retried this often: a Redis stream where there is Redis, else files in this directory.
+FAIRLANE_SETTLEMENT_DIR = Path(os.environ.get("FAIRLANE_SETTLEMENT_DIR",
+                                              DATA_DIR / "settlements"))
+FAIRLANE_SETTLEMENT_RETRY_SECONDS = float(
+    os.environ.get("FAIRLANE_SETTLEMENT_RETRY_SECONDS", "2"))
 
 # --- routing ----------------------------------------------------------------------------------
 # Key that provider credentials are encrypted under in the database (default: SECRET_KEY).

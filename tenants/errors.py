@@ -130,6 +130,10 @@ def _all_subclasses(cls: type) -> list[type]:
 def error_from_code(code: str, message: str | None = None, *, param: str | None = None,
                     retry_after: int | None = None) -> ApplicationError:
     """Rebuild an error that crossed a process boundary as its code (engine, worker, stream)."""
-    by_code = {cls.code: cls for cls in _all_subclasses(ApplicationError)}
+    by_code: dict[str, type[ApplicationError]] = {}
+    for error_class in _all_subclasses(ApplicationError):
+        # The most general class of a code: a subclass may add its own constructor (e.g. a
+        # refused model's), which a message alone cannot build.
+        by_code.setdefault(error_class.code, error_class)
     cls = by_code.get(code, ApplicationError)
     return cls(message, param=param, retry_after=retry_after)

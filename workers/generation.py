@@ -23,11 +23,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
-from django.db import close_old_connections
 
-from tenants.models import Tenant, UsageRecord
-from tenants.services.budgets import Usage, budget_settle
+from tenants.models import UsageRecord
+from tenants.services.settlement import Usage
 from workers.engine import AsyncEngine, EngineError, RequestOutput, SamplingParams
+from workers.outbox import Settlement, settle_durably
 from workers.registry import ModelInfo, usage_cost
 
 logger = logging.getLogger(__name__)
@@ -309,23 +309,20 @@ def _absorb_quietly(run: GenerationRun, index: int, item) -> None:
 def generation_settle(job: GenerationJob, usage: dict, *, status: str, backend: str,
                       latency_ms: int, emit: Emit, cost_microcents: int | None = None) -> None:
     """Charge the request's usage once (idempotent per request id), then emit `done`. The
-    cost is the model's prices applied to the usage unless the backend reported its own."""
+    cost is the model's prices applied to the usage unless the backend reported its own. When
+    the ledger is unreachable the charge is queued durably (workers/outbox.py) and `done`
+    still says what it will be."""
     info = job.model_info
     cost = cost_microcents if cost_microcents is not None else usage_cost(
         info, prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
         cached_tokens=usage["cached_tokens"])
-    try:
-        budget_settle(
-            tenant=Tenant(pk=job.tenant_id), request_id=job.request_id, cost_microcents=cost,
-            usage=Usage(backend=backend, model=info.name, prompt_tokens=usage["prompt_tokens"],
-                        completion_tokens=usage["completion_tokens"],
-                        cached_tokens=usage["cached_tokens"], latency_ms=latency_ms,
-                        status=status),
-        )
-    except Exception:  # the ledger is down: the reservation expires; say so loudly
-        logger.exception("request %s: settlement failed", job.request_id)
-    finally:
-        close_old_connections()
+    settle_durably(Settlement(
+        request_id=job.request_id, tenant_id=job.tenant_id, cost_microcents=cost, at=time.time(),
+        usage=asdict(Usage(backend=backend, model=info.name,
+                           prompt_tokens=usage["prompt_tokens"],
+                           completion_tokens=usage["completion_tokens"],
+                           cached_tokens=usage["cached_tokens"], latency_ms=latency_ms,
+                           status=status))))
     emit({"type": "done", "status": status, "usage": {**usage, "cost_microcents": cost}})
 
 

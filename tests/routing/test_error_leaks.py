@@ -141,3 +141,12 @@ async def test_websocket_error_frames_name_nothing_internal(key, agent, fakes):
     await ws.disconnect()
     assert json.loads(frame)["type"] == "error"
     assert_clean(frame, backend)
+
+
+def test_an_error_code_rebuilds_as_its_general_class():
+    """A subclass with its own constructor (a refused model is a BackendUnavailable) must not
+    be what an error code from another process turns into."""
+    from tenants.errors import BackendUnavailable, error_from_code
+
+    error = error_from_code("backend_unavailable", "The model's backend is unavailable.")
+    assert type(error) is BackendUnavailable and error.status == 503
