@@ -57,7 +57,7 @@ def public_parse(text: str) -> Ed25519PublicKey:
 def public_load(entry: str) -> Ed25519PublicKey:
     """A trusted-key entry: the key itself as text, or the path of a file holding it."""
     entry = entry.strip()
-    if entry.startswith(TEXT_PREFIX) or entry.startswith("-----BEGIN"):
+    if entry.startswith((TEXT_PREFIX, "-----BEGIN")):
         return public_parse(entry)
     try:
         return public_parse(Path(entry).read_text())
