@@ -42,6 +42,27 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 2048,
         "rope_theta": 500000.0,
     },
+    # The draft of speculative decoding for `small`: the same tokenizer, ~15x fewer parameters.
+    "draft": {
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+        "rope_theta": 500000.0,
+    },
+    # The quantization benchmark: ~135 M parameters, so weights dominate a decode step.
+    # Generated from its seed when a benchmark asks; never committed.
+    "medium": {
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 2048,
+        "rope_theta": 500000.0,
+    },
 }
 _MARKER = "fairlane_preset.json"
 
@@ -121,10 +142,15 @@ def _marker_read(path: Path) -> dict[str, Any] | None:
 
 
 def _write_model(path: Path, config: dict[str, Any], seed: int) -> None:
+    model_files_write(path, config, _random_weights(config, seed))
+
+
+def model_files_write(path: Path, config: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
+    """A Hugging Face-format directory: config, generation config, weights, byte tokenizer."""
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
-    save_file(_random_weights(config, seed), str(path / "model.safetensors"), metadata={"format": "pt"})
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     byte_tokenizer_write(path, model_max_length=config["max_position_embeddings"])
 
 
