@@ -278,11 +278,15 @@ async def _guarded(events: AsyncIterator[dict], route: Route, request_id: str,
 async def _local(attempt: Attempt, route: Route) -> Served:
     """The local engine: a refusal before `accepted` has already been settled by the run (the
     engine refused the input), so it is the client's answer, not a reason to fall through;
-    the local engine is skipped earlier instead when its queue is full or no worker is up."""
+    the local engine is skipped earlier instead when its queue is full or no worker is up. A
+    retryable error (the model failed to load; nothing ran or was settled) falls through."""
     job = attempt.job_for(route)
     events = dispatcher_get().events(job)
     first = await anext(events)
     if first["type"] == "error":
         await events.aclose()
+        if first.get("retryable"):  # nothing ran (its model failed to load): fall through
+            raise UpstreamError(first["code"], first["message"],
+                                retry_after=first.get("retry_after"))
         raise error_from_code(first["code"], first["message"], param=first.get("param"))
     return Served(route=route, job=job, events=events)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from dataclasses import dataclass
 
 from django.conf import settings
 
@@ -16,10 +18,58 @@ from workers.registry import ModelInfo, model_dir, model_engine_options
 logger = logging.getLogger(__name__)
 
 
+# A model that failed to load is tried again after 1, 2, 4 ... up to this many seconds.
+LOAD_RETRY_MAX_SECONDS = 60.0
+LOAD_FAILED_MESSAGE = "The model could not be loaded on its worker; retry later."
+
+
+class ModelLoadFailed(Exception):
+    """A model this process could not load (corrupt files, refused, out of memory...); it is
+    tried again after a backoff. `retry_in`: seconds until then."""
+
+    def __init__(self, model: str, cause: BaseException, retry_in: float) -> None:
+        super().__init__(f"model {model} failed to load: {type(cause).__name__}: {cause}")
+        self.model, self.cause, self.retry_in = model, cause, retry_in
+
+
+@dataclass
+class _Failure:
+    cause: BaseException
+    attempts: int
+    retry_at: float
+
+
 class EngineHost:
     def __init__(self) -> None:
         self._engines: dict[str, AsyncEngine] = {}
         self._lock = threading.Lock()
+        self._failures: dict[str, _Failure] = {}
+
+    def load(self, info: ModelInfo) -> AsyncEngine:
+        """`engine()`, remembering failures: a model that failed to load raises ModelLoadFailed
+        at once until its backoff ends, then is tried again (1 s, doubling, up to a minute)."""
+        failure = self._failures.get(info.name)
+        if failure is not None and time.monotonic() < failure.retry_at:
+            raise ModelLoadFailed(info.name, failure.cause, failure.retry_at - time.monotonic())
+        try:
+            engine = self.engine(info)
+        except Exception as exc:
+            attempts = failure.attempts + 1 if failure else 1
+            delay = min(2.0 ** (attempts - 1), LOAD_RETRY_MAX_SECONDS)
+            self._failures[info.name] = _Failure(exc, attempts, time.monotonic() + delay)
+            logger.error("model %s failed to load (attempt %d); retrying in %.0f s", info.name,
+                         attempts, delay, exc_info=not isinstance(exc, ModelLoadFailed))
+            raise ModelLoadFailed(info.name, exc, delay) from exc
+        if self._failures.pop(info.name, None) is not None:
+            logger.info("model %s loaded after earlier failures", info.name)
+        return engine
+
+    def failed(self) -> dict[str, dict]:
+        """Models whose last load failed, for the heartbeat: why, attempts, seconds to retry."""
+        now = time.monotonic()
+        return {name: {"error": f"{type(f.cause).__name__}: {f.cause}"[:300],
+                       "attempts": f.attempts, "retry_in": round(max(f.retry_at - now, 0), 1)}
+                for name, f in list(self._failures.items())}
 
     def engine(self, info: ModelInfo) -> AsyncEngine:
         """The running engine for a model, loaded on first use."""

@@ -12,13 +12,14 @@ from concurrent.futures import ThreadPoolExecutor
 from django.conf import settings
 
 from tenants.models import UsageRecord
-from workers.artifacts.load import ModelRefused
 from workers.engine import AsyncEngine
 from workers.fairqueue import FairQueue, Taken
 from workers.generation import GenerationJob, generation_run_blocking, generation_settle
-from workers.host import host_get
+from workers.host import ModelLoadFailed, host_get
 from workers.registry import ModelInfo
-from workers.transport import RedisStreamEmit, is_cancel_requested, queue_for, redis_sync
+from workers.transport import (
+    RedisStreamEmit, is_cancel_requested, load_failed_event, queue_for, redis_sync,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +65,30 @@ def run_taken(queue: FairQueue, taken: Taken, *, worker_id: str) -> None:
                               status=UsageRecord.Status.CANCELLED, backend=backend,
                               latency_ms=0, emit=emit)
             return
-        generation_run_blocking(job, host_get().engine(job.model_info), emit, backend=backend)
+        try:
+            engine = host_get().load(job.model_info)
+        except ModelLoadFailed as exc:  # nothing ran: the API falls through, or answers 503
+            emit(load_failed_event(exc))
+            return
+        generation_run_blocking(job, engine, emit, backend=backend)
     except Exception:  # a worker thread is a process boundary
         logger.exception("request %s failed", job.request_id)
     finally:
         queue.ack(id=taken.id, worker=worker_id)
+
+
+_elsewhere: dict[str, tuple[float, bool]] = {}
+
+
+def _hosted_elsewhere(model: str) -> bool:
+    """Whether a live worker hosts the model (heartbeats, read at most once a second)."""
+    checked, hosted = _elsewhere.get(model, (0.0, False))
+    if time.monotonic() - checked > 1.0:
+        from workers.worker import workers_live
+
+        hosted = any(model in beat["models"] for beat in workers_live())
+        _elsewhere[model] = (time.monotonic(), hosted)
+    return hosted
 
 
 def engine_free_slots(engine: AsyncEngine) -> int:
@@ -131,12 +151,12 @@ class Puller:
 
     def _loop(self, info: ModelInfo) -> None:
         queue = queue_for(self.client, info.name)
-        try:
-            engine = host_get().engine(info)
-        except ModelRefused:  # its files failed verification: not hosted; serve() retries
-            self.models.pop(info.name, None)
-            return
         while not self._stop.is_set():
+            try:
+                engine = host_get().load(info)
+            except ModelLoadFailed as exc:  # retried after its backoff; meanwhile fail fast
+                self._refuse_waiting(queue, info, exc)
+                continue
             try:
                 free = min(engine_free_slots(engine), self.capacity - self.in_flight())
                 if free <= 0:
@@ -153,6 +173,27 @@ class Puller:
                 self.pool.submit(self._run, queue, taken)
             except Exception:  # Redis trouble: keep pulling once it is back
                 logger.exception("pulling from %s failed", info.name)
+                self._stop.wait(1.0)
+
+    def _refuse_waiting(self, queue: FairQueue, info: ModelInfo, exc: ModelLoadFailed) -> None:
+        """Until the model's next load attempt: when no live worker hosts it, its queued
+        requests get a clean error at once (the API falls through or answers 503) instead of
+        waiting for a worker that will never take them."""
+        deadline = time.monotonic() + max(exc.retry_in, 0.1)
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            try:
+                if _hosted_elsewhere(info.name):
+                    self._stop.wait(min(deadline - time.monotonic(), 1.0))
+                    continue
+                taken = queue.dequeue(worker=self.worker_id)
+                if taken is None:
+                    queue.wait_for_work(timeout=min(max(deadline - time.monotonic(), 0.05), 1.0))
+                    continue
+                stream = RedisStreamEmit(self.client, taken.payload["request_id"])
+                stream(load_failed_event(exc))
+                queue.ack(id=taken.id, worker=self.worker_id)
+            except Exception:  # Redis trouble: keep going once it is back
+                logger.exception("refusing requests for %s failed", info.name)
                 self._stop.wait(1.0)
 
     def _run(self, queue: FairQueue, taken: Taken) -> None:

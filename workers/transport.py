@@ -25,13 +25,20 @@ from django.conf import settings
 from tenants.errors import Timeout
 from workers.fairqueue import FairQueue
 from workers.generation import GenerationJob, generation_cancel, generation_run_async
-from workers.host import host_get
+from workers.host import LOAD_FAILED_MESSAGE, ModelLoadFailed, host_get
 
 logger = logging.getLogger(__name__)
 
 CANCEL_CHANNEL = "fl:cancel"
 STREAM_TTL_SECONDS = 3600
 TERMINAL = "done"
+
+
+def load_failed_event(exc: ModelLoadFailed) -> dict:
+    """The first and only event of a request whose model could not be loaded: retryable, so
+    the API tries its next backend; nothing ran, so nothing is settled."""
+    return {"type": "error", "code": "backend_unavailable", "message": LOAD_FAILED_MESSAGE,
+            "param": None, "retryable": True, "retry_after": max(int(exc.retry_in + 0.999), 1)}
 
 
 def stream_key(request_id: str) -> str:
@@ -107,7 +114,11 @@ class EmbeddedDispatcher:
     """Runs requests on this process's engines; their outputs arrive on the event loop."""
 
     async def events(self, job: GenerationJob) -> AsyncIterator[dict]:
-        engine = await asyncio.to_thread(host_get().engine, job.model_info)
+        try:
+            engine = await asyncio.to_thread(host_get().load, job.model_info)
+        except ModelLoadFailed as exc:  # nothing ran: the walk falls through, or answers 503
+            yield load_failed_event(exc)
+            return
         async for event in generation_run_async(job, engine, backend="embedded"):
             yield event
 
@@ -132,6 +143,8 @@ class QueueDispatcher:
 
     async def events(self, job: GenerationJob) -> AsyncIterator[dict]:
         queue = queue_for(self.sync_client, job.model["name"])
+        # An earlier round of this request's walk may have left events (a refusal): start clean.
+        await asyncio.to_thread(self.sync_client.delete, stream_key(job.request_id))
         await asyncio.to_thread(
             queue.enqueue, id=job.request_id, tenant=str(job.tenant_id), lane=job.lane,
             weight=job.weight, cost=sum(len(p) for p in job.prompts), payload=job.to_dict())

@@ -21,9 +21,8 @@ from celery import signals
 from django.conf import settings
 from django.db import close_old_connections
 
-from workers.artifacts.load import ModelRefused
 from workers.generation import generation_cancel
-from workers.host import host_get
+from workers.host import ModelLoadFailed, host_get
 from workers.pulling import Puller
 from workers.registry import model_list_enabled
 from workers.transport import CANCEL_CHANNEL, redis_sync
@@ -45,7 +44,8 @@ def worker_models() -> list:
 
 def heartbeat_payload(puller: Puller) -> dict:
     host = host_get()
-    return {"id": WORKER_ID, "models": host.hosted(), "stats": host.stats(),
+    return {"id": WORKER_ID, "models": host.hosted(), "failed": host.failed(),
+            "stats": host.stats(),
             "running": puller.in_flight(), "capacity": puller.capacity, "ts": time.time()}
 
 
@@ -113,9 +113,9 @@ def worker_start(sender=None, **kwargs) -> None:
         return
     for info in worker_models():
         try:
-            host_get().engine(info)
-        except ModelRefused:  # logged and counted; the other models still load
-            pass
+            host_get().load(info)
+        except ModelLoadFailed:  # logged (refusals counted); the other models still load,
+            pass                 # and its pull thread retries it with a backoff
     _services = WorkerServices(Puller(WORKER_ID, settings.FAIRLANE_WORKER_CONCURRENCY))
     _services.beat()
     _services.start()

@@ -5,6 +5,7 @@ model now."""
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 
@@ -40,8 +41,14 @@ class Routed:
                           model=self.model, need=self.need)
 
     def local_pool_check(self, route: Route, has_next: bool) -> None:
-        """With another backend to go to, skip the local pool when no GPU worker hosts the
-        model (otherwise the request waits in the queue for one)."""
+        """Skip the local pool at once when the model failed to load wherever it is hosted
+        (workers advertise it in their heartbeats; the embedded engine knows it), and, with
+        another backend to go to, when no GPU worker hosts it (otherwise the request waits in
+        the queue for one)."""
+        retry_in = model_load_failed(route.model)
+        if retry_in is not None:
+            raise BackendUnavailable("The model could not be loaded; retry later.",
+                                     retry_after=max(math.ceil(retry_in), 1))
         if (has_next and settings.FAIRLANE_ENGINE_MODE == "celery"
                 and not model_hosted(route.model)):
             raise BackendUnavailable(f"No GPU worker hosts '{route.model}' now.")
@@ -93,16 +100,40 @@ def worst_prompt_tokens(messages: list[dict], prompt: str | list) -> int:
         + 8 * (len(messages) + 1)
 
 
-_live_models: tuple[float, set[str]] = (0.0, set())
+_heartbeats: tuple[float, set[str], dict[str, float]] = (0.0, set(), {})
 
 
-def model_hosted(model: str) -> bool:
-    """Whether a live GPU worker advertises the model (heartbeats, read at most once a second)."""
-    global _live_models
-    checked, names = _live_models
+def _pool_state() -> tuple[set[str], dict[str, float]]:
+    """Models live GPU workers host, and those that failed to load there (seconds until the
+    next attempt), from their heartbeats, read at most once a second."""
+    global _heartbeats
+    checked, hosted, failed = _heartbeats
     if time.monotonic() - checked > 1.0:
         from workers.worker import workers_live
 
-        names = {name for beat in workers_live() for name in beat["models"]}
-        _live_models = (time.monotonic(), names)
-    return model in names
+        beats = workers_live()
+        hosted = {name for beat in beats for name in beat["models"]}
+        failed = {}
+        for beat in beats:
+            for name, failure in (beat.get("failed") or {}).items():
+                failed[name] = min(failed.get(name, math.inf), float(failure["retry_in"]))
+        _heartbeats = (time.monotonic(), hosted, failed)
+    return hosted, failed
+
+
+def model_hosted(model: str) -> bool:
+    """Whether a live GPU worker advertises the model."""
+    return model in _pool_state()[0]
+
+
+def model_load_failed(model: str) -> float | None:
+    """Seconds until the model's next load attempt when it failed to load everywhere it would
+    run (this process's engines in the embedded mode, every worker that tried it in the
+    distributed one); None when it is (or may be) served."""
+    if settings.FAIRLANE_ENGINE_MODE == "embedded":
+        from workers.host import host_get
+
+        failure = host_get().failed().get(model)
+        return failure["retry_in"] if failure else None
+    hosted, failed = _pool_state()
+    return failed.get(model) if model not in hosted else None
