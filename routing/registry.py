@@ -87,6 +87,27 @@ def backend_model_set(*, backend: Backend, model: str, upstream_name: str = "",
     return save_validated(row, unique_param="model")
 
 
+def _cascade_check(*, agent: Agent, cascade: list[str]) -> None:
+    """A cascade that can work: each tier once, each a model the agent may use that something
+    serves, and every tier but the last answerable with log-probabilities somewhere (a tier is
+    scored by its mean token log-probability; Anthropic returns none). The registry may still
+    change later: a tier that cannot answer then escalates (routing/services/cascade.py)."""
+    from routing.router import registry_load
+
+    if len(set(cascade)) != len(cascade):
+        raise InvalidRequest("A cascade lists each model once.", param="cascade")
+    routes = registry_load().routes
+    for index, model in enumerate(cascade):
+        if model not in routes or not agent.may_use_model(model):
+            raise InvalidRequest(f"Cascade tier '{model}' is not a model this agent can use.",
+                                 param="cascade")
+        scored = any(r.backend.kind != BackendKind.ANTHROPIC for r in routes[model])
+        if index < len(cascade) - 1 and not scored:
+            raise InvalidRequest(f"Cascade tier '{model}' is served only where no "
+                                 "log-probabilities are returned; a tier before the last is "
+                                 "scored by them.", param="cascade")
+
+
 def agent_routing_set(*, agent: Agent, chain: list[str] | None = None,
                       policy: str = Policy.CHAIN, cascade: list[str] | None = None,
                       cascade_threshold: float = -1.0) -> AgentRouting:
@@ -102,6 +123,7 @@ def agent_routing_set(*, agent: Agent, chain: list[str] | None = None,
         raise InvalidRequest(f"Unknown backend(s) in chain: {missing}.", param="chain")
     if len(cascade) == 1:
         raise InvalidRequest("A cascade needs at least two models.", param="cascade")
+    _cascade_check(agent=agent, cascade=cascade)
     row = AgentRouting.objects.filter(agent=agent).first() or AgentRouting(agent=agent)
     row.chain, row.policy, row.cascade = chain, policy, cascade
     row.cascade_threshold = float(cascade_threshold)

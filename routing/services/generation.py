@@ -1,11 +1,9 @@
 """Chat and completions: parse, admit (rate limits), plan the routes, walk them (budgets held
-per backend), and the agent's cascade."""
+per backend); the agent's cascade is in cascade.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import AsyncIterator
 
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -16,14 +14,14 @@ from routing.dispatch import Served, routes_walk
 from routing.overload import load_admit
 from routing.ratelimit import Admitted, limiter_get, scopes_for
 from routing.router import Need, registry_get
-from routing.services.answers import Started, events_to_end
+from routing.services.answers import Started
+from routing.services.cascade import cascade_run
 from routing.services.prepare import (
     Routed, chat_prompt, completion_prompts, prompt_texts, worst_prompt_tokens,
 )
 from routing.wire import parse
 from routing.wire.render import ChatFormat, CompletionFormat
 from tenants.errors import ApplicationError, InvalidRequest
-from tenants.models import UsageRecord
 from workers.generation import GenerationJob
 from workers.registry import model_tokenizer, usage_cost
 
@@ -197,12 +195,7 @@ async def generation_start(*, caller: Caller, kind: str, body) -> Started:
                else parse.completion_request_parse(body))
     admission = await database_sync_to_async(_admit_or_tiers)(caller, kind, request)
     if isinstance(admission[0], list):
-        tiers, threshold = admission
-        for tier in tiers[:-1]:
-            started = await _cascade_try(caller, kind, request, tier, threshold)
-            if started is not None:
-                return started
-        request, admission = dataclasses.replace(request, model=tiers[-1]), None
+        return await cascade_run(caller, kind, request, *admission, start=_start)
     generation, served, admitted = await _start(caller, kind, request, admission)
     return generation.started(served, admitted)
 
@@ -215,43 +208,3 @@ def _cascade_tiers(caller: Caller, model: str) -> tuple[list[str], float]:
         return [model], 0.0
     tiers = [m for m in plan.cascade if caller.agent.may_use_model(m)] or [model]
     return tiers, plan.cascade_threshold
-
-
-async def _cascade_try(caller: Caller, kind: str, request, tier: str,
-                       threshold: float) -> Started | None:
-    """Ask a cheaper tier, whole (not streamed), with log-probabilities; its answer if its
-    mean token log-probability reaches the agent's threshold, else None (escalate). The
-    tier's call is metered as its own ledger row (`<request id>` of that call)."""
-    sampling = request.sampling
-    if sampling.logprobs is None:
-        sampling = dataclasses.replace(sampling, logprobs=0)
-    try:
-        generation, served, admitted = await _start(
-            caller, kind, dataclasses.replace(request, model=tier, stream=False,
-                                              sampling=sampling))
-    except ApplicationError as exc:
-        if exc.status < 500 and exc.code != "budget_exhausted":
-            raise  # the client's own mistake reads the same on every tier
-        return None
-    started = generation.started(served, admitted)
-    events = [event async for event in events_to_end(started)]
-    logprobs = [lp for e in events if e["type"] == "token" for lp in (e["logprobs"] or ())]
-    done = next((e for e in events if e["type"] == "done"), None)
-    if (not logprobs or done is None or done["status"] != UsageRecord.Status.OK
-            or any(e["type"] == "error" for e in events)):
-        return None
-    mean = sum(logprobs) / len(logprobs)
-    logger.info("request %s: cascade tier %s mean logprob %.3f (threshold %.3f)",
-                generation.request_id, tier, mean, threshold)
-    if mean < threshold:
-        return None
-    replay = generation.started(served, None, wants_logprobs=request.sampling.logprobs is not None)
-    replay.stream, replay.include_usage = request.stream, request.include_usage
-    replay.events = _replayed(events)
-    replay.cascade = f"{tier}; mean_logprob={mean:.4f}"
-    return replay
-
-
-async def _replayed(events: list[dict]) -> AsyncIterator[dict]:
-    for event in events:
-        yield event

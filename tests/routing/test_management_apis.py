@@ -7,6 +7,7 @@ from routing.models import AgentRouting
 from routing.registry import backend_model_set, backend_register
 from routing.router import registry_get
 from tenants.models import Role
+from workers.registry import model_register
 
 pytestmark = pytest.mark.django_db
 
@@ -40,6 +41,7 @@ def test_members_see_backends_but_never_their_urls_or_credentials(backend, tenan
 
 def test_an_admin_sets_the_agents_routing_and_the_router_follows_it(backend, tenant, agent,
                                                                    member_of, client_for):
+    model_register(name="tiny", source="preset:tiny")  # a cascade names models that exist
     admin = client_for(member_of(tenant, Role.ADMIN))
     assert admin.get(url(tenant, agent)).json() == {
         "chain": [], "policy": "chain", "cascade": [], "cascade_threshold": -1.0}
