@@ -1,6 +1,6 @@
 """With real processes (a Celery GPU worker and uvicorn on PostgreSQL and Redis): a model whose
 files were changed after signing is refused by the worker, which still hosts its other models;
-a request for it falls through to another backend, or gets a clean error, never a hang."""
+a request for it falls through to another backend, or gets a 503 at once, never a hang."""
 
 import re
 import shutil
@@ -79,10 +79,11 @@ def test_a_worker_refuses_a_tampered_model_and_requests_for_it_never_hang(
             assert fell.json()["choices"][0]["message"]["content"] == "t0 t1 t2 "
 
             started = time.monotonic()
-            alone = chat(server, api, "lonely")  # no other backend: a clean error
-            assert alone.status_code in (503, 504), alone.text
-            assert alone.json()["error"]["code"] in {"backend_unavailable", "timeout"}
-            assert time.monotonic() - started < 30
+            alone = chat(server, api, "lonely")  # no other backend: a 503 at once, not a wait
+            assert alone.status_code == 503, alone.text
+            assert alone.json()["error"]["code"] == "backend_unavailable"
+            assert "retry-after" in alone.headers
+            assert time.monotonic() - started < 4  # well inside the 5 s first-event timeout
             assert str(tmp_path) not in alone.text
 
             metrics = httpx.get(server.url + "/metrics").text
