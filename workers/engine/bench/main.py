@@ -21,6 +21,7 @@ from workers.engine.bench.workload import mixed_workload, shared_prefix_workload
 from workers.engine.presets import ensure_preset
 
 BASELINES = ("one_at_a_time", "static_8", "static_16", "continuous")
+SECTIONS = ("mixed", "spec", "quant")
 FULL = {"num_requests": 64, "prompt_range": (16, 512), "output_range": (16, 256), "shared_requests": 64, "shared_output": 32}
 QUICK = {"num_requests": 16, "prompt_range": (16, 128), "output_range": (16, 64), "shared_requests": 32, "shared_output": 8}
 SYSTEM_PROMPT_TOKENS = 256
@@ -39,30 +40,75 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip", default="", help=f"comma-separated baselines to leave out: {','.join(BASELINES)}")
     p.add_argument("--repeat", type=int, default=1, help="run every system this many times, interleaved; keep the fastest")
     p.add_argument("--max-num-batched-tokens", type=int, default=1024, help="our step token budget (HF CB gets the same)")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated: {', '.join(SECTIONS)} (mixed: against Hugging Face; spec: speculative"
+                        " decoding on the trained pair, trained first if missing; quant: int8/int4)")
+    p.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128], help="int4 group size (quant)")
     return p.parse_args(argv)
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parse ``argv``, run every system on the same workloads, print the report, return the figures."""
+    """Parse ``argv``, run every section's systems on the same workloads, print the report and
+    one JSON line, return the figures."""
     args = parse(argv)
     torch.set_num_threads(args.threads)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    if set(sections) - set(SECTIONS):
+        raise SystemExit(f"--sections takes {', '.join(SECTIONS)}")
+    started, load_before = time.perf_counter(), os.getloadavg()[0]
+    result: dict[str, Any] = {"benchmark": "engine", "quick": args.quick, "seed": args.seed, "threads": args.threads,
+                              "repeat": args.repeat, "sections": sections,
+                              "machine": f"{platform.machine()} {platform.processor() or ''}".strip()}
+    if "mixed" in sections:
+        result.update(_mixed(args))
+    if "spec" in sections or "quant" in sections:
+        result.update(_second_half(args, sections))
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    # 1-minute load average before and after: other processes on the box skew every figure.
+    result["load_avg"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    print(f"wall time {result['wall_s']} s; load average {result['load_avg'][0]} before, {result['load_avg'][1]} after")
+    if args.json_out is not None:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, separators=(",", ":")))
+    sys.stdout.flush()
+    return result
+
+
+def _second_half(args: argparse.Namespace, sections: list[str]) -> dict[str, Any]:
+    """Speculation and quantization, on the trained pair (trained here first if missing)."""
+    from workers.engine.bench.quant import quant_print, quant_section
+    from workers.engine.bench.spec import spec_print, spec_section
+    from workers.engine.training import corpus_load, train_pair
+
+    pair = train_pair(args.models_dir, log=lambda line: print(f"[train] {line}", file=sys.stderr, flush=True))
+    target, draft = Path(pair["small"]["path"]), Path(pair["draft"]["path"])
+    corpus = corpus_load()
+    out: dict[str, Any] = {"trained_pair": {p: {k: v for k, v in m.items() if k != "recipe"} for p, m in pair.items()}}
+    if "spec" in sections:
+        out["speculation"] = spec_section(target, draft, corpus.heldout_files, quick=args.quick, repeat=args.repeat)
+        spec_print(out["speculation"])
+    if "quant" in sections:
+        windows = corpus.windows("heldout", num=8 if args.quick else 24, length=256, seed=7).tolist()
+        speed_models = [target] + ([] if args.quick else [ensure_preset("medium", args.models_dir, seed=0)])
+        out["quantization"] = quant_section(speed_models, target, windows, group_size=args.group_size,
+                                            repeat=args.repeat, quick=args.quick)
+        quant_print(out["quantization"])
+    return out
+
+
+def _mixed(args: argparse.Namespace) -> dict[str, Any]:
+    """Our engine against Hugging Face on the mixed and shared-prefix workloads."""
     shape = dict(QUICK if args.quick else FULL)
     if args.num_requests is not None:
         shape["num_requests"] = args.num_requests
     requests = mixed_workload(seed=args.seed, num_requests=shape["num_requests"], prompt_range=shape["prompt_range"], output_range=shape["output_range"])
     shared = shared_prefix_workload(seed=args.seed, num_requests=shape["shared_requests"], system_tokens=SYSTEM_PROMPT_TOKENS,
                                     turn_range=USER_TURN_RANGE, num_output_tokens=shape["shared_output"])
-    started, load_before = time.perf_counter(), os.getloadavg()[0]
     best = _run_systems(_systems(args, shape, requests, shared), args.repeat)
     ours, cached, uncached = best.pop("ours"), best.pop("prefix_cache_on"), best.pop("prefix_cache_off")
     result = {
-        "benchmark": "engine",
-        "quick": args.quick,
-        "seed": args.seed,
-        "threads": args.threads,
-        "repeat": args.repeat,
         "preset": args.preset,
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "workload": {"num_requests": len(requests), "prompt_tokens": sum(len(r.prompt) for r in requests),
                      "output_tokens": sum(r.num_output_tokens for r in requests),
                      "prompt_range": shape["prompt_range"], "output_range": shape["output_range"]},
@@ -71,16 +117,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "ratios": _ratios(ours, best),
         "shared_prefix": _shared_summary(cached, uncached, shared),
         "kv_waste": ours.extra["kv_waste"],
-        "wall_s": round(time.perf_counter() - started, 1),
-        # 1-minute load average before and after: other processes on the box skew every figure.
-        "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
-    report_print(result)
-    if args.json_out is not None:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, separators=(",", ":")))
-    sys.stdout.flush()
+    report_print({**result, "threads": args.threads, "seed": args.seed, "quick": args.quick, "repeat": args.repeat,
+                  "machine": f"{platform.machine()} {platform.processor() or ''}".strip()})
     return result
 
 

@@ -32,7 +32,6 @@ def report_print(result: dict[str, Any]) -> None:
           f" throughput {s['throughput_speedup']}x")
     cpu = ", ".join(f"{k} {v['cpu_time']}x" for k, v in result["ratios"].items() if v.get("cpu_time"))
     print(f"ours vs baselines in CPU seconds for the same work: {cpu}")
-    print(f"wall time {result['wall_s']} s; load average {result['load_avg'][0]} before, {result['load_avg'][1]} after")
 
 
 def _row(s: dict[str, Any], ratio: float | None) -> str:
