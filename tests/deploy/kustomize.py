@@ -15,8 +15,9 @@ MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "vo
 KNOWN = {"apiVersion", "kind", "resources", "components", "patches", "images", "labels"}
 
 
-def render(directory: Path) -> list[dict]:
-    spec = yaml.safe_load((directory / "kustomization.yaml").read_text())
+def render(directory: Path, text: str | None = None) -> list[dict]:
+    """The objects of `directory`'s kustomization (or of `text`, read as if it were there)."""
+    spec = yaml.safe_load(text or (directory / "kustomization.yaml").read_text())
     unknown = set(spec) - KNOWN
     assert not unknown, f"{directory}: the test renderer does not handle {unknown}"
     docs: list[dict] = []

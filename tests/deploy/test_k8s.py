@@ -27,19 +27,7 @@ def overlays() -> dict[str, list[dict]]:
         "# components:\n#   - ../../components/scale-to-zero", "components:\n"
         "  - ../../components/scale-to-zero")
     assert "components:\n  - ../../components" in spec
-    return rendered | {"gpu+scale-to-zero": _render_with(gpu, spec)}
-
-
-def _render_with(directory: Path, kustomization: str) -> list[dict]:
-    import tempfile
-
-    import shutil
-
-    with tempfile.TemporaryDirectory(dir=K8S / "overlays") as tmp:
-        for item in directory.iterdir():
-            shutil.copy(item, tmp)
-        Path(tmp, "kustomization.yaml").write_text(kustomization)
-        return render(Path(tmp))
+    return rendered | {"gpu+scale-to-zero": render(gpu, spec)}
 
 
 RENDERED = overlays()
