@@ -1,6 +1,29 @@
+from django import forms
 from django.contrib import admin
 
+from tenants.errors import InvalidRequest
+from workers.artifacts.load import artifact_provenance
 from workers.models import ModelVerification, ServedModel, TrustedKey
+from workers.registry import model_dir, model_source_check
+
+
+class ServedModelForm(forms.ModelForm):
+    """Adding a model here checks it as model_register does and records its provenance."""
+
+    class Meta:
+        model = ServedModel
+        exclude: list[str] = []
+
+    def clean(self):
+        data = super().clean()
+        source = data.get("source")
+        if source and not self.has_error("source"):
+            try:
+                model_source_check(source)
+                self.provenance = artifact_provenance(path=model_dir(source))
+            except InvalidRequest as exc:
+                self.add_error("source", exc.message)
+        return data
 
 
 class ModelVerificationInline(admin.TabularInline):
@@ -25,6 +48,12 @@ class ServedModelAdmin(admin.ModelAdmin):
     search_fields = ["name", "source"]
     readonly_fields = ["manifest_digest", "signer", "origin", "license"]
     inlines = [ModelVerificationInline]
+    form = ServedModelForm
+
+    def save_model(self, request, obj, form, change) -> None:
+        for field, value in getattr(form, "provenance", {}).items():
+            setattr(obj, field, value)
+        super().save_model(request, obj, form, change)
 
     def get_queryset(self, request):
         return super().get_queryset(request).prefetch_related("verifications")

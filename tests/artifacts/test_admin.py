@@ -48,3 +48,24 @@ def test_a_bad_key_is_a_form_error_and_stores_nothing(operator):
                              {"name": "junk", "public_key": "ssh-rsa AAAA", "is_active": "on"})
     assert response.status_code == 200 and "ed25519:" in response.content.decode()
     assert not TrustedKey.objects.exists()
+
+
+def test_adding_a_model_in_the_admin_checks_it_and_records_provenance(operator, signed_model,
+                                                                      trusted):
+    fields = {"name": "signed", "source": str(signed_model), "description": "",
+              "price_input_per_mtok": 0, "price_output_per_mtok": 0,
+              "price_cached_per_mtok": 0, "is_enabled": "on", "quantization": "",
+              "quantization_group_size": 128, "speculative_method": "",
+              "speculative_tokens": 4, "speculative_draft": "",
+              **{f"verifications-{k}": v for k, v in (("TOTAL_FORMS", 0), ("INITIAL_FORMS", 0),
+                                                       ("MIN_NUM_FORMS", 0),
+                                                       ("MAX_NUM_FORMS", 1000))}}
+    (signed_model / "notes.txt").write_text("added after signing")
+    refused = operator.post("/admin/workers/servedmodel/add/", fields)
+    assert refused.status_code == 200 and "extra_file: notes.txt" in refused.content.decode()
+    assert not ServedModel.objects.exists()
+    (signed_model / "notes.txt").unlink()
+    added = operator.post("/admin/workers/servedmodel/add/", fields)
+    assert added.status_code == 302, added.content.decode()[:3000]
+    row = ServedModel.objects.get(name="signed")
+    assert row.signer == key_id(trusted.public_key()) and row.manifest_digest
