@@ -194,3 +194,10 @@ def test_signing_twice_with_one_key_writes_the_same_bytes(signed_model, signing_
     before = {n: (signed_model / n).read_bytes() for n in (MANIFEST_NAME, SIGNATURE_NAME)}
     model_sign(signed_model, signing_key, **PREDICATE)
     assert {n: (signed_model / n).read_bytes() for n in before} == before
+
+
+def test_the_model_path_itself_must_be_the_real_directory(signed_model, signing_key, tmp_path):
+    (tmp_path / "alias").symlink_to(signed_model, target_is_directory=True)
+    result = model_verify(tmp_path / "alias", trust(signing_key))
+    assert codes(result) == ["symlink"] and "register the directory" in str(result.problems[0])
+    assert codes(model_verify(tmp_path / "absent", trust(signing_key))) == ["not_found"]

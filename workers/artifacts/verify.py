@@ -66,7 +66,10 @@ def model_verify(root: str | Path, trusted: Mapping[str, Ed25519PublicKey], *,
                  exhaustive: bool = False) -> Verification:
     """Check a model directory against its manifest and `trusted` keys (key id -> key)."""
     root, result = Path(root), Verification()
-    if not root.is_dir() or root.is_symlink():
+    if root.is_symlink():
+        result.add("symlink", f"{root} is a symbolic link; register the directory it points to")
+        return result
+    if not root.is_dir():
         result.add("not_found", f"{root} is not a directory")
         return result
     entries = directory_walk(root)
