@@ -10,6 +10,7 @@ import openai
 import pytest
 from playwright.sync_api import Page, expect
 
+from routing.models import AgentRouting
 from tenants.models import Role, UsageRecord
 from tenants.services.budgets import budget_create
 from tenants.services.tenancy import agent_create, member_add, tenant_create
@@ -93,6 +94,20 @@ def test_the_members_story_from_sign_in_to_a_revoked_key(live, acme, make_user, 
     row = page.locator("tr[data-agent=writer]")
     expect(row).to_contain_text("$1.00 daily")
     shot(page, "agents")
+
+    # its routing, through the management API with the page's session
+    row.get_by_role("link", name="Routing").click()
+    expect(page.locator("#rt-status")).to_have_text("")
+    expect(page.get_by_label("Policy")).to_have_value("chain")
+    page.get_by_label("Policy").select_option("cost")
+    page.get_by_role("button", name="Save routing").click()
+    expect(page.locator("#rt-status")).to_have_text("Saved.")
+    assert AgentRouting.objects.get(agent__name="writer").policy == "cost"
+    page.get_by_label("Cascade threshold").fill("5")
+    page.get_by_role("button", name="Save routing").click()
+    expect(page.locator("#rt-status")).to_contain_text("cascade_threshold")  # the API's words
+    assert AgentRouting.objects.get(agent__name="writer").cascade_threshold == -1.0
+    shot(page, "routing")
 
     # a key, read from the page once
     nav(page, "Keys")
