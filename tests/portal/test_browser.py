@@ -5,6 +5,7 @@ saved as a screenshot under var/screenshots/portal/."""
 
 import os
 import re
+from pathlib import Path
 
 import openai
 import pytest
@@ -141,6 +142,11 @@ def test_the_members_story_from_sign_in_to_a_revoked_key(live, acme, make_user, 
                           " return c.data.datasets.map(d => [d.label, d.data.reduce((a, b) => a + b, 0)]); }")
     assert drawn == [[prefix, record.cost_microcents / 100_000_000]]
     shot(page, "usage")
+    with page.expect_download() as download:  # streamed by the ASGI server, filters kept
+        page.get_by_role("link", name="Export CSV").click()
+    exported = Path(download.value.path()).read_text().splitlines()
+    assert exported[0].startswith("created_at,request_id,agent,key")
+    assert len(exported) == 2 and request_id in exported[1] and prefix in exported[1]
 
     # the playground streams an answer, shows its tokens, latency and ledger cost ...
     nav(page, "Playground")

@@ -5,8 +5,10 @@ import csv
 from datetime import datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
+from asgiref.sync import sync_to_async
 from django import forms
 from django.core.paginator import Paginator
+from django.db.models import Q
 from django.http import JsonResponse, StreamingHttpResponse
 from django.utils import timezone
 
@@ -136,23 +138,44 @@ class _Echo:
         return value
 
 
+CSV_CHUNK = 2000
+
+
+def _csv_chunk(records, after: tuple | None) -> list:
+    """The next rows after (created_at, pk) in the export's newest-first order (keyset
+    pagination: every chunk is an index range scan, however deep into the export)."""
+    if after is not None:
+        records = records.filter(Q(created_at__lt=after[0]) | Q(created_at=after[0],
+                                                                pk__lt=after[1]))
+    return list(records[:CSV_CHUNK])
+
+
+def _csv_row(r) -> list[str]:
+    return [_cell(v) for v in (
+        r.created_at.isoformat(), r.request_id, r.agent.name,
+        r.api_key.prefix if r.api_key else "", r.backend, r.model, r.status, r.prompt_tokens,
+        r.completion_tokens, r.cached_tokens, f"{r.cost_microcents / MICROCENTS_PER_USD:.8f}",
+        r.cost_microcents, r.latency_ms)]
+
+
+async def _csv_stream(records):
+    """Streamed under ASGI chunk by chunk, never the whole export in memory."""
+    writer = csv.writer(_Echo())
+    yield writer.writerow(CSV_COLUMNS)
+    after = None
+    while True:
+        chunk = await sync_to_async(_csv_chunk)(records, after)
+        yield "".join(writer.writerow(_csv_row(r)) for r in chunk)
+        if len(chunk) < CSV_CHUNK:
+            return
+        after = (chunk[-1].created_at, chunk[-1].pk)
+
+
 @portal_page()
 def usage_csv(request, portal):
     _, q = _query(request, portal)
     records = reports.usage_records(tenant=portal.tenant, filters=q["filters"])
-    writer = csv.writer(_Echo())
-
-    def rows():
-        yield writer.writerow(CSV_COLUMNS)
-        for r in records.iterator(chunk_size=2000):
-            yield writer.writerow([_cell(v) for v in (
-                r.created_at.isoformat(), r.request_id, r.agent.name,
-                r.api_key.prefix if r.api_key else "", r.backend, r.model, r.status,
-                r.prompt_tokens, r.completion_tokens, r.cached_tokens,
-                f"{r.cost_microcents / MICROCENTS_PER_USD:.8f}", r.cost_microcents,
-                r.latency_ms)])
-
-    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+    response = StreamingHttpResponse(_csv_stream(records), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = (f'attachment; filename="usage-{portal.tenant.slug}-'
                                        f'{timezone.now():%Y%m%d-%H%M}.csv"')
     return response
