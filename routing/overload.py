@@ -43,12 +43,14 @@ def _retry_after(depth: int, rate: float) -> int:
 
 
 def load_read(*, info: ModelInfo, lane: str, tenant: str) -> Load:
-    if settings.FAIRLANE_ENGINE_MODE == "embedded":
-        from workers.host import host_get
+    if settings.FAIRLANE_ENGINE_MODE == "embedded":  # the engine's own queue, same rules
+        from workers.fairqueue.local import local_queue
 
-        stats = host_get().stats().get(info.name, {})
-        waiting = stats.get("num_waiting", 0)
-        return Load(lane_depth=waiting, tenant_depth=0, total_depth=waiting, drain_rate=1.0)
+        model = info.name
+        return Load(lane_depth=local_queue.depth(model=model, lane=lane),
+                    tenant_depth=local_queue.depth(model=model, lane=lane, tenant=tenant),
+                    total_depth=local_queue.depth(model=model),
+                    drain_rate=local_queue.drain_rate(model=model))
     from workers.transport import queue_for, redis_sync
 
     queue = queue_for(redis_sync(), info.name)

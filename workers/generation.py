@@ -27,6 +27,7 @@ import torch
 from tenants.models import UsageRecord
 from tenants.services.settlement import Usage
 from workers.engine import AsyncEngine, EngineError, RequestOutput, SamplingParams
+from workers.fairqueue.local import local_queue
 from workers.outbox import Settlement, settle_durably
 from workers.registry import ModelInfo, usage_cost
 
@@ -252,18 +253,28 @@ async def generation_run_async(job: GenerationJob, engine: AsyncEngine, *,
     inbox: asyncio.Queue = asyncio.Queue()
     run = GenerationRun(job, engine, backend=backend)
     tail: list[dict] = []
+    where = {"model": job.model["name"], "lane": job.lane, "tenant": str(job.tenant_id)}
+    waiting = False
     with run:
         try:
             run.submit(lambda index: lambda item: loop.call_soon_threadsafe(
                 inbox.put_nowait, (index, item)))
+            local_queue.enter(**where)  # admission counts it until its first output
+            waiting = True
             for event in [{"type": "accepted"}, *run.backlog]:
                 yield event
             while run.remaining:
-                for event in run.absorb(*await inbox.get()):
+                item = await inbox.get()
+                if waiting:
+                    waiting = False
+                    local_queue.leave(**where, started=True)
+                for event in run.absorb(*item):
                     yield event
         except Exception as exc:
             tail.append(run.fail(exc))
         finally:
+            if waiting:
+                local_queue.leave(**where, started=False)
             # Shielded: a second cancellation must not leave the request unbilled.
             await asyncio.shield(asyncio.ensure_future(_finish(run, inbox, tail)))
     for event in tail:
