@@ -46,6 +46,17 @@ def _orm_beside_playwright():
         os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = saved
 
 
+@pytest.fixture(autouse=True)
+def _no_csp_violations(page: Page):
+    """Every page works under its Content-Security-Policy: the browser reports no script,
+    style or connection it refused."""
+    refused = []
+    page.on("console", lambda message: refused.append(message.text)
+            if "Content Security Policy" in message.text else None)
+    yield
+    assert not refused, refused
+
+
 @pytest.fixture
 def acme(make_user):
     owner = make_user("olivia")
