@@ -50,6 +50,7 @@ class GenerationJob:
     agent_id: str = ""
     lane: str = "standard"
     weight: int = 1  # the tenant's fair-share weight
+    cache_salt: str = ""  # the client's: prefix caches are shared within tenant and salt only
     created: float = field(default_factory=time.time)
     # Set when a request resumes on another worker: tokens each choice already streamed, and
     # the choices that already finished.
@@ -163,6 +164,8 @@ class GenerationRun:
             prompt = prompt + earlier
             engine_id = f"{job.request_id}:{index}"
             common = {"request_id": engine_id, "tenant": str(job.tenant_id), "lane": job.lane}
+            if job.cache_salt:  # the engine's salt defaults to the tenant: keep it in front
+                common["salt"] = f"{job.tenant_id}:{job.cache_salt}"
             if job.kind == "embed":
                 self.engine.submit(prompt, None, sink_for(index), is_embedding=True,
                                    pooling="mean", **common)

@@ -81,6 +81,9 @@ class Call:
     prompt: str | list = ""  # completions: text, token ids, or a batch of either
     wants_logprobs: bool = False
     inputs: list = field(default_factory=list)  # embeddings
+    # The tenant's prefix-cache salt, hashed (never the tenant id in clear): remote engines
+    # that honour it (vLLM, another Fairlane) never share cached prompts between tenants.
+    cache_salt: str = ""
 
 
 class UpstreamError(Exception):

@@ -40,6 +40,8 @@ def request_body(spec: BackendSpec, call: Call) -> tuple[str, dict]:
     if s.frequency_penalty:
         body["frequency_penalty"] = s.frequency_penalty
     if spec.kind in {"fairlane", "openai_compatible"}:  # vLLM's extensions, and ours
+        if call.cache_salt:
+            body["cache_salt"] = call.cache_salt
         if s.top_k > 0:
             body["top_k"] = s.top_k
         if s.repetition_penalty != 1.0:

@@ -17,7 +17,8 @@ from routing.router import Need, registry_get
 from routing.services.answers import Started
 from routing.services.cascade import cascade_run
 from routing.services.prepare import (
-    Routed, chat_prompt, completion_prompts, prompt_texts, worst_prompt_tokens,
+    Routed, chat_prompt, completion_prompts, prompt_texts, tenant_cache_salt,
+    worst_prompt_tokens,
 )
 from routing.wire import parse
 from routing.wire.render import ChatFormat, CompletionFormat
@@ -112,13 +113,16 @@ class _Generation(Routed):
                 prompts=self.token_prompts if route.backend.is_local else [],
                 n=self.sampling.n, sampling=engine_sampling(self.sampling, self.max_tokens(route)),
                 tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk),
-                lane=self.lane, weight=caller.tenant.weight)
+                lane=self.lane, weight=caller.tenant.weight,
+                cache_salt=self.request.cache_salt)
         return self._jobs[route.backend.name]
 
     def call(self, route: Route) -> Call:
         return Call(kind=self.kind, upstream=route.upstream, sampling=self.sampling,
                     max_tokens=self.max_tokens(route), messages=self.messages,
-                    prompt=self.prompt, wants_logprobs=self.sampling.logprobs is not None)
+                    prompt=self.prompt, wants_logprobs=self.sampling.logprobs is not None,
+                    cache_salt=tenant_cache_salt(tenant_id=self.caller.tenant.pk,
+                                                 salt=self.request.cache_salt))
 
     def local_ready(self, route: Route, has_next: bool) -> None:
         """Raises to skip the local engine for the next backend: its queue is full, or (with

@@ -50,6 +50,7 @@ class ChatRequest:
     sampling: Sampling
     stream: bool
     include_usage: bool
+    cache_salt: str = ""  # vLLM's: separates prefix caches further within the caller's tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     echo: bool
+    cache_salt: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +76,21 @@ class EmbeddingRequest:
 
 COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "n", "stop", "seed",
           "user", "presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_tokens",
-          "ignore_eos", "repetition_penalty", "metadata", "store", "service_tier"}
+          "ignore_eos", "repetition_penalty", "metadata", "store", "service_tier",
+          "cache_salt"}
+MAX_CACHE_SALT = 256
+
+
+def _cache_salt(body: dict) -> str:
+    """vLLM's `cache_salt`: requests share cached prompt blocks only with the same salt (and,
+    here, always only within the caller's tenant)."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return ""
+    if not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT:
+        raise InvalidRequest(f"'cache_salt' must be a non-empty string of up to "
+                             f"{MAX_CACHE_SALT} characters.", param="cache_salt")
+    return salt
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -223,7 +239,8 @@ def chat_request_parse(body: Any) -> ChatRequest:
     stream, include_usage = _stream(body)
     return ChatRequest(model=model, messages=messages,
                        sampling=_sampling(body, max_tokens=max_tokens, logprobs=logprobs),
-                       stream=stream, include_usage=include_usage)
+                       stream=stream, include_usage=include_usage,
+                       cache_salt=_cache_salt(body))
 
 
 # --- completions -------------------------------------------------------------------------------
@@ -272,7 +289,8 @@ def completion_request_parse(body: Any) -> CompletionRequest:
     return CompletionRequest(model=model, prompts=prompts,
                              sampling=_sampling(body, max_tokens=max_tokens, logprobs=logprobs),
                              stream=stream, include_usage=include_usage,
-                             echo=fields.boolean(body, "echo", False))
+                             echo=fields.boolean(body, "echo", False),
+                             cache_salt=_cache_salt(body))
 
 
 # --- embeddings --------------------------------------------------------------------------------
