@@ -6,6 +6,7 @@ loads; the policy's two settings; registration records provenance."""
 import json
 import os
 import shutil
+import uuid
 
 import pytest
 import torch
@@ -44,7 +45,7 @@ def builds(monkeypatch):
 
 @pytest.fixture
 def registered(trusted, signed_model, settings):
-    settings.FAIRLANE_QUEUE_NAMESPACE = f"t{os.getpid()}-{id(signed_model)}-"
+    settings.FAIRLANE_QUEUE_NAMESPACE = f"t{uuid.uuid4().hex[:12]}-"  # its own counters
     row = model_register(name="signed", source=str(signed_model))
     return ModelInfo.of(row)
 
