@@ -1,6 +1,18 @@
 from django.apps import AppConfig
 
+_collector_registered = False
+
 
 class TenantsConfig(AppConfig):
     name = "tenants"
     verbose_name = "Tenancy"
+
+    def ready(self) -> None:
+        global _collector_registered
+        if not _collector_registered:
+            from prometheus_client import REGISTRY
+
+            from tenants.metrics import SharedCountsCollector
+
+            REGISTRY.register(SharedCountsCollector())
+            _collector_registered = True

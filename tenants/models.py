@@ -26,12 +26,12 @@ name_validator = RegexValidator(
 
 
 @functools.cache
-def _timezone_names() -> frozenset[str]:
+def timezone_names() -> frozenset[str]:
     return frozenset(zoneinfo.available_timezones())  # scans tzdata: once per process
 
 
 def validate_timezone(value: str) -> None:
-    if value not in _timezone_names():
+    if value not in timezone_names():
         raise ValidationError(f"Unknown IANA time zone {value!r}.")
 
 
@@ -305,3 +305,9 @@ class UsageRecord(models.Model):
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+# Budget alerts (rules, their state per window, fired alerts, destinations, deliveries).
+from tenants.alert_models import (  # noqa: E402, F401
+    AlertDelivery, AlertDestination, AlertEvent, AlertEventName, AlertRule, AlertState,
+)

@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from tenants.errors import NotFound
 from tenants.models import (
-    Agent, ApiKey, Budget, BudgetWindow, Membership, Tenant, UsageRecord,
+    AlertDelivery, AlertDestination, AlertEvent, AlertEventName, Agent, ApiKey, Budget,
+    BudgetWindow, Membership, Tenant, UsageRecord,
 )
 from tenants.windows import window_bounds, window_holds_open, window_spent_settled
 
@@ -128,3 +129,33 @@ def usage_summary(*, tenant: Tenant, since: datetime | None = None,
             cost_microcents=Sum("cost_microcents"),
         ).order_by("agent__name", "model")
     )
+
+
+# -- budget alerts -----------------------------------------------------------------------------
+
+def alert_event_list(*, tenant: Tenant, limit: int = 50) -> QuerySet[AlertEvent]:
+    """The tenant's alerts, newest first, with their deliveries."""
+    return (AlertEvent.objects.filter(tenant=tenant).select_related("agent")
+            .prefetch_related("deliveries").order_by("-created_at")[:limit])
+
+
+def alert_destination_list(*, tenant: Tenant | None) -> QuerySet[AlertDestination]:
+    """A tenant's destinations; tenant None: the platform's (operators')."""
+    return AlertDestination.objects.filter(tenant=tenant).order_by("kind", "target")
+
+
+def alert_forecasts_current(*, tenant: Tenant, now: datetime | None = None) -> list[AlertEvent]:
+    """Forecast alerts of windows still open (the portal's banner), one per budget."""
+    now = now or timezone.now()
+    events = (AlertEvent.objects.filter(tenant=tenant, window_end__gt=now,
+                                        event=AlertEventName.PROJECTED_LIMIT_EXCEEDED)
+              .select_related("agent").order_by("-created_at"))
+    latest: dict = {}
+    for event in events[:50]:
+        latest.setdefault(event.budget_id, event)
+    return list(latest.values())
+
+
+def alert_delivery_list(*, tenant: Tenant, limit: int = 100) -> QuerySet[AlertDelivery]:
+    return (AlertDelivery.objects.filter(tenant=tenant).select_related("event")
+            .order_by("-event__created_at")[:limit])

@@ -1,0 +1,127 @@
+"""Counts that add up across processes and hosts: the spend per tenant that /metrics exports,
+and the per-minute outcomes of the backends that the ops dashboard turns into error rates.
+
+A Prometheus counter lives in the process that increments it; settlements happen in API
+processes and in GPU workers (which serve no /metrics), so those counts are kept here: in the
+process, and added to a Redis hash every FLUSH_SECONDS by one background thread (never on the
+request path). Without Redis (the embedded mode: one process) they stay in the process.
+Counts are figures for operators, not the ledger: a process that dies loses its last seconds.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import threading
+import time
+
+import redis
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+FLUSH_SECONDS = 2.0
+_client: redis.Redis | None = None
+_client_lock = threading.Lock()
+
+
+def redis_client() -> redis.Redis | None:
+    """One client per process (its own connection pool); None without Redis."""
+    global _client
+    if not settings.REDIS_URL:
+        return None
+    with _client_lock:
+        if _client is None:
+            _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2,
+                                           socket_connect_timeout=2)
+        return _client
+
+
+class SharedCounts:
+    """Named counts, optionally in time buckets (`bucket_seconds`), kept `ttl_seconds` in
+    Redis. `add` is a dictionary update under a lock; `totals` reads Redis plus what this
+    process has not flushed yet."""
+
+    def __init__(self, key: str, *, bucket_seconds: int = 0, ttl_seconds: int = 0) -> None:
+        self.key, self.bucket_seconds, self.ttl_seconds = key, bucket_seconds, ttl_seconds
+        self._pending: collections.Counter[tuple[int, str]] = collections.Counter()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def _bucket(self, now: float) -> int:
+        return int(now // self.bucket_seconds) * self.bucket_seconds if self.bucket_seconds else 0
+
+    def _redis_key(self, bucket: int) -> str:
+        key = settings.FAIRLANE_QUEUE_NAMESPACE + self.key
+        return f"{key}:{bucket}" if self.bucket_seconds else key
+
+    def add(self, field: str, amount: int = 1, *, now: float | None = None) -> None:
+        bucket = self._bucket(time.time() if now is None else now)
+        with self._lock:
+            self._pending[(bucket, field)] += amount
+            if self._thread is None and settings.REDIS_URL:
+                self._thread = threading.Thread(target=self._loop, name=f"counts-{self.key}",
+                                                daemon=True)
+                self._thread.start()
+                atexit.register(self.flush)
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(FLUSH_SECONDS)
+            self.flush()
+
+    def flush(self) -> None:
+        client = redis_client()
+        if client is None:
+            return
+        with self._lock:
+            pending, self._pending = self._pending, collections.Counter()
+        if not pending:
+            return
+        try:
+            pipe = client.pipeline(transaction=False)
+            for (bucket, field), amount in pending.items():
+                pipe.hincrby(self._redis_key(bucket), field, amount)
+                if self.ttl_seconds:
+                    pipe.expire(self._redis_key(bucket), self.ttl_seconds)
+            pipe.execute()
+        except redis.RedisError:  # keep them for the next flush
+            logger.warning("counts %s: Redis unavailable; keeping %d for later", self.key,
+                           len(pending))
+            with self._lock:
+                self._pending.update(pending)
+
+    def totals(self, *, since_seconds: int | None = None,
+               now: float | None = None) -> dict[str, int]:
+        """Every field's total (over the buckets of the last `since_seconds`, when bucketed)."""
+        now = time.time() if now is None else now
+        buckets = [0]
+        if self.bucket_seconds:
+            first = self._bucket(now - (since_seconds or self.ttl_seconds) + self.bucket_seconds)
+            buckets = list(range(first, self._bucket(now) + 1, self.bucket_seconds))
+        totals: collections.Counter[str] = collections.Counter()
+        with self._lock:
+            for (bucket, field), amount in self._pending.items():
+                if bucket in buckets:
+                    totals[field] += amount
+        client = redis_client()
+        if client is not None:
+            pipe = client.pipeline(transaction=False)
+            for bucket in buckets:
+                pipe.hgetall(self._redis_key(bucket))
+            for values in pipe.execute():
+                for field, amount in values.items():
+                    totals[field.decode()] += int(amount)
+        return dict(totals)
+
+    def clear(self) -> None:
+        """Forget every count (tests)."""
+        with self._lock:
+            self._pending.clear()
+        client = redis_client()
+        if client is not None:
+            pattern = settings.FAIRLANE_QUEUE_NAMESPACE + self.key + "*"
+            keys = list(client.scan_iter(match=pattern, count=1000))
+            if keys:
+                client.delete(*keys)

@@ -1,0 +1,70 @@
+"""The rules a budget is watched by: thresholds (percent of the limit actually spent) and the
+forecast. A budget with none of its own has the defaults: 50, 80 and 100 %, and the forecast."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from tenants.alert_models import DEFAULT_THRESHOLDS, FORECAST, AlertRule, threshold_rule
+from tenants.errors import InvalidRequest
+from tenants.models import Budget, Tenant
+
+MAX_THRESHOLDS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    key: str  # "threshold:80" or "forecast": what a rule's state is kept under
+    percent: int | None  # None: the forecast
+
+    @property
+    def is_forecast(self) -> bool:
+        return self.percent is None
+
+
+DEFAULT_RULES = tuple([Rule(threshold_rule(p), p) for p in DEFAULT_THRESHOLDS]
+                      + [Rule(FORECAST, None)])
+
+
+def budget_rules(budget: Budget) -> tuple[Rule, ...]:
+    """The budget's rules (reads `budget.alert_rules`, so prefetch it for many budgets)."""
+    rows = list(budget.alert_rules.all())
+    if not rows:
+        return DEFAULT_RULES
+    return tuple(Rule(row.key, None if row.kind == AlertRule.Kind.FORECAST else row.percent)
+                 for row in sorted(rows, key=lambda r: (r.kind == AlertRule.Kind.FORECAST,
+                                                        r.percent or 0))
+                 if row.kind != AlertRule.Kind.OFF)
+
+
+def _thresholds_clean(thresholds) -> list[int]:
+    if not isinstance(thresholds, list | tuple) or len(thresholds) > MAX_THRESHOLDS:
+        raise InvalidRequest(f"thresholds must be a list of at most {MAX_THRESHOLDS} percentages.",
+                             param="thresholds")
+    for value in thresholds:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+            raise InvalidRequest("Each threshold is a whole percentage from 1 to 1000.",
+                                 param="thresholds")
+    return sorted(set(thresholds))
+
+
+def alert_rules_set(*, tenant: Tenant, budget: Budget, thresholds: list[int],
+                    forecast: bool) -> tuple[Rule, ...]:
+    """Replace a budget's rules. The defaults are stored as no rows (so they follow the
+    platform's defaults); no thresholds and no forecast silences the budget."""
+    if budget.tenant_id != tenant.id:
+        raise InvalidRequest("budget does not belong to this tenant.", param="budget")
+    percents = _thresholds_clean(thresholds)
+    forecast = bool(forecast)
+    with transaction.atomic():
+        AlertRule.objects.filter(budget=budget).delete()
+        if percents != sorted(DEFAULT_THRESHOLDS) or not forecast:
+            rows = [AlertRule(budget=budget, kind=AlertRule.Kind.THRESHOLD, percent=p)
+                    for p in percents]
+            if forecast:
+                rows.append(AlertRule(budget=budget, kind=AlertRule.Kind.FORECAST))
+            AlertRule.objects.bulk_create(rows or [AlertRule(budget=budget,
+                                                             kind=AlertRule.Kind.OFF)])
+    return budget_rules(Budget.objects.prefetch_related("alert_rules").get(pk=budget.pk))
