@@ -177,6 +177,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "routing.tasks.backends_probe",
         "schedule": float(os.environ.get("FAIRLANE_HEALTH_INTERVAL_SECONDS", "15")),
     },
+    "budget-alerts-sweep": {
+        "task": "tenants.tasks.budget_alerts_sweep",
+        "schedule": float(os.environ.get("FAIRLANE_ALERT_SWEEP_SECONDS", "60")),
+    },
 }
 
 # --- auth, sessions, security ------------------------------------------------------------
@@ -277,6 +281,19 @@ FAIRLANE_KEY_LAST_USED_RESOLUTION_SECONDS = env_int("FAIRLANE_KEY_LAST_USED_RESO
 FAIRLANE_METRICS_TOKEN = os.environ.get("FAIRLANE_METRICS_TOKEN", "")
 # Whether any signed-in user may create a tenant through the API (they become its owner).
 FAIRLANE_SELF_SERVICE_TENANTS = env_bool("FAIRLANE_SELF_SERVICE_TENANTS", True)
+# --- budget alerts and the ops dashboard ----------------------------------------------------
+# Webhook URLs resolving to loopback, private, link-local... addresses are refused (SSRF)
+# unless this is set (e.g. a receiver inside the cluster).
+FAIRLANE_ALERT_WEBHOOK_ALLOW_PRIVATE = env_bool("FAIRLANE_ALERT_WEBHOOK_ALLOW_PRIVATE", False)
+# A failed delivery is retried after this many seconds, doubling (at most an hour), until it
+# has been attempted this many times.
+FAIRLANE_ALERT_RETRY_BASE_SECONDS = float(os.environ.get("FAIRLANE_ALERT_RETRY_BASE_SECONDS",
+                                                         "10"))
+FAIRLANE_ALERT_DELIVERY_ATTEMPTS = env_int("FAIRLANE_ALERT_DELIVERY_ATTEMPTS", 8)
+# How often forecasts are evaluated (the beat; the embedded server's own thread).
+FAIRLANE_ALERT_SWEEP_SECONDS = float(os.environ.get("FAIRLANE_ALERT_SWEEP_SECONDS", "60"))
+# How often the ops dashboard's live panels refresh themselves.
+FAIRLANE_OPS_POLL_SECONDS = env_int("FAIRLANE_OPS_POLL_SECONDS", 5)
 
 # --- serving ----------------------------------------------------------------------------------
 # embedded: engines run in the API process (a thread pool); celery: on GPU workers (-Q gpu).
