@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from tenants.metrics import SETTLEMENTS_CAPPED, UNBILLED
 from tenants.models import BudgetWindow, Reservation, Tenant, UsageRecord
+from tenants.services.alerts import budget_alerts_evaluate
 from tenants.services.budgets import _amount_clean, _reservation_lock
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ def budget_settle(*, tenant: Tenant, request_id: str, cost_microcents: int, usag
         if reservation.status == Reservation.Status.SETTLED:
             return UsageRecord.objects.get(request_id=request_id)
         charge = _charge_within_limits(reservation=reservation, cost=cost)
+        budget_alerts_evaluate(tenant=tenant, charge=charge, window_ids=(
+            reservation.agent_window_id, reservation.tenant_window_id))  # once committed
         if charge < cost:
             SETTLEMENTS_CAPPED.inc()
             UNBILLED.inc(cost - charge)
