@@ -157,7 +157,7 @@ class EmbeddedSender:
         from tenants.services.alerts.evaluate import budget_alerts_sweep
 
         swept = 0.0
-        while True:
+        while settings.FAIRLANE_ENGINE_MODE != "celery":  # else Celery and the beat send
             self._wake.clear()
             try:
                 if time.monotonic() - swept >= settings.FAIRLANE_ALERT_SWEEP_SECONDS:
