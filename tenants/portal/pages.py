@@ -14,7 +14,7 @@ from tenants.reports.spend import spend_alerts
 SECTIONS = [("overview", "Overview", Role.VIEWER), ("agents", "Agents", Role.VIEWER),
             ("budgets", "Budgets", Role.VIEWER), ("keys", "Keys", Role.VIEWER),
             ("usage", "Usage", Role.VIEWER), ("members", "Members", Role.VIEWER),
-            ("playground", "Playground", Role.VIEWER)]
+            ("alerts", "Alerts", Role.VIEWER), ("playground", "Playground", Role.VIEWER)]
 
 
 def _banners(portal: Portal) -> list[dict]:
@@ -33,6 +33,8 @@ def _banners(portal: Portal) -> list[dict]:
                     f"(resets at {end}).")
         banners.append({"level": "error" if line.state == "exhausted" else "warning",
                         "text": text})
+    for event in selectors.alert_forecasts_current(tenant=portal.tenant):
+        banners.append({"level": "warning", "text": event.message})
     return banners
 
 

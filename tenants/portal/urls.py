@@ -4,7 +4,9 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from tenants.portal.views import agents, auth, keys, members, overview, playground, usage
+from tenants.portal.views import (
+    agents, alerts, auth, keys, members, overview, playground, usage,
+)
 
 app_name = "portal"
 
@@ -30,6 +32,11 @@ tenant_urls = [
     path("members/add/", members.member_add, name="member_add"),
     path("members/<int:member_id>/role/", members.member_role, name="member_role"),
     path("members/<int:member_id>/remove/", members.member_remove, name="member_remove"),
+    path("alerts/", alerts.alert_list, name="alerts"),
+    path("alerts/destinations/", alerts.alert_destination_add, name="alert_destination_add"),
+    path("alerts/destinations/<uuid:destination_id>/remove/", alerts.alert_destination_remove,
+         name="alert_destination_remove"),
+    path("alerts/rules/<uuid:budget_id>/", alerts.alert_rules_save, name="alert_rules_save"),
     path("playground/", playground.playground, name="playground"),
     path("playground/key/", playground.playground_key, name="playground_key"),
 ]

@@ -16,7 +16,6 @@ wins fires, so a crossing fires once however many settlements see it at the same
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
@@ -31,28 +30,20 @@ from tenants.models import BudgetWindow, Tenant, UsageRecord
 from tenants.reports.spend import RUN_RATE_WINDOW
 from tenants.services.alerts.deliver import embedded_sender
 from tenants.services.alerts.events import alert_event_create
-from tenants.services.alerts.rules import Rule, budget_rules
+from tenants.services.alerts.rules import (
+    Rule, budget_rules, budget_rules_cached, rules_cached_clear,
+)
 
 logger = logging.getLogger(__name__)
 
-RULES_CACHE_SECONDS = 10.0
-_rules_cache: dict[str, tuple[float, tuple[Rule, ...]]] = {}
 # (window, rule, limit) this process saw in ALARM: later settlements skip the state query.
 _alarmed: set[tuple[int, str, int]] = set()
 _slugs: dict[int, str] = {}
 
 
-def _rules(budget) -> tuple[Rule, ...]:
-    cached = _rules_cache.get(str(budget.pk))
-    if cached is not None and cached[0] > time.monotonic():
-        return cached[1]
-    rules = budget_rules(budget)
-    _rules_cache[str(budget.pk)] = (time.monotonic() + RULES_CACHE_SECONDS, rules)
-    return rules
-
-
 def rules_cache_clear() -> None:
-    _rules_cache.clear()
+    """Forget what this process cached (tests)."""
+    rules_cached_clear()
     _alarmed.clear()
 
 
@@ -96,7 +87,7 @@ def _windows_check(*, ids: tuple[int, ...], charge: int) -> None:
     for window in BudgetWindow.objects.filter(pk__in=ids).select_related("budget__tenant",
                                                                           "budget__agent"):
         limit = window.budget.limit_microcents
-        for rule in _rules(window.budget):
+        for rule in budget_rules_cached(window.budget):
             if rule.is_forecast or limit <= 0:
                 continue
             if not _reached(window.spent_microcents, limit, rule.percent):

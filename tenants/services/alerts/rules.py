@@ -3,6 +3,7 @@ forecast. A budget with none of its own has the defaults: 50, 80 and 100 %, and 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -39,6 +40,27 @@ def budget_rules(budget: Budget) -> tuple[Rule, ...]:
                  if row.kind != AlertRule.Kind.OFF)
 
 
+RULES_CACHE_SECONDS = 10.0
+_cache: dict[str, tuple[float, tuple[Rule, ...]]] = {}
+
+
+def budget_rules_cached(budget: Budget) -> tuple[Rule, ...]:
+    """The budget's rules as this process read them at most RULES_CACHE_SECONDS ago (the
+    settlement path: a change made in another process applies within that time)."""
+    cached = _cache.get(str(budget.pk))
+    if cached is not None and cached[0] > time.monotonic():
+        return cached[1]
+    rules = budget_rules(budget)
+    if len(_cache) > 10_000:
+        _cache.clear()
+    _cache[str(budget.pk)] = (time.monotonic() + RULES_CACHE_SECONDS, rules)
+    return rules
+
+
+def rules_cached_clear() -> None:
+    _cache.clear()
+
+
 def _thresholds_clean(thresholds) -> list[int]:
     if not isinstance(thresholds, list | tuple) or len(thresholds) > MAX_THRESHOLDS:
         raise InvalidRequest(f"thresholds must be a list of at most {MAX_THRESHOLDS} percentages.",
@@ -67,4 +89,5 @@ def alert_rules_set(*, tenant: Tenant, budget: Budget, thresholds: list[int],
                 rows.append(AlertRule(budget=budget, kind=AlertRule.Kind.FORECAST))
             AlertRule.objects.bulk_create(rows or [AlertRule(budget=budget,
                                                              kind=AlertRule.Kind.OFF)])
+    _cache.pop(str(budget.pk), None)
     return budget_rules(Budget.objects.prefetch_related("alert_rules").get(pk=budget.pk))
