@@ -6,7 +6,9 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
-from django_prometheus.exports import ExportToDjangoView
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from metrics_export import metrics_registry
 
 
 @require_GET
@@ -62,4 +64,4 @@ def metrics(request):
         if not hmac.compare_digest(presented.encode(), token.encode()):
             return HttpResponse("metrics token required\n", status=401,
                                 content_type="text/plain")
-    return ExportToDjangoView(request)
+    return HttpResponse(generate_latest(metrics_registry()), content_type=CONTENT_TYPE_LATEST)

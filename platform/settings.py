@@ -394,6 +394,12 @@ FAIRLANE_LEASE_WAIT_SECONDS = float(os.environ.get("FAIRLANE_LEASE_WAIT_SECONDS"
 # How long the registry read by the router is reused before it is read again (seconds).
 FAIRLANE_ROUTING_CACHE_SECONDS = float(os.environ.get("FAIRLANE_ROUTING_CACHE_SECONDS", "2"))
 
+# /metrics adds up every process of a deployment when PROMETHEUS_MULTIPROC_DIR is set: the
+# directory is emptied when the deployment starts (platform/metrics_export.py).
+from metrics_export import multiproc_dir_prepare  # noqa: E402
+
+multiproc_dir_prepare()
+
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 LOGGING = {
     "version": 1,

@@ -1,10 +1,16 @@
 """Prometheus metrics of the /v1 API (it skips django-prometheus's middleware; see
-platform/api_handler.py)."""
+platform/api_handler.py): requests, routing attempts, time to first token and time per
+output token as the client sees them, and the backends' health at scrape time."""
 
+import contextvars
 import logging
+import os
+import time
 
 from django.utils import timezone
 from prometheus_client import Counter, Histogram
+
+from tenants.counters import SharedCounts
 
 logger = logging.getLogger(__name__)
 
@@ -15,13 +21,86 @@ API_RESPONSE_START = Histogram(
     "/v1 time from request to response start (headers; for streams, after admission)",
     ["endpoint"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 
-ROUTE_ATTEMPTS = Counter("fairlane_route_attempts_total",
-                         "Attempts to serve a request on a backend, by outcome "
-                         "(ok, failed, rate_limited, refused, budget, lease, skipped)",
-                         ["backend", "outcome"])
+_ROUTE_ATTEMPTS = Counter("fairlane_route_attempts_total",
+                          "Attempts to serve a request on a backend, by outcome "
+                          "(ok, failed, rate_limited, refused, budget, lease, skipped)",
+                          ["backend", "outcome"])
+# The same outcomes per minute, added up across API processes (the dashboard's error rates).
+ATTEMPTS_BY_MINUTE = SharedCounts("fl:ops:attempts", bucket_seconds=60, ttl_seconds=7200)
+SEP = "\x1f"
+
+
+class _Attempt:
+    def __init__(self, backend: str, outcome: str) -> None:
+        self.backend, self.outcome = backend, outcome
+
+    def inc(self, amount: int = 1) -> None:
+        _ROUTE_ATTEMPTS.labels(self.backend, self.outcome).inc(amount)
+        ATTEMPTS_BY_MINUTE.add(f"{self.backend}{SEP}{self.outcome}", amount)
+        from routing.ops.processes import publisher
+
+        publisher.start()  # this process routes requests: publish its breakers
+
+
+class _Attempts:
+    """fairlane_route_attempts_total, also counted per minute for the ops dashboard."""
+
+    def labels(self, backend: str, outcome: str) -> _Attempt:
+        return _Attempt(backend, outcome)
+
+
+ROUTE_ATTEMPTS = _Attempts()
 ROUTE_TTFT = Histogram("fairlane_route_first_token_seconds",
                        "Time from dispatch to a backend's first token", ["backend"],
                        buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+
+# Time to first token and time per output token as the client sees them (from the request's
+# arrival at the API), by the model asked for and the backend that answered. vLLM's names.
+TTFT = Histogram("fairlane_time_to_first_token_seconds",
+                 "time from the request's arrival at the API to its first token",
+                 ["model", "backend"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5,
+                                                5, 7.5, 10, 20, 40, 80))
+TPOT = Histogram("fairlane_time_per_output_token_seconds",
+                 "a request's mean time between output tokens after the first (inter-token "
+                 "latency)", ["model", "backend"],
+                 buckets=(0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+                          0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5))
+_arrived: contextvars.ContextVar[float | None] = contextvars.ContextVar("fairlane_arrived",
+                                                                        default=None)
+
+
+def request_arrived() -> None:
+    """Mark now as the arrival of the request this task serves (its TTFT's start)."""
+    _arrived.set(time.monotonic())
+
+
+class TokenTimer:
+    """Watches a request's events on their way to the client and, when they end, observes
+    its time to first token and time per output token."""
+
+    def __init__(self, *, model: str, backend: str) -> None:
+        self.model, self.backend = model, backend or "unknown"
+        self.started = _arrived.get() or time.monotonic()
+        self.first: float | None = None
+        self.last = 0.0
+        self.tokens = 0
+
+    def see(self, event: dict) -> None:
+        kind = event.get("type")
+        if kind == "token" and (event.get("token_ids") or event.get("text")):
+            self.last = time.monotonic()
+            if self.first is None:
+                self.first = self.last
+                TTFT.labels(self.model, self.backend).observe(self.first - self.started)
+            # A remote chunk carries text, not token ids: about one token.
+            self.tokens += len(event.get("token_ids") or ()) or 1
+        elif kind == "done" and isinstance(event.get("usage"), dict):
+            self.tokens = event["usage"].get("completion_tokens") or self.tokens
+
+    def done(self) -> None:
+        if self.first is not None and self.tokens > 1:
+            TPOT.labels(self.model, self.backend).observe(
+                (self.last - self.first) / (self.tokens - 1))
 
 
 class BackendCollector:
@@ -67,7 +146,10 @@ class BackendCollector:
         for row in rows:
             up.add_metric([row.name], 1.0 if row.health_at(now) == Health.LIVE else 0.0)
             p95.add_metric([row.name], row.probe_p95_ms / 1000)
+        yield from (readable, up, p95)
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return  # every process's, from its published gauges (routing/ops/processes.py)
         for name, state in breakers.snapshot().items():
             circuit.add_metric([name], float(self.STATES.get(breakers.state(name), 0)))
             inflight.add_metric([name], float(state["inflight"]))
-        yield from (readable, up, p95, circuit, inflight)
+        yield from (circuit, inflight)

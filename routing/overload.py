@@ -22,7 +22,7 @@ from workers.registry import ModelInfo
 
 BROWNOUT_LEVEL = Gauge("fairlane_brownout_level",
                        "0 normal, 1 bulk shed, 2 bulk shed and standard max_tokens capped",
-                       ["model"])
+                       ["model"], multiprocess_mode="mostrecent")
 BROWNOUT_ACTIONS = Counter("fairlane_brownout_actions_total",
                            "requests shed or capped by the brownout", ["model", "action"])
 MAX_RETRY_AFTER = 120

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
 
+from routing.metrics import TokenTimer
 from routing.ratelimit import Admitted, limiter_get
 from routing.wire.render import ChatFormat
 from tenants.errors import ApplicationError, error_body_for, error_from_code
@@ -42,9 +43,11 @@ async def events_to_end(started: Started) -> AsyncIterator[dict]:
     """The run's events; if its worker goes silent, end it here with an error, charging what
     was streamed (settlement is idempotent, so a late worker cannot charge twice)."""
     seen: list[dict] = []
+    timer = TokenTimer(model=started.job.model["name"], backend=started.backend)
     try:
         async for event in started.events:
             seen.append(event)
+            timer.see(event)  # time to first token, time per output token
             yield event
     except StreamTimeout as exc:
         logger.warning("request %s: %s", started.job.request_id, exc.message)
@@ -57,6 +60,7 @@ async def events_to_end(started: Started) -> AsyncIterator[dict]:
                 event.update(code=exc.code, message=exc.message)
             yield event
     finally:
+        timer.done()
         # The request's rate-limit slot is free again, and its unused tokens go back.
         if started.admitted is not None:
             limiter_get().release(started.admitted, tokens_used=_tokens_used(seen))

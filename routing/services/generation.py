@@ -11,6 +11,7 @@ from django.conf import settings
 from routing.admission import Caller, engine_sampling, max_tokens_resolve
 from routing.backends import Call, Route
 from routing.dispatch import Served, routes_walk
+from routing.metrics import request_arrived
 from routing.overload import load_admit
 from routing.ratelimit import Admitted, limiter_get, scopes_for
 from routing.router import Need, registry_get
@@ -195,6 +196,7 @@ def _admit_or_tiers(caller: Caller, kind: str, request):
 
 
 async def generation_start(*, caller: Caller, kind: str, body) -> Started:
+    request_arrived()  # the start of its time to first token (routing/metrics.py)
     request = (parse.chat_request_parse(body) if kind == "chat"
                else parse.completion_request_parse(body))
     admission = await database_sync_to_async(_admit_or_tiers)(caller, kind, request)
