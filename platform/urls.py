@@ -21,6 +21,7 @@ urlpatterns = [
     path("api/", include("routing.management_urls")),
     path("v1/", include("routing.urls")),
     path("portal/", include("tenants.portal.urls")),
+    path("ops/", include("routing.ops.urls")),
     path("", RedirectView.as_view(url="/portal/", permanent=False)),
 ]
 

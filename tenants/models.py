@@ -300,6 +300,8 @@ class UsageRecord(models.Model):
         indexes = [
             models.Index(fields=["tenant", "created_at"], name="usage_tenant_time"),
             models.Index(fields=["agent", "created_at"], name="usage_agent_time"),
+            # Operators' figures across tenants (the ops dashboard: top spenders, per model).
+            models.Index(fields=["created_at"], name="usage_time"),
         ]
 
     @property

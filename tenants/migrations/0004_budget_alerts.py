@@ -119,4 +119,8 @@ class Migration(migrations.Migration):
             model_name='alertstate',
             constraint=models.UniqueConstraint(fields=('budget', 'window_start', 'rule'), name='alert_state_unique'),
         ),
+        migrations.AddIndex(
+            model_name='usagerecord',
+            index=models.Index(fields=['created_at'], name='usage_time'),
+        ),
     ]

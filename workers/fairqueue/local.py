@@ -37,6 +37,11 @@ class LocalQueue:
             return sum(n for (m, la, t), n in self._waiting.items() if m == model
                        and (lane is None or la == lane) and (tenant is None or t == tenant))
 
+    def waiting(self) -> dict[tuple[str, str, str], int]:
+        """(model, lane, tenant) -> requests waiting (the ops dashboard)."""
+        with self._lock:
+            return dict(self._waiting)
+
     def drain_rate(self, *, model: str, seconds: int = WINDOW_SECONDS) -> float:
         """Requests started per second over the last `seconds` seconds."""
         cutoff = time.monotonic() - seconds

@@ -1,0 +1,141 @@
+"""What the ops dashboard shows, read across every tenant (operators only): the backends'
+health, circuits and error rates, the fair queues, the workers and their models, spend from
+the ledger and the budgets' windows, and the alerts that fired."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Count, F, Q, Sum
+from django.utils import timezone
+
+from routing.metrics import ATTEMPTS_BY_MINUTE, SEP
+from routing.models import Backend
+from routing.ops.processes import processes_breakers
+from routing.overload import Load, brownout_level
+from tenants.models import AlertEvent, BudgetWindow, Tenant, UsageRecord
+from workers import selectors as pool
+
+ERRORS = ("failed", "rate_limited")
+REACHED = ("ok", "failed", "rate_limited", "refused")  # attempts that reached the backend
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    attempts: int
+    errors: int
+
+    @property
+    def percent(self) -> float | None:
+        return 100 * self.errors / self.attempts if self.attempts else None
+
+
+@dataclass(frozen=True, slots=True)
+class BackendRow:
+    name: str
+    kind: str
+    health: str
+    detail: str
+    probe_p95_ms: float
+    inflight: int
+    circuits: dict  # state -> processes with its circuit in that state
+    rate_5m: Rate
+    rate_60m: Rate
+    last_error: str
+
+    @property
+    def circuit(self) -> str:
+        """The worst circuit state of any API process."""
+        for state in ("open", "half_open"):
+            if self.circuits.get(state):
+                return state
+        return "closed"
+
+
+def _rates(minutes: int) -> dict[str, Rate]:
+    counts: dict[str, dict[str, int]] = {}
+    for field, value in ATTEMPTS_BY_MINUTE.totals(since_seconds=minutes * 60).items():
+        backend, _, outcome = field.partition(SEP)
+        counts.setdefault(backend, {})[outcome] = value
+    return {name: Rate(sum(c.get(o, 0) for o in REACHED), sum(c.get(o, 0) for o in ERRORS))
+            for name, c in counts.items()}
+
+
+def backends_overview(*, now: datetime | None = None) -> list[BackendRow]:
+    """Every backend (and the local engine pool, registered or not)."""
+    now = now or timezone.now()
+    rows = {b.name: b for b in Backend.objects.order_by("name")}
+    breakers, short, long = processes_breakers(), _rates(5), _rates(60)
+    names = sorted(set(rows) | {"local"} | set(short) | set(breakers))
+    result = []
+    for name in names:
+        row = rows.get(name)
+        circuits = breakers.get(name, {})
+        result.append(BackendRow(
+            name=name, kind=row.kind if row else "local",
+            health=(row.health_at(now) if row.is_enabled else "disabled") if row else "live",
+            detail=row.health_detail if row else "the platform's own engines",
+            probe_p95_ms=row.probe_p95_ms if row else 0.0,
+            inflight=circuits.get("inflight", 0), circuits=circuits,
+            rate_5m=short.get(name, Rate(0, 0)), rate_60m=long.get(name, Rate(0, 0)),
+            last_error=row.last_error if row and row.last_error_at and
+            now - row.last_error_at < timedelta(hours=1) else ""))
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    state: pool.QueueState
+    brownout: int
+    tenants: list[tuple[str, str, int]]  # (lane, tenant slug, waiting), most first
+
+
+def queue_overview() -> list[QueueRow]:
+    states = pool.queue_states()
+    ids = {int(t) for s in states for lane in s.lanes for t in lane.tenants if t.isdigit()}
+    slugs = {str(pk): slug for pk, slug in Tenant.objects.filter(pk__in=ids)
+             .values_list("pk", "slug")}
+    rows = []
+    for state in states:
+        load = Load(lane_depth=0, tenant_depth=0, total_depth=state.depth, drain_rate=0.0)
+        waiting = sorted(((lane.lane, slugs.get(t, t), n) for lane in state.lanes
+                          for t, n in lane.tenants.items()), key=lambda r: -r[2])
+        rows.append(QueueRow(state, brownout_level(load), waiting[:20]))
+    return rows
+
+
+def spend_since(*, since: datetime) -> dict:
+    """Totals, top spenders (tenant and agent) and spend per backend and model since then."""
+    records = UsageRecord.objects.filter(created_at__gte=since).order_by()
+    totals = records.aggregate(cost=Sum("cost_microcents"), requests=Count("pk"),
+                               errors=Count("pk", filter=Q(status__in=("error", "timeout"))))
+    top = list(records.values("tenant__slug", "agent__name")
+               .annotate(cost=Sum("cost_microcents"), requests=Count("pk"))
+               .order_by("-cost")[:10])
+    by_route = list(records.values("backend", "model")
+                    .annotate(cost=Sum("cost_microcents"), requests=Count("pk"),
+                              tokens=Sum(F("prompt_tokens") + F("completion_tokens")))
+                    .order_by("-cost", "backend", "model")[:20])
+    return {"cost": totals["cost"] or 0, "requests": totals["requests"],
+            "errors": totals["errors"], "top": top, "by_route": by_route}
+
+
+def budgets_nearest(*, now: datetime | None = None, limit: int = 15) -> list[BudgetWindow]:
+    """The current windows of every budget, the most used first (spent and reserved against
+    the limit)."""
+    now = now or timezone.now()
+    return list(BudgetWindow.objects.filter(start__lte=now, end__gt=now, budget__limit_microcents__gt=0)
+                .select_related("budget__tenant", "budget__agent")
+                .annotate(used=(F("spent_microcents") + F("reserved_microcents")) * 100
+                          / F("budget__limit_microcents"))
+                .order_by("-used", "budget__tenant__slug")[:limit])
+
+
+def alerts_recent(*, limit: int = 30) -> list[AlertEvent]:
+    return list(AlertEvent.objects.select_related("tenant", "agent")
+                .prefetch_related("deliveries").order_by("-created_at")[:limit])
+
+
+def tenant_by_slug(*, slug: str) -> Tenant | None:
+    return Tenant.objects.filter(slug=slug).first()

@@ -1,0 +1,184 @@
+"""The ops dashboard, server side: staff only (sign-in page for visitors, 403 for everyone
+else, whatever their role in a tenant); each panel shows the real state: the fair queue in
+Redis (per lane and tenant, oldest wait, brownout), this process's engines and their models'
+verification, backends with their error rates, spend from the ledger across tenants, alerts
+and their deliveries; the platform's alert destinations."""
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from routing.metrics import ATTEMPTS_BY_MINUTE, ROUTE_ATTEMPTS
+from routing.models import Backend
+from tenants.models import AlertDestination, AlertEvent, Role
+from tenants.services.alerts import alert_destination_add
+from tenants.services.budgets import Usage, budget_create, budget_reserve, budget_settle
+from workers.registry import model_get
+from workers.transport import queue_for, redis_sync
+
+pytestmark = pytest.mark.django_db
+PAGES = [("ops:dashboard", {}), ("ops:alerts", {}), ("ops:tenant", {"slug": "acme"})] + [
+    ("ops:panel", {"name": name}) for name in ("backends", "queue", "workers", "spend",
+                                               "alerts")]
+
+
+def signed_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def spend(tenant, agent, amount: int, *, model: str = "tiny", backend: str = "local") -> None:
+    request_id = uuid.uuid4().hex
+    budget_reserve(tenant=tenant, agent=agent, amount_microcents=amount, request_id=request_id)
+    budget_settle(tenant=tenant, request_id=request_id, cost_microcents=amount,
+                  usage=Usage(backend=backend, model=model, prompt_tokens=5,
+                              completion_tokens=7))
+
+
+def test_visitors_are_sent_to_sign_in_and_non_staff_are_refused(tenant, member_of, staff):
+    for name, kwargs in PAGES:
+        response = Client().get(reverse(name, kwargs=kwargs))
+        assert response.status_code == 302 and response["Location"].startswith(
+            "/portal/login/?next=/ops/"), name
+    owner = tenant.memberships.get(role=Role.OWNER).user
+    for user in (owner, member_of(tenant, Role.ADMIN)):
+        client = signed_in(user)
+        for name, kwargs in PAGES:
+            assert client.get(reverse(name, kwargs=kwargs)).status_code == 403, name
+        response = client.post(reverse("ops:alert_destination_add"),
+                               {"kind": "email", "target": "x@acme.example"})
+        assert response.status_code == 403
+    destination, _ = alert_destination_add(tenant=None, kind="email", target="noc@example.org")
+    response = signed_in(owner).post(reverse("ops:alert_destination_remove",
+                                             kwargs={"destination_id": destination.pk}))
+    assert response.status_code == 403
+    assert list(AlertDestination.objects.values_list("target", flat=True)) == [
+        "noc@example.org"]
+    assert signed_in(staff).get(reverse("ops:dashboard")).status_code == 200
+
+
+def test_the_queue_panel_shows_depth_per_lane_and_tenant_with_the_oldest_wait(
+        settings, namespace, tiny, tenant, other_tenant, staff):
+    settings.FAIRLANE_ENGINE_MODE = "celery"
+    settings.FAIRLANE_MAX_QUEUE_PER_LANE = 8
+    queue = queue_for(redis_sync(), "tiny")
+    try:
+        for i in range(3):
+            queue.enqueue(id=f"a{i}", tenant=str(tenant.pk), lane="standard", weight=1, cost=4,
+                          payload={})
+        queue.enqueue(id="g0", tenant=str(other_tenant.pk), lane="bulk", weight=1, cost=4,
+                      payload={})
+        queue.enqueue(id="g1", tenant=str(other_tenant.pk), lane="bulk", weight=1, cost=4,
+                      payload={})
+        page = signed_in(staff).get(reverse("ops:panel", kwargs={"name": "queue"}))
+        html = page.content.decode()
+        assert page.status_code == 200
+        assert '<strong data-figure="waiting">5</strong>' in html
+        assert '<tr data-lane="standard"><th scope="row">standard</th><td>3</td>' in html
+        assert '<tr data-lane="bulk"><th scope="row">bulk</th><td>2</td>' in html
+        assert "acme</a> 3 (standard)" in html and "globex</a> 2 (bulk)" in html
+        assert "brownout: bulk shed" in html  # 5 of 8 waiting: past the first level
+        assert html.count(" s</td>") >= 2  # the oldest waits of the two busy lanes
+        assert queue.dequeue(worker="w") is not None
+        html = signed_in(staff).get(reverse("ops:panel", kwargs={"name": "queue"})).content
+        assert b'<strong data-figure="waiting">4</strong>' in html
+    finally:
+        queue.clear()
+
+
+def test_the_workers_panel_shows_this_processs_engine_and_its_models_state(settings, tiny,
+                                                                           staff):
+    from workers.host import host_get
+
+    settings.FAIRLANE_ENGINE_MODE = "embedded"
+    host_get().load(model_get(name="tiny"))
+    html = signed_in(staff).get(reverse("ops:panel", kwargs={"name": "workers"})).content.decode()
+    assert 'data-worker="embedded" data-engine="tiny"' in html
+    assert '<td data-figure="running">0</td>' in html
+    assert 'data-model="tiny"><strong>tiny</strong> <span class="badge model-serving">' in html
+    assert "verified" in html or "unsigned" in html  # its last check before the load
+
+
+def test_the_backends_panel_adds_up_error_rates_and_shows_health(staff, namespace):
+    Backend.objects.create(name="remote-a", kind="openai_compatible",
+                           base_url="http://127.0.0.1:9", health="offline",
+                           health_detail="connection refused")
+    ATTEMPTS_BY_MINUTE.clear()
+    for outcome in ("failed", "failed", "rate_limited", "ok", "budget"):
+        ROUTE_ATTEMPTS.labels("remote-a", outcome).inc()
+    html = signed_in(staff).get(reverse("ops:panel", kwargs={"name": "backends"})).content.decode()
+    row = html[html.index('data-backend="remote-a"'):]
+    row = row[:row.index("</tr>")]
+    assert "health-offline" in row and "75.0 %" in row  # 3 of 4 that reached it
+    assert '<span data-figure="attempts-5m">4</span>' in row
+    assert 'data-backend="local"' in html
+
+
+def test_the_spend_panel_adds_up_the_ledger_across_tenants(tenant, agent, other_tenant,
+                                                           other_agent, staff):
+    budget_create(tenant=tenant, agent=agent, limit_microcents=1_000)
+    spend(tenant, agent, 900, model="tiny")
+    spend(other_tenant, other_agent, 250_000_000, model="gpt", backend="openrouter")
+    html = signed_in(staff).get(reverse("ops:panel", kwargs={"name": "spend"})).content.decode()
+    assert '<strong data-figure="requests-day">2</strong>' in html
+    assert '<strong data-figure="spend-day">$2.50</strong>' in html
+    top = html[html.index("Top spenders"):]
+    assert top.index("globex</a> · support-bot") < top.index("acme</a> · support-bot")
+    assert 'data-route="openrouter/gpt"' in html and 'data-route="local/tiny"' in html
+    assert 'data-budget="acme/support-bot"' in html and "90 %" in html
+    assert 'id="ops-spend-chart"' in html
+
+
+def test_a_tenants_page_shows_its_agents_against_their_budgets_and_its_alerts(
+        tenant, agent, staff, django_capture_on_commit_callbacks):
+    budget_create(tenant=tenant, agent=agent, limit_microcents=1_000)
+    with django_capture_on_commit_callbacks(execute=True):
+        spend(tenant, agent, 850)
+    html = signed_in(staff).get(reverse("ops:tenant", kwargs={"slug": "acme"})).content.decode()
+    assert 'data-owner="support-bot"' in html and "85 %" in html
+    assert 'data-alert="acme/threshold:80"' in html
+    assert signed_in(staff).get(reverse("ops:tenant", kwargs={"slug": "nope"})).status_code \
+        == 404
+
+
+def test_the_alerts_panel_lists_what_fired_for_whom_with_delivery_status(tenant, agent, staff):
+    event = AlertEvent.objects.create(
+        tenant=tenant, agent=agent, event="budget_crossed", rule="threshold:100",
+        period="daily", window_start=timezone.now(), window_end=timezone.now() + timedelta(1),
+        spent_microcents=10, limit_microcents=10, message="Agent support-bot's budget is spent",
+        created_at=timezone.now())
+    event.deliveries.create(tenant=tenant, kind="webhook", target="https://h.example/x",
+                            status="failed", attempts=8, next_attempt_at=timezone.now(),
+                            log=[{"ok": False, "status": 500, "error": "HTTP 500"}])
+    html = signed_in(staff).get(reverse("ops:panel", kwargs={"name": "alerts"})).content.decode()
+    assert 'data-alert="acme/threshold:100"' in html and "budget_crossed" in html
+    assert "webhook failed" in html and "8 attempts" in html and "HTTP 500" in html
+
+
+def test_staff_set_the_platforms_destinations_and_see_a_webhook_secret_once(staff, settings):
+    settings.FAIRLANE_ALERT_WEBHOOK_ALLOW_PRIVATE = False
+    client = signed_in(staff)
+    response = client.post(reverse("ops:alert_destination_add"),
+                           {"kind": "webhook", "target": "https://93.184.215.14/noc"})
+    assert response.status_code == 201 and "no-store" in response["Cache-Control"]
+    secret = response.context["secret"]
+    assert secret in response.content.decode()
+    response = client.post(reverse("ops:alert_destination_add"),
+                           {"kind": "webhook", "target": "http://10.0.0.8/noc"})
+    assert response.status_code == 400 and "not a public address" in response.content.decode()
+    page = client.get(reverse("ops:alerts")).content.decode()
+    assert "https://93.184.215.14/noc" in page and secret not in page
+    destination = AlertDestination.objects.get()
+    assert destination.tenant is None
+    response = client.post(reverse("ops:alert_destination_remove",
+                                   kwargs={"destination_id": destination.pk}))
+    assert response.status_code == 302 and not AlertDestination.objects.exists()
+    csrf = Client(enforce_csrf_checks=True)
+    csrf.force_login(staff)
+    assert csrf.post(reverse("ops:alert_destination_add"),
+                     {"kind": "email", "target": "a@b.example"}).status_code == 403
