@@ -249,7 +249,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # drf-spectacular's, with every operation's error responses in the OpenAI shape.
+    "DEFAULT_SCHEMA_CLASS": "tenants.apis.schema.FairlaneAutoSchema",
     "EXCEPTION_HANDLER": "tenants.apis.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
@@ -264,6 +265,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # PATCH bodies are validated as written (optional fields say required=False): no
+    # "Patched" copies with every field optional.
+    "COMPONENT_SPLIT_PATCH": False,
     "ENUM_NAME_OVERRIDES": {"LaneEnum": "tenants.models.Lane"},
 }
 

@@ -13,7 +13,8 @@ from routing.models import AgentRouting, Backend, Policy
 from routing.registry import agent_routing_set
 from tenants import selectors
 from tenants.apis.auth import tenant_for
-from tenants.models import Role
+from tenants.apis.serializers import StrictCharField, StrictChoiceField, StrictSerializer
+from tenants.models import Role, name_validator
 
 
 class BackendModelOut(serializers.Serializer):
@@ -40,15 +41,25 @@ class BackendOut(serializers.Serializer):
         return backend.health_at(timezone.now())
 
 
-class RoutingSerializer(serializers.Serializer):
-    chain = serializers.ListField(child=serializers.CharField(max_length=100), max_length=50,
-                                  required=False, default=list)
-    policy = serializers.ChoiceField(choices=Policy.choices, required=False,
-                                     default=Policy.CHAIN)
-    cascade = serializers.ListField(child=serializers.CharField(max_length=200), max_length=8,
-                                    required=False, default=list)
-    cascade_threshold = serializers.FloatField(required=False, default=-1.0, min_value=-100,
-                                               max_value=0)
+class StrictFloatField(serializers.FloatField):
+    """JSON numbers only (DRF would take true and "0.5")."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class RoutingSerializer(StrictSerializer):
+    chain = serializers.ListField(child=StrictCharField(max_length=100,
+                                                        validators=[name_validator]),
+                                  max_length=50, required=False, default=list)
+    policy = StrictChoiceField(choices=Policy.choices, required=False, default=Policy.CHAIN)
+    cascade = serializers.ListField(child=StrictCharField(max_length=200,
+                                                          validators=[name_validator]),
+                                    max_length=8, required=False, default=list)
+    cascade_threshold = StrictFloatField(required=False, default=-1.0, min_value=-100,
+                                         max_value=0)
 
 
 class BackendListView(APIView):

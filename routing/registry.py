@@ -11,7 +11,7 @@ from datetime import datetime
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from tenants.errors import InvalidRequest
+from tenants.errors import InvalidRequest, NotFound
 from tenants.models import Agent
 from tenants.services.validation import save_validated
 from routing.credentials import credential_encrypt, credential_ref_check
@@ -94,13 +94,18 @@ def _cascade_check(*, agent: Agent, cascade: list[str]) -> None:
     change later: a tier that cannot answer then escalates (routing/services/cascade.py)."""
     from routing.router import registry_load
 
+    if not cascade:
+        return
+    routes = registry_load().routes
+    for model in cascade:
+        if model not in routes or not agent.may_use_model(model):
+            raise NotFound(f"Cascade tier '{model}' is not a model this agent can use.",
+                           param="cascade")
+    if len(cascade) == 1:
+        raise InvalidRequest("A cascade needs at least two models.", param="cascade")
     if len(set(cascade)) != len(cascade):
         raise InvalidRequest("A cascade lists each model once.", param="cascade")
-    routes = registry_load().routes
     for index, model in enumerate(cascade):
-        if model not in routes or not agent.may_use_model(model):
-            raise InvalidRequest(f"Cascade tier '{model}' is not a model this agent can use.",
-                                 param="cascade")
         scored = any(r.backend.kind != BackendKind.ANTHROPIC for r in routes[model])
         if index < len(cascade) - 1 and not scored:
             raise InvalidRequest(f"Cascade tier '{model}' is served only where no "
@@ -119,10 +124,8 @@ def agent_routing_set(*, agent: Agent, chain: list[str] | None = None,
     known = set(Backend.objects.filter(name__in=chain).values_list("name", flat=True))
     known |= {"local"} & set(chain)  # the built-in local engine pool
     missing = [n for n in chain if n not in known]
-    if missing:
-        raise InvalidRequest(f"Unknown backend(s) in chain: {missing}.", param="chain")
-    if len(cascade) == 1:
-        raise InvalidRequest("A cascade needs at least two models.", param="cascade")
+    if missing:  # a reference to nothing: 404, like an unknown agent id
+        raise NotFound(f"Unknown backend(s) in chain: {missing}.", param="chain")
     _cascade_check(agent=agent, cascade=cascade)
     row = AgentRouting.objects.filter(agent=agent).first() or AgentRouting(agent=agent)
     row.chain, row.policy, row.cascade = chain, policy, cascade

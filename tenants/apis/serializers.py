@@ -3,7 +3,12 @@ JSON types (a string for a number, 1 for true) and out-of-range values are 400s.
 
 from rest_framework import serializers
 
-from tenants.models import MAX_MICROCENTS, Lane, Period, Role, Scope
+from tenants.models import (
+    MAX_MICROCENTS, Lane, Period, Role, Scope, name_validator, timezone_names,
+)
+
+# IANA time zones, as the schema's enum: a client (and schemathesis) knows which are valid.
+TIMEZONES = sorted(timezone_names())
 
 
 class _TextOnly:
@@ -66,13 +71,13 @@ def _microcents_field(**kwargs) -> StrictIntegerField:
 class TenantCreateIn(StrictSerializer):
     name = StrictCharField(max_length=200)
     slug = StrictSlugField(max_length=63)
-    timezone = StrictCharField(max_length=64, default="UTC")
+    timezone = StrictChoiceField(choices=TIMEZONES, default="UTC")
     default_lane = StrictChoiceField(choices=Lane.choices, default=Lane.STANDARD)
 
 
 class TenantUpdateIn(StrictSerializer):
     name = StrictCharField(max_length=200, required=False)
-    timezone = StrictCharField(max_length=64, required=False)
+    timezone = StrictChoiceField(choices=TIMEZONES, required=False)
     default_lane = StrictChoiceField(choices=Lane.choices, required=False)
 
 
@@ -85,28 +90,34 @@ class MemberUpdateIn(StrictSerializer):
     role = StrictChoiceField(choices=Role.choices)
 
 
+# The limits' columns are PostgreSQL integers.
+MAX_LIMIT = 2**31 - 1
+
+
 class RateLimitsIn(StrictSerializer):
     rpm_limit = StrictIntegerField(min_value=1, max_value=10**9, required=False, allow_null=True)
-    tpm_limit = StrictIntegerField(min_value=1, max_value=10**12, required=False,
+    tpm_limit = StrictIntegerField(min_value=1, max_value=MAX_LIMIT, required=False,
                                    allow_null=True)
     concurrency_limit = StrictIntegerField(min_value=1, max_value=10**6, required=False,
                                            allow_null=True)
 
 
 class AgentCreateIn(RateLimitsIn):
-    name = StrictCharField(max_length=100)
+    name = StrictCharField(max_length=100, validators=[name_validator])
     description = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
-    allowed_models = serializers.ListField(child=StrictCharField(max_length=200), required=False,
-                                           default=list, max_length=200)
+    allowed_models = serializers.ListField(child=StrictCharField(max_length=200,
+                                                                validators=[name_validator]),
+                                           required=False, default=list, max_length=200)
     lane = StrictChoiceField(choices=[("", "tenant default"), *Lane.choices], required=False,
                              default="", allow_blank=True)
 
 
 class AgentUpdateIn(RateLimitsIn):
-    name = StrictCharField(max_length=100, required=False)
+    name = StrictCharField(max_length=100, required=False, validators=[name_validator])
     description = StrictCharField(max_length=500, required=False, allow_blank=True)
-    allowed_models = serializers.ListField(child=StrictCharField(max_length=200), required=False,
-                                           max_length=200)
+    allowed_models = serializers.ListField(child=StrictCharField(max_length=200,
+                                                                validators=[name_validator]),
+                                           required=False, max_length=200)
     lane = StrictChoiceField(choices=[("", "tenant default"), *Lane.choices], required=False,
                              allow_blank=True)
     is_active = StrictBooleanField(required=False)
@@ -116,7 +127,8 @@ class KeyCreateIn(RateLimitsIn):
     agent = serializers.UUIDField()
     name = StrictCharField(max_length=100, required=False, allow_blank=True, default="")
     scopes = serializers.ListField(child=StrictChoiceField(choices=Scope.choices), required=False,
-                                   allow_empty=False, max_length=len(Scope.choices))
+                                   allow_empty=False, min_length=1,
+                                   max_length=len(Scope.choices))
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
 
@@ -192,10 +204,10 @@ class KeyOut(RateLimitsOut):
     agent_name = serializers.CharField(source="agent.name")
     scopes = serializers.ListField(child=serializers.CharField())
     created_at = serializers.DateTimeField()
-    expires_at = serializers.DateTimeField()
-    revoked_at = serializers.DateTimeField()
-    last_used_at = serializers.DateTimeField()
-    rotated_from = serializers.UUIDField(source="rotated_from_id")
+    expires_at = serializers.DateTimeField(allow_null=True)
+    revoked_at = serializers.DateTimeField(allow_null=True)
+    last_used_at = serializers.DateTimeField(allow_null=True)
+    rotated_from = serializers.UUIDField(source="rotated_from_id", allow_null=True)
 
 
 class KeyCreatedOut(KeyOut):
@@ -213,8 +225,8 @@ class WindowOut(serializers.Serializer):
 
 class BudgetOut(serializers.Serializer):
     id = serializers.UUIDField()
-    agent = serializers.UUIDField(source="agent_id")
-    agent_name = serializers.CharField(source="agent.name", default=None)
+    agent = serializers.UUIDField(source="agent_id", allow_null=True)
+    agent_name = serializers.CharField(source="agent.name", default=None, allow_null=True)
     period = serializers.CharField()
     limit_microcents = serializers.IntegerField()
     window = WindowOut(source="current_window")
@@ -224,7 +236,8 @@ class UsageOut(serializers.Serializer):
     request_id = serializers.CharField()
     agent = serializers.UUIDField(source="agent_id")
     agent_name = serializers.CharField(source="agent.name")
-    api_key_prefix = serializers.CharField(source="api_key.prefix", default=None)
+    api_key_prefix = serializers.CharField(source="api_key.prefix", default=None,
+                                           allow_null=True)
     backend = serializers.CharField()
     model = serializers.CharField()
     prompt_tokens = serializers.IntegerField()
@@ -232,6 +245,8 @@ class UsageOut(serializers.Serializer):
     cached_tokens = serializers.IntegerField()
     total_tokens = serializers.IntegerField()
     cost_microcents = serializers.IntegerField()
+    unbilled_microcents = serializers.IntegerField(
+        help_text="What the request cost beyond the room its budgets had left (normally 0).")
     latency_ms = serializers.IntegerField()
     status = serializers.CharField()
     created_at = serializers.DateTimeField()
@@ -245,3 +260,7 @@ class UsageSummaryOut(serializers.Serializer):
     completion_tokens = serializers.IntegerField()
     cached_tokens = serializers.IntegerField()
     cost_microcents = serializers.IntegerField()
+
+
+class UsageSummaryListOut(serializers.Serializer):
+    results = UsageSummaryOut(many=True)

@@ -7,16 +7,17 @@ members; owner also grants the owner role. An API key acts in its own tenant onl
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants import selectors
 from tenants.apis import serializers as s
 from tenants.apis.auth import ApiKeyPrincipal, principal_role, tenant_for
-from tenants.errors import InvalidRequest, PermissionDenied
+from tenants.apis.pagination import StrictLimitOffsetPagination
+from tenants.errors import InvalidRequest, NotFound, PermissionDenied
 from tenants.models import Role, Scope
 from tenants.services import budgets, keys, tenancy
 
@@ -27,8 +28,14 @@ def _valid(serializer_class, data, **kwargs) -> dict:
     return serializer.validated_data
 
 
+class ListView(APIView):
+    """A view whose GET answers a page (`count`, `next`, `previous`, `results`)."""
+
+    pagination_class = StrictLimitOffsetPagination
+
+
 def _paginated(view: APIView, request, queryset, out_class, **context) -> Response:
-    paginator = LimitOffsetPagination()
+    paginator = StrictLimitOffsetPagination()
     page = paginator.paginate_queryset(queryset, request, view=view)
     return paginator.get_paginated_response(out_class(page, many=True, context=context).data)
 
@@ -49,7 +56,7 @@ class MeView(APIView):
                          "is_staff": request.user.is_staff})
 
 
-class TenantListView(APIView):
+class TenantListView(ListView):
     @extend_schema(responses=s.TenantOut(many=True), summary="Tenants you belong to")
     def get(self, request):
         if isinstance(request.user, ApiKeyPrincipal):
@@ -89,7 +96,7 @@ class TenantDetailView(APIView):
         return Response(s.TenantOut(tenant, context={"roles": {tenant.pk: role}}).data)
 
 
-class MemberListView(APIView):
+class MemberListView(ListView):
     @extend_schema(responses=s.MemberOut(many=True))
     def get(self, request, slug):
         tenant, _ = tenant_for(principal=request.user, slug=slug)
@@ -100,8 +107,8 @@ class MemberListView(APIView):
         tenant, role = tenant_for(principal=request.user, slug=slug, min_role=Role.ADMIN)
         data = _valid(s.MemberAddIn, request.data)
         user = get_user_model().objects.filter(username=data["username"], is_active=True).first()
-        if user is None:
-            raise InvalidRequest("No active user with that username.", param="username")
+        if user is None:  # a reference to nobody: 404, like an unknown agent id
+            raise NotFound("No active user with that username.", param="username")
         membership = tenancy.member_add(tenant=tenant, user=user, role=data["role"],
                                         actor_role=role)
         return Response(s.MemberOut(membership).data, status=status.HTTP_201_CREATED)
@@ -124,7 +131,7 @@ class MemberDetailView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class AgentListView(APIView):
+class AgentListView(ListView):
     @extend_schema(responses=s.AgentOut(many=True))
     def get(self, request, slug):
         tenant, _ = tenant_for(principal=request.user, slug=slug)
@@ -150,7 +157,7 @@ class AgentDetailView(APIView):
         agent = tenancy.agent_update(agent=agent, **_valid(s.AgentUpdateIn, request.data))
         return Response(s.AgentOut(agent).data)
 
-    @extend_schema(responses=s.AgentOut, summary="Deactivate an agent and revoke its keys")
+    @extend_schema(responses={200: s.AgentOut}, summary="Deactivate an agent and revoke its keys")
     def delete(self, request, slug, agent_id):
         tenant, _ = tenant_for(principal=request.user, slug=slug, min_role=Role.ADMIN)
         agent = tenancy.agent_deactivate(agent=selectors.agent_get(tenant=tenant,
@@ -158,9 +165,10 @@ class AgentDetailView(APIView):
         return Response(s.AgentOut(agent).data)
 
 
-class KeyListView(APIView):
+class KeyListView(ListView):
     @extend_schema(responses=s.KeyOut(many=True),
-                   parameters=[OpenApiParameter("agent", str, description="agent id")])
+                   parameters=[OpenApiParameter("agent", OpenApiTypes.UUID,
+                                                description="agent id")])
     def get(self, request, slug):
         tenant, _ = tenant_for(principal=request.user, slug=slug)
         agent = _usage_filters(request, tenant).get("agent")
@@ -194,7 +202,7 @@ class KeyDetailView(APIView):
         tenant, _ = tenant_for(principal=request.user, slug=slug)
         return Response(s.KeyOut(selectors.api_key_get(tenant=tenant, key_id=key_id)).data)
 
-    @extend_schema(responses=s.KeyOut, summary="Revoke a key at once")
+    @extend_schema(responses={200: s.KeyOut}, summary="Revoke a key at once")
     def delete(self, request, slug, key_id):
         tenant, _ = tenant_for(principal=request.user, slug=slug, min_role=Role.MEMBER)
         key = keys.api_key_revoke(key=selectors.api_key_get(tenant=tenant, key_id=key_id))
@@ -216,7 +224,7 @@ class KeyRotateView(APIView):
         return response
 
 
-class BudgetListView(APIView):
+class BudgetListView(ListView):
     @extend_schema(responses=s.BudgetOut(many=True))
     def get(self, request, slug):
         tenant, _ = tenant_for(principal=request.user, slug=slug)
@@ -264,11 +272,12 @@ def _usage_filters(request, tenant) -> dict:
     return query
 
 
-USAGE_PARAMETERS = [OpenApiParameter("since", str), OpenApiParameter("until", str),
-                    OpenApiParameter("agent", str, description="agent id")]
+USAGE_PARAMETERS = [OpenApiParameter("since", OpenApiTypes.DATETIME),
+                    OpenApiParameter("until", OpenApiTypes.DATETIME),
+                    OpenApiParameter("agent", OpenApiTypes.UUID, description="agent id")]
 
 
-class UsageListView(APIView):
+class UsageListView(ListView):
     @extend_schema(responses=s.UsageOut(many=True), parameters=USAGE_PARAMETERS)
     def get(self, request, slug):
         tenant, _ = tenant_for(principal=request.user, slug=slug)
@@ -277,7 +286,7 @@ class UsageListView(APIView):
 
 
 class UsageSummaryView(APIView):
-    @extend_schema(responses=s.UsageSummaryOut(many=True), parameters=USAGE_PARAMETERS)
+    @extend_schema(responses=s.UsageSummaryListOut, parameters=USAGE_PARAMETERS)
     def get(self, request, slug):
         tenant, _ = tenant_for(principal=request.user, slug=slug)
         rows = selectors.usage_summary(tenant=tenant, **_usage_filters(request, tenant))

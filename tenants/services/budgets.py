@@ -26,7 +26,7 @@ from tenants.errors import BudgetExhausted, InvalidRequest, NotFound
 from tenants.models import (
     MAX_MICROCENTS, Agent, ApiKey, Budget, BudgetWindow, Period, Reservation, Tenant,
 )
-from tenants.services.validation import save_validated
+from tenants.services.validation import Conflict, save_validated
 from tenants.windows import window_bounds, window_holds_open, window_spent_settled
 
 logger = logging.getLogger(__name__)
@@ -44,8 +44,7 @@ def budget_create(*, tenant: Tenant, agent: Agent | None, limit_microcents: int,
     if agent is not None and agent.tenant_id != tenant.id:
         raise InvalidRequest("agent does not belong to this tenant.", param="agent")
     if Budget.objects.filter(tenant=tenant, agent=agent).exists():
-        raise InvalidRequest("This owner already has a budget; change it instead.",
-                             param="agent")
+        raise Conflict("This owner already has a budget; change it instead.", param="agent")
     budget = Budget(tenant=tenant, agent=agent, period=period,
                     limit_microcents=_amount_clean(limit_microcents, param="limit_microcents"))
     return save_validated(budget, unique_param="agent")

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from tenants.errors import AuthenticationFailed, InvalidRequest, PermissionDenied
 from tenants.models import ROLE_RANK, Agent, ApiKey, Role, Scope, Tenant
+from tenants.services.validation import Conflict
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ def api_key_rotate(*, key: ApiKey, grace_seconds: int, created_by: AbstractBaseU
                              param="grace_seconds")
     now = timezone.now()
     if not key.is_usable_at(now):
-        raise InvalidRequest("Only a usable key can be rotated.")
+        raise Conflict("Only a usable key can be rotated.")  # revoked or expired: its state
     with transaction.atomic():
         new_key, plain = api_key_create(tenant=key.tenant, agent=key.agent, name=key.name,
                                         scopes=key.scopes, expires_at=key.expires_at,

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from tenants.errors import InvalidRequest, PermissionDenied
 from tenants.models import ROLE_RANK, Agent, ApiKey, Lane, Membership, Role, Tenant
-from tenants.services.validation import save_validated
+from tenants.services.validation import Conflict, save_validated
 
 
 def tenant_create(*, name: str, slug: str, owner: AbstractBaseUser | None,
@@ -44,7 +44,7 @@ def member_add(*, tenant: Tenant, user: AbstractBaseUser, role: str, actor_role:
         raise InvalidRequest(f"role must be one of {', '.join(Role.values)}.", param="role")
     _assert_may_grant(actor_role=actor_role, role=role)
     if Membership.objects.filter(tenant=tenant, user=user).exists():
-        raise InvalidRequest("That user is already a member.", param="user")
+        raise Conflict("That user is already a member.", param="user")
     return save_validated(Membership(tenant=tenant, user=user, role=role), unique_param="user")
 
 

@@ -11,21 +11,30 @@ logger = logging.getLogger(__name__)
 UNIQUE, FOREIGN_KEY = "23505", "23503"
 
 
-class Conflict(ApplicationError):
-    """The write collided with a concurrent change (what it refers to was just removed)."""
+class Conflict(InvalidRequest):
+    """The write conflicts with what exists: a name or owner already taken, or what it
+    refers to was just removed (HTTP 409, as conflicts with the current state are). Still an
+    InvalidRequest, so callers that catch those (forms) show it the same way."""
 
-    code, status, type = "conflict", 409, "invalid_request_error"
+    code, status = "conflict", 409
     default_message = "The request conflicts with a concurrent change; read again and retry."
 
 
+UNIQUE_CODES = {"unique", "unique_together"}
+
+
 def invalid_from_validation_error(exc: ValidationError,
-                                  unique_param: str | None = None) -> InvalidRequest:
+                                  unique_param: str | None = None) -> ApplicationError:
+    """The field's problem as a 400 naming it; a value already taken is a 409 conflict."""
     if hasattr(exc, "error_dict"):
         field, errors = next(iter(exc.error_dict.items()))
         message = " ".join(m for e in errors for m in e.messages)
         # Unique constraints over several fields report as non-field errors.
         param = unique_param if field == NON_FIELD_ERRORS else field
-        return InvalidRequest(f"{param}: {message}" if param else message, param=param)
+        text = f"{param}: {message}" if param else message
+        if any(e.code in UNIQUE_CODES for e in errors):
+            return Conflict(text, param=param)
+        return InvalidRequest(text, param=param)
     return InvalidRequest(" ".join(exc.messages))
 
 
@@ -46,12 +55,12 @@ def integrity_kind(exc: IntegrityError) -> str:
 def error_from_integrity(exc: IntegrityError, obj: models.Model,
                          unique_param: str | None) -> ApplicationError:
     """What the client is told when a write that passed validation still broke a constraint:
-    a concurrent writer won a unique constraint (400, as validation says it), or something it
+    a concurrent writer won a unique constraint (409, as validation says it), or something it
     refers to was deleted meanwhile (409); anything else is our fault (500, logged)."""
     kind = integrity_kind(exc)
     name = type(obj).__name__
     if kind == UNIQUE:
-        return InvalidRequest(f"{unique_param or 'object'} already exists.", param=unique_param)
+        return Conflict(f"{unique_param or 'object'} already exists.", param=unique_param)
     if kind == FOREIGN_KEY:
         logger.info("%s write lost a race with a deletion: %s", name, exc)
         return Conflict(f"This {name.lower()} refers to something that was just removed; "

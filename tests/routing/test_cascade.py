@@ -10,7 +10,7 @@ from django.test import AsyncClient
 
 from routing.models import Backend
 from routing.registry import agent_routing_set, backend_model_set, backend_register
-from tenants.errors import InvalidRequest
+from tenants.errors import ApplicationError
 from tenants.models import UsageRecord
 from tenants.services.budgets import budget_create
 
@@ -37,10 +37,11 @@ def chat(key, model="big"):
 def test_a_cascade_is_checked_when_it_is_written(agent, fakes):
     register("claude", fakes("anthropic"), "small", CHEAP)
     register("gpt", fakes("openai"), "big", PRICEY)
-    for cascade in (["small", "big"], ["big", "nowhere"], ["big", "big"]):
-        with pytest.raises(InvalidRequest) as exc_info:
+    for cascade, status in ((["small", "big"], 400), (["big", "nowhere"], 404),
+                            (["big", "big"], 400)):
+        with pytest.raises(ApplicationError) as exc_info:
             agent_routing_set(agent=agent, cascade=cascade)
-        assert exc_info.value.param == "cascade"
+        assert (exc_info.value.param, exc_info.value.status) == ("cascade", status)
     agent_routing_set(agent=agent, cascade=["big", "small"])  # the last tier is never scored
 
 

@@ -54,14 +54,21 @@ def test_an_admin_sets_the_agents_routing_and_the_router_follows_it(backend, ten
     assert plan.cascade == ("tiny", "claude") and plan.cascade_threshold == -0.8
 
 
-def test_bad_routing_is_a_400_that_names_the_field_and_changes_nothing(backend, tenant, agent,
-                                                                       member_of, client_for):
+def test_bad_routing_is_refused_naming_the_field_and_changes_nothing(backend, tenant, agent,
+                                                                    member_of, client_for):
+    """A 400 for what is malformed; a 404 for what names nothing (an unknown backend or model,
+    like an unknown agent id)."""
     admin = client_for(member_of(tenant, Role.ADMIN))
-    for body, param in [({"chain": ["nope"]}, "chain"), ({"policy": "fastest"}, "policy"),
-                        ({"cascade": ["one"]}, "cascade"), ({"chain": "claude"}, "chain"),
-                        ({"cascade_threshold": 3}, "cascade_threshold")]:
+    for body, param, status in [({"chain": ["nope"]}, "chain", 404),
+                                ({"policy": "fastest"}, "policy", 400),
+                                ({"cascade": ["one"]}, "cascade", 404),
+                                ({"cascade": ["claude"]}, "cascade", 400),
+                                ({"chain": "claude"}, "chain", 400),
+                                ({"cascade_threshold": 3}, "cascade_threshold", 400),
+                                ({"cascade_threshold": True}, "cascade_threshold", 400),
+                                ({"chian": ["claude"]}, "chian", 400)]:
         response = admin.put(url(tenant, agent), body, format="json")
-        assert response.status_code == 400, body
+        assert response.status_code == status, body
         assert response.json()["error"]["param"] == param, body
     assert not AgentRouting.objects.exists()
 

@@ -345,7 +345,8 @@ def test_unknown_ids_are_404_and_bad_ids_are_404_routes(owner_client, tenant, ag
     assert_error(owner_client.get("/api/no-such-endpoint/"), 404, "not_found")
 
 
-def test_unknown_scope_expiry_in_the_past_and_duplicate_names_are_400(owner_client, tenant, agent):
+def test_unknown_scope_expiry_in_the_past_are_400_and_duplicate_names_409(owner_client, tenant,
+                                                                         agent):
     before = snapshot(tenant)
     for body, param in [({"agent": str(agent.pk), "scopes": ["root"]}, "scopes[0]"),
                         ({"agent": str(agent.pk), "scopes": []}, "scopes"),
@@ -354,18 +355,20 @@ def test_unknown_scope_expiry_in_the_past_and_duplicate_names_are_400(owner_clie
                         ({"agent": str(agent.pk), "expires_at": "tomorrow"}, "expires_at")]:
         assert_error(owner_client.post("/api/tenants/acme/keys/", body, format="json"), 400,
                      "invalid_request", param)
+    # A name or owner already taken conflicts with what exists: 409, naming the field.
     assert_error(owner_client.post("/api/tenants/acme/agents/", {"name": agent.name},
-                                   format="json"), 400, "invalid_request", "name")
+                                   format="json"), 409, "conflict", "name")
     budget_create(tenant=tenant, agent=agent, limit_microcents=1)
     before = snapshot(tenant)
     assert_error(owner_client.post("/api/tenants/acme/budgets/", {"agent": str(agent.pk),
-                 "limit_microcents": 5}, format="json"), 400, "invalid_request", "agent")
+                 "limit_microcents": 5}, format="json"), 409, "conflict", "agent")
     assert snapshot(tenant) == before
 
 
 def test_bad_tenant_input(owner_client, tenant):
-    for body, param in [({"name": "x", "slug": "acme"}, "slug"),
-                        ({"name": "x", "slug": "Not A Slug"}, "slug"),
+    assert_error(owner_client.post("/api/tenants/", {"name": "x", "slug": "acme"},
+                                   format="json"), 409, "conflict", "slug")  # taken
+    for body, param in [({"name": "x", "slug": "Not A Slug"}, "slug"),
                         ({"name": "x", "slug": "new", "timezone": "Mars/Olympus"}, "timezone")]:
         assert_error(owner_client.post("/api/tenants/", body, format="json"), 400,
                      "invalid_request", param)

@@ -1,11 +1,11 @@
 """A write that passed validation but still broke a constraint is answered for what happened:
-a concurrent duplicate reads "already exists", a deletion that won the race is a 409 conflict,
-and neither is logged as the other."""
+a concurrent duplicate reads "already exists" and a deletion that won the race "was just
+removed", both 409 conflicts, never read as each other."""
 
 import pytest
 from django.db.models.signals import pre_save
 
-from tenants.errors import InvalidRequest
+from tenants.services.validation import Conflict
 from tenants.models import Agent, Tenant
 from tenants.services.tenancy import agent_create
 
@@ -22,9 +22,10 @@ def racing(action):
 
 def test_a_concurrent_duplicate_reads_already_exists(tenant):
     racing(lambda agent: Agent.objects.create(tenant=tenant, name=agent.name))
-    with pytest.raises(InvalidRequest) as exc_info:
+    with pytest.raises(Conflict) as exc_info:
         agent_create(tenant=tenant, name="writer")
-    assert exc_info.value.status == 400 and "already exists" in exc_info.value.message
+    assert exc_info.value.status == 409 and "already exists" in exc_info.value.message
+    assert exc_info.value.param == "name"
 
 
 def test_a_deletion_that_won_the_race_is_a_conflict_not_a_duplicate(tenant, client_for, owner):
