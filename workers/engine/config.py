@@ -168,6 +168,9 @@ class EngineConfig:
     # channel) or "int4" (group-wise, quantization_group_size input columns per scale).
     quantization: str | None = None
     quantization_group_size: int = 128
+    # CPU float32: run the decoder's linear layers on oneDNN with prepacked weights (see
+    # model/packed.py); False keeps them on torch's default (MKL) path.
+    is_weight_prepacking_enabled: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

@@ -18,6 +18,7 @@ from workers.engine.blocking import BlockingHelpers
 from workers.engine.config import EngineConfig, ModelConfig
 from workers.engine.errors import InvalidRequest, UnsupportedModel
 from workers.engine.model.loader import model_load, resolve_dtype
+from workers.engine.model.packed import prepack_linears
 from workers.engine.outputs import RequestOutput
 from workers.engine.params import SamplingParams
 from workers.engine.policy import FairSharePolicy, SchedulingPolicy
@@ -52,6 +53,8 @@ class LLMEngine(BlockingHelpers):
         self.max_model_len = self._max_model_len(num_blocks)
         model = model_load(config.model, device=self.device, dtype=self.dtype, max_positions=self.max_model_len)
         self.quantization = self._quantize(model)
+        if config.is_weight_prepacking_enabled:
+            prepack_linears(model, device=self.device, dtype=self.dtype)
         has_tokenizer = (Path(config.model) / "tokenizer.json").exists()
         self.tokenizer = Tokenizer(config.model) if has_tokenizer else None
         self.eos_token_ids = mc.eos_token_ids or ((self.tokenizer.eos_token_id,) if self.tokenizer and self.tokenizer.eos_token_id is not None else ())

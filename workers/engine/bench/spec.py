@@ -60,16 +60,16 @@ def _run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: in
 
 
 def spec_section(target: Path, draft: Path, heldout_files: list[Path], *, quick: bool, repeat: int, k: int = 4) -> dict[str, Any]:
-    num = 8 if quick else 16
+    num = 4 if quick else 16
     workloads = spec_workloads(heldout_files, num=num, prompt_bytes=192)
-    max_tokens = 48 if quick else 128
+    max_tokens = 32 if quick else 128
     configs = _configs(target, draft, k)
     engines = {name: LLMEngine(EngineConfig(model=str(target), speculative=spec, max_num_seqs=16)) for name, spec in configs.items()}
     for engine in engines.values():  # one-time costs out of the timing
         engine.generate([workloads["code"][0][:40]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     rows: dict[str, Any] = {}
     for workload, prompts in workloads.items():
-        for batch in (1, 8):
+        for batch in (1, min(8, num)):
             best: dict[str, tuple[float, list[list[int]], float, tuple[int, int, int]]] = {}
             for _ in range(repeat):  # interleaved; each keeps its fastest run
                 for name, engine in engines.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from workers.engine.model.packed import PackedLinear
 from workers.engine.quant.linear import QuantLinear
 
 QUANTIZED_MODULES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -52,6 +53,8 @@ def model_weight_bytes(model: nn.Module) -> dict[str, int]:
     linear = other = 0
     seen: set[int] = set()
     for module in model.modules():
+        if isinstance(module, PackedLinear):
+            linear += module.weight_packed.numel() * module.weight_packed.element_size()
         if isinstance(module, QuantLinear):
             linear += module.weight_bytes()
             seen.update(id(t) for t in module.buffers())

@@ -19,6 +19,7 @@ from workers.engine.config import EngineConfig, ModelConfig
 from workers.engine.errors import UnsupportedModel
 from workers.engine.metadata import MetadataBuilder, batch_order
 from workers.engine.model.loader import model_load
+from workers.engine.model.packed import prepack_linears
 from workers.engine.sampler import inverse_cdf, processed_probs
 from workers.engine.sequence import Sequence
 
@@ -50,6 +51,8 @@ class DraftProposer:
         if mc.vocab_size != target.vocab_size:
             raise UnsupportedModel(f"the draft's vocabulary ({mc.vocab_size}) is not the target's ({target.vocab_size})")
         self.model = model_load(model_dir, device=device, dtype=dtype, max_positions=max_model_len)
+        if config.is_weight_prepacking_enabled:
+            prepack_linears(self.model, device=device, dtype=dtype)
         shape = (mc.num_hidden_layers, 2, mc.num_key_value_heads, num_blocks, config.block_size, mc.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
