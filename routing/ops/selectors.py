@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Count, F, Q, Sum
+from django.db.models import Count, F, Q, Sum, Value
+from django.db.models.functions import Least
 from django.utils import timezone
 
 from routing.metrics import ATTEMPTS_BY_MINUTE, SEP
@@ -123,12 +124,12 @@ def spend_since(*, since: datetime) -> dict:
 
 def budgets_nearest(*, now: datetime | None = None, limit: int = 15) -> list[BudgetWindow]:
     """The current windows of every budget, the most used first (spent and reserved against
-    the limit)."""
+    the limit, in percent, at most 999)."""
     now = now or timezone.now()
     return list(BudgetWindow.objects.filter(start__lte=now, end__gt=now, budget__limit_microcents__gt=0)
                 .select_related("budget__tenant", "budget__agent")
-                .annotate(used=(F("spent_microcents") + F("reserved_microcents")) * 100
-                          / F("budget__limit_microcents"))
+                .annotate(used=Least((F("spent_microcents") + F("reserved_microcents")) * 100
+                                     / F("budget__limit_microcents"), Value(999)))
                 .order_by("-used", "budget__tenant__slug")[:limit])
 
 

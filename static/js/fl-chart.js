@@ -1,7 +1,7 @@
 /* Charts of Fairlane's pages: <canvas data-chart="ID"> is drawn from the JSON in the
    element #ID (Django's json_script): {"labels": [...], "unit": "USD",
    "datasets": [{"label": "...", "data": [...]}]}, as stacked bars in the page's palette.
-   Drawn again after htmx swaps content in, so polled fragments can carry charts. */
+   Drawn again when htmx swaps content in, so polled fragments can carry charts. */
 (function () {
   "use strict";
   var PALETTE = ["#2b6cb0", "#dd6b20", "#38a169", "#d53f8c", "#805ad5", "#319795", "#d69e2e",
@@ -52,6 +52,7 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () { drawAll(); });
-  document.addEventListener("htmx:afterSettle", function (event) { drawAll(event.target); });
+  // htmx:load fires on every element htmx adds, also one that replaced itself (outerHTML).
+  document.addEventListener("htmx:load", function (event) { drawAll(event.target); });
   window.flChart = {draw: draw, drawAll: drawAll};
 })();

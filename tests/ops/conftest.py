@@ -5,6 +5,12 @@ import uuid
 
 import pytest
 
+# The portal's browser fixtures (Debian's chromium, one Playwright per module) and the
+# routing tests' model, key and budget.
+from tests.portal.conftest import (  # noqa: F401  (fixtures)
+    browser, browser_context_args, browser_type, browser_type_launch_args, launch_browser,
+    playwright,
+)
 from tests.routing.conftest import budget, key, tiny  # noqa: F401  (fixtures)
 
 

@@ -5,6 +5,7 @@ destination (the tenant's and the platform's)."""
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 from zoneinfo import ZoneInfo
 
 from django.db import transaction
@@ -19,7 +20,11 @@ from tenants.services.alerts.rules import Rule
 
 
 def usd(microcents: int) -> str:
-    return f"${microcents / MICROCENTS_PER_USD:,.2f}"
+    """Dollars, with the digits that matter for small amounts (as the portal shows them)."""
+    amount = Decimal(int(microcents)) / MICROCENTS_PER_USD
+    if amount == 0 or abs(amount) >= Decimal("0.01"):
+        return f"${amount:,.2f}"
+    return f"${amount:.8f}".rstrip("0")
 
 
 def _local(at: datetime, tz_name: str) -> str:
