@@ -44,6 +44,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help=f"comma-separated: {', '.join(SECTIONS)} (mixed: against Hugging Face; spec: speculative"
                         " decoding on the trained pair, trained first if missing; quant: int8/int4)")
     p.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128], help="int4 group size (quant)")
+    p.add_argument("--no-prepack", action="store_true",
+                   help="our engine without oneDNN weight prepacking (torch's default linear path), to compare")
     return p.parse_args(argv)
 
 
@@ -131,7 +133,8 @@ def _systems(args: argparse.Namespace, shape: dict, requests, shared) -> dict[st
     def model_dir() -> Path:
         return ensure_preset(args.preset, args.models_dir, seed=0)
 
-    config = {"max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": max(64, shape["num_requests"])}
+    config = {"max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": max(64, shape["num_requests"]),
+              "is_weight_prepacking_enabled": not args.no_prepack}
     hf_model: list = []
 
     def hf_run(fn: Callable, *fn_args: Any, **fn_kwargs: Any) -> Callable[[], RunResult]:
