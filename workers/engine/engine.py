@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +15,7 @@ import torch
 from workers.engine.block_manager import BlockManager
 from workers.engine.blocking import BlockingHelpers
 from workers.engine.config import EngineConfig, ModelConfig
-from workers.engine.errors import InvalidRequest, UnsupportedModel
+from workers.engine.errors import InvalidRequest
 from workers.engine.model.loader import model_load, resolve_dtype
 from workers.engine.model.packed import prepack_linears
 from workers.engine.outputs import RequestOutput
@@ -24,12 +23,10 @@ from workers.engine.params import SamplingParams
 from workers.engine.policy import FairSharePolicy, SchedulingPolicy
 from workers.engine.requests import POOLINGS, prompt_token_ids, request_check
 from workers.engine.runner import ModelRunner, StepResult
-from workers.engine.quant import quantization_config_read, quantize_model
-from workers.engine.sampler import Sampler, uniform
+from workers.engine.options import quantization_apply, speculation_kv_bytes_per_block, speculator_build
+from workers.engine.sampler import Sampler
 from workers.engine.scheduler import ScheduledBatch, Scheduler
-from workers.engine.spec.draft import DraftProposer, draft_kv_bytes_per_block
-from workers.engine.spec.ngram import NgramProposer
-from workers.engine.spec.speculator import Proposer, SpecStats, Speculator
+from workers.engine.spec.speculator import Proposer, SpecStats
 from workers.engine.sequence import FinishReason, Sequence
 from workers.engine.stats import EngineStats
 from workers.engine.stopping import stop_check, text_delta, text_update
@@ -52,7 +49,7 @@ class LLMEngine(BlockingHelpers):
         num_blocks = config.num_kv_blocks or self._blocks_in_budget()
         self.max_model_len = self._max_model_len(num_blocks)
         model = model_load(config.model, device=self.device, dtype=self.dtype, max_positions=self.max_model_len)
-        self.quantization = self._quantize(model)
+        self.quantization = quantization_apply(model, config)
         if config.is_weight_prepacking_enabled:
             prepack_linears(model, device=self.device, dtype=self.dtype)
         has_tokenizer = (Path(config.model) / "tokenizer.json").exists()
@@ -62,7 +59,7 @@ class LLMEngine(BlockingHelpers):
         self.policy = policy or FairSharePolicy()
         self.runner = ModelRunner(model, config, num_blocks, self.device, self.dtype)
         self.runner.eos_token_ids = self.eos_token_ids
-        self.speculator = self._speculator(num_blocks, proposer)
+        self.speculator = speculator_build(self, num_blocks, proposer)
         lookahead = self.speculator.lookahead if self.speculator else None
         self.scheduler = Scheduler(config, self.block_manager, self.policy, lookahead)
         self.stats_counters = EngineStats()
@@ -73,37 +70,8 @@ class LLMEngine(BlockingHelpers):
         mc = self.model_config
         itemsize = torch.empty(0, dtype=self.dtype).element_size()
         per_block = mc.num_hidden_layers * 2 * mc.num_key_value_heads * self.config.block_size * mc.head_dim * itemsize
-        spec = self.config.speculative
-        if spec is not None and spec.method == "draft":  # the draft's K/V share the blocks
-            per_block += draft_kv_bytes_per_block(spec.model, self.config.block_size, self.dtype)
+        per_block += speculation_kv_bytes_per_block(self.config, self.dtype)  # a draft's K/V share the blocks
         return max(self.config.kv_cache_memory_bytes // per_block, 2)
-
-    def _quantize(self, model) -> str | None:
-        """Quantize at load as configured; a quantized checkpoint stays as it was saved."""
-        saved = quantization_config_read(json.loads((Path(self.config.model) / "config.json").read_text()))
-        wanted = self.config.quantization
-        if saved is not None:
-            if wanted is not None and wanted != saved[0]:
-                raise UnsupportedModel(f"the checkpoint is {saved[0]}-quantized; it cannot load as {wanted}")
-            return saved[0]
-        if wanted is not None:
-            quantize_model(model, wanted, group_size=self.config.quantization_group_size)
-        return wanted
-
-    def _speculator(self, num_blocks: int, proposer: Proposer | None) -> Speculator | None:
-        spec = self.config.speculative
-        if spec is None:
-            return None
-        generator = self.runner.sampler.generator
-        if proposer is None and spec.method == "ngram":
-            proposer = NgramProposer(min_n=spec.prompt_lookup_min, max_n=spec.prompt_lookup_max)
-        elif proposer is None:
-            proposer = DraftProposer(
-                spec.model, config=self.config, target=self.model_config, num_blocks=num_blocks,
-                max_model_len=self.max_model_len, device=self.device, dtype=self.dtype,
-                uniform=lambda seq: uniform(seq, generator),
-            )
-        return Speculator(spec, proposer, max_model_len=self.max_model_len, generator=generator)
 
     def _max_model_len(self, num_blocks: int) -> int:
         mc = self.model_config

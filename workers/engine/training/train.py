@@ -119,11 +119,32 @@ def train_preset(recipe: TrainRecipe, corpus: Corpus, *, seed: int, log: Log = p
     num_params = sum(p.numel() for p in model.parameters())
     log(f"{recipe.preset}: {num_params / 1e6:.2f} M parameters, {recipe.num_steps} steps of "
         f"{recipe.batch_size}x{recipe.seq_len} tokens, {len(corpus.train) / 1e6:.1f} M train tokens")
-    started, cpu_started, losses, step = time.perf_counter(), time.process_time(), [], 0
+    started, cpu_started = time.perf_counter(), time.process_time()
+    losses = _train_loop(model, optimizer, recipe, corpus, seed=seed, log=log,
+                         deadline=None if max_seconds is None else started + max_seconds)
+    step = len(losses)
+    if step < recipe.num_steps:
+        log(f"{recipe.preset}: stopped by the time limit after {step} steps")
+    tail = losses[-max(len(losses) // 10, 1) :] or [float("nan")]  # (no step before the deadline)
+    figures = {
+        "num_parameters": num_params, "num_steps_done": step, "is_truncated": step < recipe.num_steps,
+        "train_seconds": round(time.perf_counter() - started, 1),
+        "train_cpu_seconds": round(time.process_time() - cpu_started, 1),
+        "train_loss": round(sum(tail) / len(tail), 4), "heldout_loss": round(heldout_loss(model, corpus, recipe.seq_len), 4),
+    }
+    figures["heldout_ppl"] = round(math.exp(figures["heldout_loss"]), 3)
+    log(f"{recipe.preset}: train loss {figures['train_loss']}, held-out loss {figures['heldout_loss']}"
+        f" (perplexity {figures['heldout_ppl']} per byte) in {figures['train_seconds']} s")
+    return model, figures
+
+
+def _train_loop(model: TrainableLlama, optimizer: torch.optim.Optimizer, recipe: TrainRecipe, corpus: Corpus, *,
+                seed: int, log: Log, deadline: float | None) -> list[float]:
+    """AdamW steps on seeded train windows until the recipe's steps or the deadline; the losses."""
+    started, losses = time.perf_counter(), []
     model.train()
     for step in range(recipe.num_steps):
-        if max_seconds is not None and time.perf_counter() - started > max_seconds:
-            log(f"{recipe.preset}: stopped by the time limit after {step} steps")
+        if deadline is not None and time.perf_counter() > deadline:
             break
         for group in optimizer.param_groups:
             group["lr"] = recipe.lr_at(step)
@@ -136,19 +157,7 @@ def train_preset(recipe: TrainRecipe, corpus: Corpus, *, seed: int, log: Log = p
         losses.append(loss.item())
         if step % 25 == 0 or step == recipe.num_steps - 1:
             log(f"{recipe.preset}: step {step} loss {loss.item():.3f} ({time.perf_counter() - started:.0f} s)")
-    else:
-        step = recipe.num_steps
-    tail = losses[-max(len(losses) // 10, 1) :]
-    figures = {
-        "num_parameters": num_params, "num_steps_done": step, "is_truncated": step < recipe.num_steps,
-        "train_seconds": round(time.perf_counter() - started, 1),
-        "train_cpu_seconds": round(time.process_time() - cpu_started, 1),
-        "train_loss": round(sum(tail) / len(tail), 4), "heldout_loss": round(heldout_loss(model, corpus, recipe.seq_len), 4),
-    }
-    figures["heldout_ppl"] = round(math.exp(figures["heldout_loss"]), 3)
-    log(f"{recipe.preset}: train loss {figures['train_loss']}, held-out loss {figures['heldout_loss']}"
-        f" (perplexity {figures['heldout_ppl']} per byte) in {figures['train_seconds']} s")
-    return model, figures
+    return losses
 
 
 @torch.no_grad()
