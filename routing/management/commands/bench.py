@@ -14,6 +14,8 @@ Benchmarks are development tools: a bench whose baseline needs a test extra (eng
 Face transformers) says so in one line in a runtime-only install.
 """
 
+import sys
+
 from django.core.management.base import BaseCommand, CommandError
 
 BENCHES = {
@@ -38,7 +40,11 @@ class Command(BaseCommand):
     def run_from_argv(self, argv):
         # Everything after the bench's name belongs to the bench's own parser.
         if len(argv) > 2 and argv[2] in BENCHES:
-            self._bench(argv[2], argv[3:])
+            try:
+                self._bench(argv[2], argv[3:])
+            except CommandError as exc:  # one line, as Django's own run_from_argv prints it
+                self.stderr.write(f"CommandError: {exc}")
+                sys.exit(exc.returncode)
             return
         super().run_from_argv(argv)
 
