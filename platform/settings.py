@@ -132,7 +132,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
 else:
-    DATABASES["default"]["ENGINE"] = "django_prometheus.db.backends.postgresql"
+    DATABASES["default"]["ENGINE"] = "pgpool"  # django-prometheus's, with a pool that heals
     # A bounded pool per process: Django's ASGI handler gives each request a thread of its
     # own, so without it 500 concurrent requests would open 500 connections (PostgreSQL's
     # default limit is 100). A request waits for a free connection instead.
@@ -141,6 +141,11 @@ else:
         DATABASES["default"]["OPTIONS"] = {"pool": {
             "min_size": 1, "max_size": env_int("FAIRLANE_DB_POOL_SIZE", 16),
             "timeout": float(os.environ.get("FAIRLANE_DB_POOL_TIMEOUT_SECONDS", "30"))}}
+    # A connection the server ended (a restart, pg_terminate_backend, a proxy's idle cut) is
+    # noticed and replaced before a request gets it (the pool's check; without a pool, before
+    # a persistent connection is reused); one found dead has the pool check all its idle
+    # connections at once (platform/pgpool): it heals itself.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- redis: channel layer, counters, Celery -------------------------------------------------

@@ -16,6 +16,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from routing import services
 from routing.admission import caller_authenticate
+from routing.drain import Drained, drain
+from routing.errors import ServiceUnavailable
 from routing.metrics import API_REQUESTS, API_RESPONSE_START
 from routing.wire.render import SSE_DONE, model_object, sse
 from tenants.errors import (
@@ -23,6 +25,7 @@ from tenants.errors import (
     error_from_code, error_headers,
 )
 from workers.engine import EngineError
+from workers.outbox import TRANSIENT
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ def openai_view(method: str):
         @functools.wraps(view)
         async def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
             started = time.perf_counter()
+            drain.install()
             response = await _handle(view, method, request, *args, **kwargs)
             API_REQUESTS.labels(view.__name__, response.status_code).inc()
             API_RESPONSE_START.labels(view.__name__).observe(time.perf_counter() - started)
@@ -59,13 +63,18 @@ async def _handle(view, method: str, request: HttpRequest, *args, **kwargs) -> H
             raise MethodNotAllowed(f"Use {method} for {request.path}.")
         caller = await database_sync_to_async(caller_authenticate)(
             authorization=request.headers.get("Authorization"))
-        return await view(request, caller, *args, **kwargs)
+        async with drain.watch():  # a shutdown's deadline cuts it cleanly (routing/drain.py)
+            return await view(request, caller, *args, **kwargs)
     except DisallowedHost:
         return _error_response(InvalidRequest("Invalid Host header."))
     except ApplicationError as exc:
         return _error_response(exc)
     except EngineError as exc:  # the engine refused the input (e.g. a token id)
         return _error_response(error_from_code(exc.code, exc.message, param=exc.param))
+    except TRANSIENT:  # the database blinked (a connection cut, the pool exhausted): retry
+        logger.warning("%s %s: the database did not answer", request.method, request.path,
+                       exc_info=True)
+        return _error_response(ServiceUnavailable(retry_after=2))
 
 
 def _json_body(request: HttpRequest):
@@ -82,8 +91,12 @@ def _json_body(request: HttpRequest):
 
 
 async def _sse(started: services.Started):
-    async for chunk in services.started_chunks(started):
-        yield sse(chunk)
+    try:
+        async with drain.watch():
+            async for chunk in services.started_chunks(started):
+                yield sse(chunk)
+    except Drained as exc:  # the process is shutting down: end the stream cleanly
+        yield sse(error_body_for(exc))
     yield SSE_DONE
 
 

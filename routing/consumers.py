@@ -27,20 +27,25 @@ from django.urls import path
 
 from routing import services
 from routing.admission import caller_authenticate
+from routing.drain import drain
+from routing.errors import ServiceUnavailable
 from tenants.errors import (
     ApplicationError, AuthenticationFailed, InvalidRequest, RateLimited, error_body_for,
 )
+from workers.outbox import TRANSIENT
 
 logger = logging.getLogger(__name__)
 
 MAX_REQUESTS_PER_SOCKET = 32
 AUTH_TIMEOUT_SECONDS = 10
 CLOSE_AUTH_FAILED = 4001
+CLOSE_TRY_AGAIN = 1013  # RFC 6455: try again later
 KINDS = {"chat.completions": "chat", "completions": "completion"}
 
 
 class CompletionConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
+        drain.install()
         self.caller = None
         self.runs: dict[str, asyncio.Task] = {}
         headers = dict(self.scope.get("headers", []))
@@ -60,6 +65,10 @@ class CompletionConsumer(AsyncWebsocketConsumer):
     async def _authenticate(self, authorization: str) -> None:
         try:
             self.caller = await database_sync_to_async(caller_authenticate)(authorization=authorization)
+        except TRANSIENT:
+            await self._send_error(None, ServiceUnavailable(retry_after=2))
+            await self.close(code=CLOSE_TRY_AGAIN)
+            return
         except ApplicationError as exc:
             await self._send_error(None, exc)
             await self.close(code=CLOSE_AUTH_FAILED)
@@ -122,22 +131,29 @@ class CompletionConsumer(AsyncWebsocketConsumer):
 
     async def _run(self, frame_id: str, kind: str, body) -> None:
         try:
-            started = await services.generation_start(caller=self.caller, kind=kind, body=body)
-            async for chunk in services.started_chunks(started):
-                if "error" in chunk:
-                    await self._send({"type": "error", "id": frame_id, **chunk})
-                elif chunk.get("usage") and not chunk["choices"]:
-                    await self._send({"type": "done", "id": frame_id, "usage": chunk["usage"]})
-                else:
-                    await self._send({"type": "chunk", "id": frame_id, "data": chunk})
+            async with drain.watch():  # a shutdown's deadline cuts it cleanly
+                await self._stream(frame_id, kind, body)
         except ApplicationError as exc:
             await self._send_error(frame_id, exc)
+        except TRANSIENT:  # the database blinked: retry
+            logger.warning("websocket request %s: the database did not answer", frame_id)
+            await self._send_error(frame_id, ServiceUnavailable(retry_after=2))
         except asyncio.CancelledError:
             await self._send({"type": "done", "id": frame_id, "cancelled": True})
             raise
         except Exception:  # a consumer task is a process boundary: log, tell the client
             logger.exception("websocket request %s failed", frame_id)
             await self._send_error(frame_id, ApplicationError())
+
+    async def _stream(self, frame_id: str, kind: str, body) -> None:
+        started = await services.generation_start(caller=self.caller, kind=kind, body=body)
+        async for chunk in services.started_chunks(started):
+            if "error" in chunk:
+                await self._send({"type": "error", "id": frame_id, **chunk})
+            elif chunk.get("usage") and not chunk["choices"]:
+                await self._send({"type": "done", "id": frame_id, "usage": chunk["usage"]})
+            else:
+                await self._send({"type": "chunk", "id": frame_id, "data": chunk})
 
     async def _send(self, frame: dict) -> None:
         if getattr(self, "is_gone", False):

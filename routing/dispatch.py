@@ -33,8 +33,9 @@ from tenants.errors import (
     ApplicationError, BackendUnavailable, BudgetExhausted, CircuitOpen, error_from_code,
 )
 from tenants.models import Agent, ApiKey, Tenant
-from tenants.services.budgets import budget_release, budget_reserve, budget_reserve_adjust
+from tenants.services.budgets import budget_reserve, budget_reserve_adjust
 from workers.generation import GenerationJob
+from workers.outbox import TRANSIENT, Settlement, settle_durably
 from workers.transport import dispatcher_get
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ class Attempt:
     cost_for: Callable[[Route], int]  # worst-case micro-cents
     local_ready: Callable[[Route, bool], None]  # raises to skip the local engine
     reserved: int | None = None  # micro-cents held now (None: no reservation yet)
+    # The database failed while reserving: the hold may have committed, so release it too.
+    maybe_reserved: bool = False
     errors: list[ApplicationError] = field(default_factory=list)
     budget_refusal: BudgetExhausted | None = None
     waits: list[float] = field(default_factory=list)
@@ -70,8 +73,13 @@ def _hold(attempt: Attempt, amount: int) -> None:
     """Hold `amount` for this request (synchronous): a first reservation, or a change of the
     one held; BudgetExhausted leaves what was held."""
     if attempt.reserved is None:
-        budget_reserve(tenant=attempt.tenant, agent=attempt.agent, amount_microcents=amount,
-                       request_id=attempt.request_id, api_key=attempt.api_key)
+        try:
+            budget_reserve(tenant=attempt.tenant, agent=attempt.agent,
+                           amount_microcents=amount, request_id=attempt.request_id,
+                           api_key=attempt.api_key)
+        except TRANSIENT:
+            attempt.maybe_reserved = True
+            raise
         holds.add(attempt.request_id)  # renewed for as long as the request runs
     elif amount != attempt.reserved:
         budget_reserve_adjust(tenant=attempt.tenant, request_id=attempt.request_id,
@@ -80,10 +88,15 @@ def _hold(attempt: Attempt, amount: int) -> None:
 
 
 def attempt_release(attempt: Attempt) -> None:
-    if attempt.reserved is not None:
-        budget_release(tenant=attempt.tenant, request_id=attempt.request_id)
-        attempt.reserved = None
-        holds.discard(attempt.request_id)
+    """Free the request's hold (it was never served). Durable like a settlement: when the
+    database does not answer, the release waits in the outbox, so no hold outlives its
+    request."""
+    if attempt.reserved is None and not attempt.maybe_reserved:
+        return
+    holds.discard(attempt.request_id)
+    settle_durably(Settlement(request_id=attempt.request_id, tenant_id=attempt.tenant.pk,
+                              cost_microcents=0, usage={}, at=time.time(), release=True))
+    attempt.reserved, attempt.maybe_reserved = None, False
 
 
 async def routes_walk(attempt: Attempt, plan_for, plan=None) -> Served:
@@ -113,8 +126,10 @@ async def routes_walk(attempt: Attempt, plan_for, plan=None) -> Served:
                 raise _final_error(attempt, plan)
             await asyncio.sleep(wait)
             plan = None
-    except BaseException:
+    except BaseException as exc:
         await database_sync_to_async(attempt_release)(attempt)
+        if isinstance(exc, ApplicationError):  # the ledger's id, should it have run anyway
+            exc.headers.setdefault("x-request-id", attempt.request_id)
         raise
 
 
@@ -139,7 +154,8 @@ def _final_error(attempt: Attempt, plan) -> ApplicationError:
 
 
 def _upstream_error(exc: UpstreamError) -> ApplicationError:
-    code = exc.code if exc.code in SURFACED or exc.code == "timeout" else "backend_unavailable"
+    code = exc.code if exc.code in SURFACED | {"timeout", "service_unavailable"} \
+        else "backend_unavailable"
     return client_error(code, retryable=exc.fall_through)
 
 
@@ -236,7 +252,11 @@ def _failed(attempt: Attempt, route: Route, exc: UpstreamError) -> None:
         breakers.neutral(name)
         ROUTE_ATTEMPTS.labels(name, "refused").inc()
         raise _upstream_error(exc)
-    if exc.code == "rate_limited":
+    if exc.code == "service_unavailable":  # our own store failed, not the backend
+        breakers.neutral(name)
+        attempt.waits.append(exc.retry_after or 1.0)
+        ROUTE_ATTEMPTS.labels(name, "failed").inc()
+    elif exc.code == "rate_limited":
         wait = exc.retry_after
         if wait is None:
             wait = settings.FAIRLANE_RETRY_BACKOFF_SECONDS

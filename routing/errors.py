@@ -17,6 +17,8 @@ CLIENT_MESSAGES = {
                        "parameters.",
     "context_length_exceeded": "The prompt and max_tokens do not fit this model's context.",
     "content_filtered": "The request was refused by a content filter.",
+    # One of our own stores failed (the queue's Redis): not the backend's fault.
+    "service_unavailable": "The service is briefly unavailable; retry shortly.",
 }
 MID_STREAM = "The answer was interrupted by its backend after it started; what was streamed " \
              "is billed."

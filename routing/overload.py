@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from prometheus_client import Counter, Gauge
 
+from routing.errors import ServiceUnavailable
 from tenants.errors import Overloaded, RateLimited
 from workers.registry import ModelInfo
 
@@ -51,11 +52,17 @@ def load_read(*, info: ModelInfo, lane: str, tenant: str) -> Load:
                     tenant_depth=local_queue.depth(model=model, lane=lane, tenant=tenant),
                     total_depth=local_queue.depth(model=model),
                     drain_rate=local_queue.drain_rate(model=model))
+    import redis
+
     from workers.transport import queue_for, redis_sync
 
     queue = queue_for(redis_sync(), info.name)
-    return Load(lane_depth=queue.depth(lane), tenant_depth=queue.depth(lane, tenant),
-                total_depth=queue.depth(), drain_rate=queue.drain_rate())
+    try:
+        return Load(lane_depth=queue.depth(lane), tenant_depth=queue.depth(lane, tenant),
+                    total_depth=queue.depth(), drain_rate=queue.drain_rate())
+    except redis.RedisError as exc:  # the queue is unreachable: nothing can be queued now
+        raise ServiceUnavailable("The request queue is unreachable; retry shortly.",
+                                 retry_after=2) from exc
 
 
 def brownout_level(load: Load) -> int:

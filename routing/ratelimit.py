@@ -7,6 +7,7 @@ like the budget reservation, and the unused part is given back when the request 
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -17,7 +18,10 @@ from pathlib import Path
 import redis
 from django.conf import settings
 
+from routing.errors import ServiceUnavailable
 from tenants.errors import RateLimited
+
+logger = logging.getLogger(__name__)
 
 WINDOW_SECONDS = 60
 # A request still "in flight" after this long is forgotten (its API process died).
@@ -88,7 +92,11 @@ class RedisLimiter:
         for scope in scopes:
             args += [scope.name, scope.rpm, scope.tpm, scope.concurrency]
             keys += [scope.key(f"r:{window}"), scope.key(f"t:{window}"), scope.key("c")]
-        refused = self.script(keys=keys, args=args)
+        try:
+            refused = self.script(keys=keys, args=args)
+        except redis.RedisError as exc:  # our store is down: retry shortly, nothing was taken
+            raise ServiceUnavailable("Rate limits cannot be checked right now; retry shortly.",
+                                     retry_after=2) from exc
         if refused:
             raise _refusal(refused[0].decode(), refused[1].decode(), now)
         return Admitted(request_id, scopes, _window(now), tokens)
@@ -102,7 +110,11 @@ class RedisLimiter:
             keys += [scope.key("c"), scope.key(f"t:{admitted.window}")]
             args += [1 if scope.concurrency else 0, 1 if scope.tpm else 0]
         if keys:
-            self.give_back(keys=keys, args=args)
+            try:
+                self.give_back(keys=keys, args=args)
+            except redis.RedisError:  # the slots expire on their own (INFLIGHT_TTL_MS)
+                logger.warning("request %s: rate-limit slots not given back (Redis)",
+                               admitted.request_id, exc_info=True)
 
 
 class LocalLimiter:

@@ -14,7 +14,7 @@ from routing.backends.base import estimate_tokens
 from routing.errors import CLIENT_MESSAGES, MID_STREAM, SURFACED
 from routing.registry import backend_error_noted
 from tenants.models import UsageRecord
-from workers.generation import GenerationJob, generation_settle
+from workers.generation import GenerationJob, generation_settle, settlement_track
 from workers.registry import usage_cost
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ async def _remote_events(job: GenerationJob, route: Route, call: Call,
         await stream.aclose()
         counted = _usage(usage, call, tokens)
         latency = int((time.monotonic() - started) * 1000)
-        await asyncio.shield(asyncio.ensure_future(asyncio.to_thread(
+        await asyncio.shield(settlement_track(asyncio.to_thread(
             _remote_settle, job, route, counted, status, latency, tail.append, reserved)))
     for event in tail:
         yield event

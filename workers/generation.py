@@ -95,6 +95,25 @@ class GenerationJob:
         return SamplingParams(**sampling)
 
 
+_settling: set[asyncio.Future] = set()
+
+
+def settlement_track(awaitable) -> asyncio.Future:
+    """Run a settlement as a task of its own (shield it: a second cancellation must not leave
+    the request unbilled) that `settlements_finish` can wait for (a drain before exit)."""
+    future = asyncio.ensure_future(awaitable)
+    _settling.add(future)
+    future.add_done_callback(_settling.discard)
+    return future
+
+
+async def settlements_finish(timeout: float) -> None:
+    """Wait (up to `timeout` seconds) for the settlements this event loop has under way."""
+    pending = [f for f in _settling if not f.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=timeout)
+
+
 _running: dict[str, GenerationRun] = {}
 _running_lock = threading.Lock()
 
@@ -228,10 +247,16 @@ class GenerationRun:
                 "cached_tokens": min(cached, prompt_tokens)}
 
 
+class LostOwnership(Exception):
+    """Another worker took this request over (this one's lease lapsed): stop at once, and
+    leave its settlement to the new owner."""
+
+
 def generation_run_blocking(job: GenerationJob, engine: AsyncEngine, emit: Emit, *,
                             backend: str) -> None:
-    """Run a request on this thread (a GPU worker's task) and settle it. Never raises: a
-    worker thread is a process boundary."""
+    """Run a request on this thread (a GPU worker's task) and settle it. Raises only
+    LostOwnership (nothing settled then); an emit that fails otherwise (Redis went away)
+    stops the run, which is still settled. A worker thread is a process boundary."""
     inbox: queue.Queue = queue.Queue()
     with GenerationRun(job, engine, backend=backend) as run:
         try:
@@ -241,10 +266,23 @@ def generation_run_blocking(job: GenerationJob, engine: AsyncEngine, emit: Emit,
             while run.remaining:
                 for event in run.absorb(*inbox.get()):
                     emit(event)
-        except Exception as exc:
-            emit(run.fail(exc))
+        except LostOwnership:
+            run.cancel()
             _drain(run, lambda timeout: inbox.get(timeout=timeout), queue.Empty)
-    run.settle(emit)
+            raise
+        except Exception as exc:
+            _emit_quietly(emit, run.fail(exc))
+            _drain(run, lambda timeout: inbox.get(timeout=timeout), queue.Empty)
+    run.settle(lambda event: _emit_quietly(emit, event))
+
+
+def _emit_quietly(emit: Emit, event: dict) -> None:
+    """An event nobody may be able to receive any more (the stream's store failed)."""
+    try:
+        emit(event)
+    except Exception as exc:
+        logger.warning("could not send a %s event: %s: %s", event["type"], type(exc).__name__,
+                       exc)
 
 
 async def generation_run_async(job: GenerationJob, engine: AsyncEngine, *,
@@ -279,7 +317,7 @@ async def generation_run_async(job: GenerationJob, engine: AsyncEngine, *,
             if waiting:
                 local_queue.leave(**where, started=False)
             # Shielded: a second cancellation must not leave the request unbilled.
-            await asyncio.shield(asyncio.ensure_future(_finish(run, inbox, tail)))
+            await asyncio.shield(settlement_track(_finish(run, inbox, tail)))
     for event in tail:
         yield event
 

@@ -30,7 +30,9 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections
 from psycopg_pool import PoolTimeout
 
+from tenants.errors import NotFound
 from tenants.models import Tenant
+from tenants.services.budgets import budget_release
 from tenants.services.settlement import Usage, budget_settle
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ class Settlement:
     cost_microcents: int
     usage: dict  # Usage's fields
     at: float  # when it was settled (epoch seconds): the ledger row's time
+    release: bool = False  # free the hold and record nothing (the request never ran)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -61,6 +64,12 @@ class Settlement:
 
 
 def settlement_apply(record: Settlement) -> None:
+    if record.release:
+        try:
+            budget_release(tenant=Tenant(pk=record.tenant_id), request_id=record.request_id)
+        except NotFound:  # its reservation never committed: nothing is held
+            pass
+        return
     budget_settle(tenant=Tenant(pk=record.tenant_id), request_id=record.request_id,
                   cost_microcents=record.cost_microcents, usage=Usage(**record.usage),
                   now=datetime.fromtimestamp(record.at, UTC))
@@ -148,7 +157,13 @@ class RedisOutbox:
     def drain(self) -> tuple[int, int]:
         self._group()
         # Entries another consumer took and never finished (it died), then ours, then new.
-        self.client.xautoclaim(self.key, GROUP, self.consumer, CLAIM_IDLE_MS, "0-0", count=100)
+        try:
+            self.client.xautoclaim(self.key, GROUP, self.consumer, CLAIM_IDLE_MS, "0-0",
+                                   count=100)
+        except Exception as exc:  # NOGROUP: Redis lost the group (restarted without disk)
+            if "NOGROUP" in str(exc):
+                self._has_group = False
+            raise
         done = 0
         for start in ("0", ">"):
             reply = self.client.xreadgroup(GROUP, self.consumer, {self.key: start}, count=100)

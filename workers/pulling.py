@@ -14,7 +14,9 @@ from django.conf import settings
 from tenants.models import UsageRecord
 from workers.engine import AsyncEngine
 from workers.fairqueue import FairQueue, Taken
-from workers.generation import GenerationJob, generation_run_blocking, generation_settle
+from workers.generation import (
+    GenerationJob, LostOwnership, generation_run_blocking, generation_settle,
+)
 from workers.host import ModelLoadFailed, host_get
 from workers.registry import ModelInfo
 from workers.transport import (
@@ -51,10 +53,10 @@ def run_taken(queue: FairQueue, taken: Taken, *, worker_id: str) -> None:
     acknowledged is only acknowledged."""
     job = GenerationJob.from_dict(taken.payload)
     client = queue.client
-    emit = ChargingEmit(RedisStreamEmit(client, job.request_id), queue, taken)
+    emit = ChargingEmit(RedisStreamEmit(client, job.request_id, owner=worker_id), queue, taken)
     backend = f"worker:{worker_id}"
     try:
-        earlier = emit.stream.existing()
+        earlier = emit.stream.claim()
         if any(event["type"] == "done" for event in earlier):
             return
         if earlier:
@@ -71,10 +73,15 @@ def run_taken(queue: FairQueue, taken: Taken, *, worker_id: str) -> None:
             emit(load_failed_event(exc))
             return
         generation_run_blocking(job, engine, emit, backend=backend)
+    except LostOwnership:  # its lease lapsed and another worker resumed it: that one settles
+        logger.warning("request %s: taken over by another worker; stopped", job.request_id)
     except Exception:  # a worker thread is a process boundary
         logger.exception("request %s failed", job.request_id)
     finally:
-        queue.ack(id=taken.id, worker=worker_id)
+        try:
+            queue.ack(id=taken.id, worker=worker_id)
+        except Exception:  # Redis trouble: the lease lapses, and the next owner sees `done`
+            logger.warning("request %s: not acknowledged", job.request_id, exc_info=True)
 
 
 _elsewhere: dict[str, tuple[float, bool]] = {}
@@ -169,7 +176,12 @@ class Puller:
                     queue.wait_for_work(timeout=settings.FAIRLANE_PULL_INTERVAL_SECONDS)
                     continue
                 with self._lock:
+                    again = taken.payload["request_id"] in self.taken
                     self.taken[taken.payload["request_id"]] = (queue, taken.id)
+                if again:  # its lease lapsed while it ran here (Redis was slow): it runs on
+                    logger.warning("request %s: lease lapsed and taken back; still running",
+                                   taken.payload["request_id"])
+                    continue
                 self.pool.submit(self._run, queue, taken)
             except Exception:  # Redis trouble: keep pulling once it is back
                 logger.exception("pulling from %s failed", info.name)

@@ -22,9 +22,11 @@ import redis
 import redis.asyncio
 from django.conf import settings
 
-from tenants.errors import Timeout
+from tenants.errors import BackendUnavailable, Timeout
 from workers.fairqueue import FairQueue
-from workers.generation import GenerationJob, generation_cancel, generation_run_async
+from workers.generation import (
+    GenerationJob, LostOwnership, generation_cancel, generation_run_async,
+)
 from workers.host import LOAD_FAILED_MESSAGE, ModelLoadFailed, host_get
 
 logger = logging.getLogger(__name__)
@@ -53,18 +55,56 @@ def redis_sync() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL)
 
 
-class RedisStreamEmit:
-    """Worker side: append each event to the request's stream."""
+# Append to a request's stream only while this worker owns the request (the fence): a worker
+# whose lease lapsed (it was slow, or its bytes were still in flight when it died) can no
+# longer write after the next worker claimed the request. KEYS: stream, owner; ARGV: worker,
+# event, ttl.
+_FENCED_XADD = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('XADD', KEYS[1], '*', 'e', ARGV[2])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+return 1
+"""
+# Claim a request (its new owner) and read what earlier owners wrote, in one step.
+_CLAIM = """
+redis.call('SET', KEYS[2], ARGV[1], 'EX', tonumber(ARGV[2]))
+return redis.call('XRANGE', KEYS[1], '-', '+')
+"""
 
-    def __init__(self, client: redis.Redis, request_id: str) -> None:
+
+def owner_key(request_id: str) -> str:
+    """Hashes to the same Redis Cluster slot as the request's stream (its whole name is the
+    tag), so one script can fence it."""
+    return "{" + stream_key(request_id) + "}:owner"
+
+
+class RedisStreamEmit:
+    """Worker side: append each event to the request's stream; with an `owner`, only while
+    that worker owns the request (see `claim`)."""
+
+    def __init__(self, client: redis.Redis, request_id: str, owner: str = "") -> None:
         self.client = client
         self.key = stream_key(request_id)
+        self.owner_key = owner_key(request_id)
+        self.owner = owner
 
     def __call__(self, event: dict) -> None:
+        if self.owner:
+            if not self.client.eval(_FENCED_XADD, 2, self.key, self.owner_key, self.owner,
+                                    json.dumps(event), STREAM_TTL_SECONDS):
+                raise LostOwnership(self.key)
+            return
         pipe = self.client.pipeline(transaction=False)
         pipe.xadd(self.key, {"e": json.dumps(event)})
         pipe.expire(self.key, STREAM_TTL_SECONDS)
         pipe.execute()
+
+    def claim(self) -> list[dict]:
+        """Own the request from now on, and the events earlier owners already wrote (a
+        request resumed after its worker died); nothing they still send lands after this."""
+        entries = self.client.eval(_CLAIM, 2, self.key, self.owner_key, self.owner,
+                                   STREAM_TTL_SECONDS)
+        return [json.loads(dict(zip(fields[::2], fields[1::2]))[b"e"]) for _, fields in entries]
 
     def existing(self) -> list[dict]:
         """Events an earlier attempt at this request already wrote (a redelivered task)."""
@@ -85,6 +125,13 @@ class StreamTimeout(Timeout):
     pass
 
 
+class StreamLost(BackendUnavailable):
+    """Redis failed under a request's stream (restarted, unreachable): what was streamed is
+    settled, the rest of the stream is gone."""
+
+    default_message = "The request's stream was interrupted; retry it."
+
+
 async def redis_stream_events(client: redis.asyncio.Redis, request_id: str) -> AsyncIterator[dict]:
     """API side: the request's events in order until the terminal one. Raises StreamTimeout if
     no event comes for too long (no worker took it, or the worker died)."""
@@ -93,7 +140,10 @@ async def redis_stream_events(client: redis.asyncio.Redis, request_id: str) -> A
     idle_deadline = settings.FAIRLANE_STREAM_IDLE_TIMEOUT_SECONDS
     last_event, has_started = time.monotonic(), False
     while True:
-        reply = await client.xread({key: last_id}, block=1000, count=256)
+        try:
+            reply = await client.xread({key: last_id}, block=1000, count=256)
+        except redis.RedisError as exc:
+            raise StreamLost(retry_after=2) from exc
         if not reply:
             limit = idle_deadline if has_started else first_deadline
             if time.monotonic() - last_event > limit:
@@ -143,25 +193,46 @@ class QueueDispatcher:
 
     async def events(self, job: GenerationJob) -> AsyncIterator[dict]:
         queue = queue_for(self.sync_client, job.model["name"])
-        # An earlier round of this request's walk may have left events (a refusal): start clean.
-        await asyncio.to_thread(self.sync_client.delete, stream_key(job.request_id))
-        await asyncio.to_thread(
-            queue.enqueue, id=job.request_id, tenant=str(job.tenant_id), lane=job.lane,
-            weight=job.weight, cost=sum(len(p) for p in job.prompts), payload=job.to_dict())
+        try:
+            await asyncio.to_thread(self._enqueue, queue, job)
+        except redis.RedisError:  # nothing queued: the walk falls through, or answers 503
+            logger.warning("request %s: the queue is unreachable", job.request_id,
+                           exc_info=True)
+            yield {"type": "error", "code": "service_unavailable", "param": None,
+                   "message": "The request queue is unreachable; retry shortly.",
+                   "retryable": True, "retry_after": 2}
+            return
         # A client per request: asyncio connections belong to the loop that made them.
         client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
-        is_done = False
+        is_done = has_events = False
         try:
             async for event in redis_stream_events(client, job.request_id):
-                is_done = event["type"] == TERMINAL
+                is_done, has_events = event["type"] == TERMINAL, True
                 yield event
+        except StreamLost:
+            if has_events:
+                raise  # settled from what was streamed (routing.services.answers)
+            logger.warning("request %s: Redis failed before a worker took it", job.request_id)
+            yield {"type": "error", "code": "service_unavailable", "param": None,
+                   "message": "The request queue failed; retry shortly.", "retryable": True,
+                   "retry_after": 2}
         finally:
             if not is_done:
                 self.cancel(job.request_id)
             await client.aclose()
 
+    def _enqueue(self, queue: FairQueue, job: GenerationJob) -> None:
+        # An earlier round of this request's walk may have left events (a refusal): start clean.
+        self.sync_client.delete(stream_key(job.request_id))
+        queue.enqueue(id=job.request_id, tenant=str(job.tenant_id), lane=job.lane,
+                      weight=job.weight, cost=sum(len(p) for p in job.prompts),
+                      payload=job.to_dict())
+
     def cancel(self, request_id: str) -> None:
-        cancel_request(self.sync_client, request_id)
+        try:
+            cancel_request(self.sync_client, request_id)
+        except redis.RedisError:  # Redis is gone: so is the worker's way to hear it
+            logger.warning("request %s: cancel not sent (Redis)", request_id, exc_info=True)
 
 
 _dispatchers: dict[str, EmbeddedDispatcher | QueueDispatcher] = {}

@@ -15,7 +15,7 @@ from routing.wire.render import ChatFormat
 from tenants.errors import ApplicationError, error_body_for, error_from_code
 from tenants.models import UsageRecord
 from workers.generation import GenerationJob, generation_settle_partial
-from workers.transport import StreamTimeout
+from workers.transport import StreamLost, StreamTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +40,9 @@ def event_error(event: dict) -> ApplicationError:
 
 
 async def events_to_end(started: Started) -> AsyncIterator[dict]:
-    """The run's events; if its worker goes silent, end it here with an error, charging what
-    was streamed (settlement is idempotent, so a late worker cannot charge twice)."""
+    """The run's events; if its worker goes silent (or Redis fails under the stream), end it
+    here with an error, charging what was streamed (settlement is idempotent, so a late worker
+    cannot charge twice)."""
     seen: list[dict] = []
     timer = TokenTimer(model=started.job.model["name"], backend=started.backend)
     try:
@@ -49,7 +50,7 @@ async def events_to_end(started: Started) -> AsyncIterator[dict]:
             seen.append(event)
             timer.see(event)  # time to first token, time per output token
             yield event
-    except StreamTimeout as exc:
+    except (StreamTimeout, StreamLost) as exc:  # its worker went silent, or Redis failed
         logger.warning("request %s: %s", started.job.request_id, exc.message)
         closing: list[dict] = []
         await database_sync_to_async(generation_settle_partial)(started.job, seen, backend="api",

@@ -121,9 +121,14 @@ def _pool_state() -> tuple[set[str], dict[str, float]]:
     global _heartbeats
     checked, hosted, failed = _heartbeats
     if time.monotonic() - checked > 1.0:
+        import redis
+
         from workers.worker import workers_live
 
-        beats = workers_live()
+        try:
+            beats = workers_live()
+        except redis.RedisError:  # unreachable: what was known a moment ago (the queue
+            return hosted, failed  # itself then answers 503)
         hosted = {name for beat in beats for name in beat["models"]}
         failed = {}
         for beat in beats:

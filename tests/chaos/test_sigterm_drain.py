@@ -1,0 +1,90 @@
+"""An API process gets SIGTERM with streams in flight, in both modes: it stops accepting at
+once; a stream that can finish within FAIRLANE_DRAIN_TIMEOUT_SECONDS finishes; the others are
+ended cleanly at the deadline (one error chunk, then [DONE]); every one is settled, once; and
+the process exits."""
+
+import asyncio
+import signal
+import time
+import uuid
+
+import httpx
+import pytest
+
+from tenants.models import Reservation, UsageRecord
+from tests.chaos.conftest import CHAT
+from tests.chaos.load import stream, until, wait_for, warm_up
+from tests.conftest import child_env
+from tests.servers import AsgiServer, CeleryWorker
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+DRAIN = 4
+LONG = {**CHAT, "model": "small", "max_tokens": 1000}
+SHORT = {**CHAT, "model": "tiny", "max_tokens": 12}
+
+
+def drained(server: AsgiServer, key: str):
+    async def scenario():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            started = []
+            long = [asyncio.ensure_future(stream(client, key, LONG, started)) for _ in range(3)]
+            await until(lambda: len(started) == 3, 60, "long streams in flight")
+            short = asyncio.ensure_future(stream(client, key, SHORT))
+            await asyncio.sleep(0.3)
+            signalled = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(1.0)
+            try:  # a new connection is refused
+                async with httpx.AsyncClient(timeout=5) as fresh:
+                    refused = (await fresh.get(server.url + "/healthz")).status_code
+            except httpx.ConnectError:
+                refused = "refused"
+            outcomes = await asyncio.gather(*long)
+            return outcomes, await short, refused, time.monotonic() - signalled
+
+    outcomes, short, refused, took = asyncio.run(scenario())
+    server.proc.wait(timeout=60)
+    return outcomes, short, refused, took
+
+
+def assert_drained(outcomes, short, refused, took, server):
+    assert refused == "refused"
+    assert server.proc.returncode in (0, -signal.SIGTERM), server.output()[-3000:]
+    assert short.status == 200 and short.has_done and not short.errors  # finished in time
+    for outcome in outcomes:  # cut at the deadline, cleanly
+        assert outcome.status == 200 and outcome.is_clean() and len(outcome.errors) == 1, outcome
+        assert outcome.errors[0]["error"]["code"] == "service_unavailable"
+    assert DRAIN - 1 < took < DRAIN + 20, took
+    wait_for(lambda: not Reservation.objects.filter(status=Reservation.Status.HELD).exists(),
+             timeout=30, what="every hold settled")
+    for outcome in outcomes:
+        record = wait_for(lambda: UsageRecord.objects.filter(
+            request_id=outcome.request_id).first(), timeout=30, what="a ledger row")
+        assert record.status == UsageRecord.Status.CANCELLED and record.completion_tokens > 0
+    assert UsageRecord.objects.get(request_id=short.request_id).status == UsageRecord.Status.OK
+
+
+def test_sigterm_drains_the_embedded_mode(chaos_key):
+    server = AsgiServer(child_env(FAIRLANE_ENGINE_MODE="embedded",
+                                  FAIRLANE_DRAIN_TIMEOUT_SECONDS=str(DRAIN)))
+    try:
+        warm_up(server.url, chaos_key, LONG)
+        warm_up(server.url, chaos_key, SHORT)
+        assert_drained(*drained(server, chaos_key), server)
+    finally:
+        server.stop()
+
+
+def test_sigterm_drains_the_distributed_mode(chaos_key):
+    env = child_env(FAIRLANE_ENGINE_MODE="celery", FAIRLANE_HEARTBEAT_SECONDS="1",
+                    FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
+                    FAIRLANE_DRAIN_TIMEOUT_SECONDS=str(DRAIN))
+    worker = CeleryWorker(env, concurrency=8)
+    server = AsgiServer(env)
+    try:
+        warm_up(server.url, chaos_key, LONG)
+        warm_up(server.url, chaos_key, SHORT)
+        assert_drained(*drained(server, chaos_key), server)
+    finally:
+        server.stop()
+        worker.stop()
