@@ -1,6 +1,6 @@
 """A GPU worker stalls, then is killed with -9, while Redis is slow (every byte to and from it
 ~50 ms late, through a proxy of our own). Frozen (SIGSTOP) long enough for its leases to lapse,
-its requests are resumed by the other worker after the tokens already streamed; thawed,
+its requests are resumed by the other worker, once, after the tokens already streamed; thawed,
 it finds them owned by another and stops writing to them (the fence), then it is killed. The
 clients get whole streams, no token twice, and the ledger one row each."""
 
@@ -71,10 +71,8 @@ def test_a_stalled_then_killed_worker_is_resumed_once_and_fenced_off(chaos_key):
             assert outcome.completion_tokens == TOKENS
             events = stream_events(client, outcome.request_id)
             kinds = [e["type"] for e in events]
-            # Resumed by each new owner (the thawed worker may take a lapsed request once more
-            # before it is killed), always after the tokens already streamed.
-            assert kinds.count("accepted") >= 1, kinds
-            resumed_count += kinds.count("accepted") >= 2
+            assert kinds.count("accepted") in (1, 2), kinds  # resumed at most once
+            resumed_count += kinds.count("accepted") == 2
             assert kinds.count("done") == 1 and kinds[-1] == "done", kinds
             # Every token once: nothing the stalled worker wrote after the heir took over.
             assert sum(len(e["token_ids"]) for e in events if e["type"] == "token") == TOKENS
