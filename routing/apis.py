@@ -19,7 +19,9 @@ from routing.admission import caller_authenticate
 from routing.drain import Drained, drain
 from routing.errors import ServiceUnavailable
 from routing.metrics import API_REQUESTS, API_RESPONSE_START
-from routing.wire.render import SSE_DONE, model_object, sse
+from routing.wire.render import (
+    SSE_DONE, Chunk, ErrorChunk, UsageChunk, model_object, sse,
+)
 from tenants.errors import (
     ApplicationError, InvalidRequest, MethodNotAllowed, ModelNotFound, error_body_for,
     error_from_code, error_headers,
@@ -94,7 +96,11 @@ async def _sse(started: services.Started):
     try:
         async with drain.watch():
             async for chunk in services.started_chunks(started):
-                yield sse(chunk)
+                match chunk:
+                    case Chunk(body=body) | UsageChunk(body=body):
+                        yield sse(body)
+                    case ErrorChunk(error=error):
+                        yield sse(error_body_for(error))
     except Drained as exc:  # the process is shutting down: end the stream cleanly
         yield sse(error_body_for(exc))
     yield SSE_DONE
