@@ -170,7 +170,12 @@ class CompletionConsumer(AsyncWebsocketConsumer):
                 task.cancel()  # the run sending this one too: it stops at its next await
 
     async def _send_error(self, frame_id, exc: ApplicationError) -> None:
-        await self._send({"type": "error", "id": frame_id, **error_body_for(exc)})
+        await self._send(error_frame(exc, frame_id))
+
+
+def error_frame(exc: ApplicationError, frame_id: str | None) -> dict:
+    """The one websocket rendering of an application error: the same body as HTTP's."""
+    return {"type": "error", "id": frame_id, **error_body_for(exc)}
 
 
 # API-key authenticated, so no Origin check: a cross-site page cannot ride a cookie here.
