@@ -19,22 +19,18 @@ from routing.admission import caller_authenticate
 from routing.drain import Drained, drain
 from routing.errors import ServiceUnavailable
 from routing.metrics import API_REQUESTS, API_RESPONSE_START
-from routing.wire.render import SSE_DONE, model_object, sse
+from routing.wire.render import (
+    SSE_DONE, Chunk, ErrorChunk, UsageChunk, model_object, sse,
+)
+from tenants.apis.errors import error_response
 from tenants.errors import (
     ApplicationError, InvalidRequest, MethodNotAllowed, ModelNotFound, error_body_for,
-    error_from_code, error_headers,
+    error_from_code,
 )
 from workers.engine import EngineError
 from workers.outbox import TRANSIENT
 
 logger = logging.getLogger(__name__)
-
-
-def _error_response(exc: ApplicationError) -> JsonResponse:
-    response = JsonResponse(error_body_for(exc), status=exc.status, headers=error_headers(exc))
-    if exc.status == 401:
-        response["WWW-Authenticate"] = 'Bearer realm="fairlane"'
-    return response
 
 
 def openai_view(method: str):
@@ -66,15 +62,15 @@ async def _handle(view, method: str, request: HttpRequest, *args, **kwargs) -> H
         async with drain.watch():  # a shutdown's deadline cuts it cleanly (routing/drain.py)
             return await view(request, caller, *args, **kwargs)
     except DisallowedHost:
-        return _error_response(InvalidRequest("Invalid Host header."))
+        return error_response(InvalidRequest("Invalid Host header."))
     except ApplicationError as exc:
-        return _error_response(exc)
+        return error_response(exc)
     except EngineError as exc:  # the engine refused the input (e.g. a token id)
-        return _error_response(error_from_code(exc.code, exc.message, param=exc.param))
+        return error_response(error_from_code(exc.code, exc.message, param=exc.param))
     except TRANSIENT:  # the database blinked (a connection cut, the pool exhausted): retry
         logger.warning("%s %s: the database did not answer", request.method, request.path,
                        exc_info=True)
-        return _error_response(ServiceUnavailable(retry_after=2))
+        return error_response(ServiceUnavailable(retry_after=2))
 
 
 def _json_body(request: HttpRequest):
@@ -94,7 +90,11 @@ async def _sse(started: services.Started):
     try:
         async with drain.watch():
             async for chunk in services.started_chunks(started):
-                yield sse(chunk)
+                match chunk:
+                    case Chunk(body=body) | UsageChunk(body=body):
+                        yield sse(body)
+                    case ErrorChunk(error=error):
+                        yield sse(error_body_for(error))
     except Drained as exc:  # the process is shutting down: end the stream cleanly
         yield sse(error_body_for(exc))
     yield SSE_DONE

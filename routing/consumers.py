@@ -29,6 +29,7 @@ from routing import services
 from routing.admission import caller_authenticate
 from routing.drain import drain
 from routing.errors import ServiceUnavailable
+from routing.wire.render import Chunk, ErrorChunk, UsageChunk
 from tenants.errors import (
     ApplicationError, AuthenticationFailed, InvalidRequest, RateLimited, error_body_for,
 )
@@ -147,13 +148,14 @@ class CompletionConsumer(AsyncWebsocketConsumer):
 
     async def _stream(self, frame_id: str, kind: str, body) -> None:
         started = await services.generation_start(caller=self.caller, kind=kind, body=body)
-        async for chunk in services.started_chunks(started):
-            if "error" in chunk:
-                await self._send({"type": "error", "id": frame_id, **chunk})
-            elif chunk.get("usage") and not chunk["choices"]:
-                await self._send({"type": "done", "id": frame_id, "usage": chunk["usage"]})
-            else:
-                await self._send({"type": "chunk", "id": frame_id, "data": chunk})
+        async for rendered in services.started_chunks(started):
+            match rendered:
+                case Chunk(body=chunk):
+                    await self._send({"type": "chunk", "id": frame_id, "data": chunk})
+                case UsageChunk(body=chunk):
+                    await self._send({"type": "done", "id": frame_id, "usage": chunk["usage"]})
+                case ErrorChunk(error=error):
+                    await self._send_error(frame_id, error)
 
     async def _send(self, frame: dict) -> None:
         if getattr(self, "is_gone", False):
@@ -168,7 +170,12 @@ class CompletionConsumer(AsyncWebsocketConsumer):
                 task.cancel()  # the run sending this one too: it stops at its next await
 
     async def _send_error(self, frame_id, exc: ApplicationError) -> None:
-        await self._send({"type": "error", "id": frame_id, **error_body_for(exc)})
+        await self._send(error_frame(exc, frame_id))
+
+
+def error_frame(exc: ApplicationError, frame_id: str | None) -> dict:
+    """The one websocket rendering of an application error: the same body as HTTP's."""
+    return {"type": "error", "id": frame_id, **error_body_for(exc)}
 
 
 # API-key authenticated, so no Origin check: a cross-site page cannot ride a cookie here.

@@ -15,12 +15,13 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 
+from routing.attempts import Attempt, attempt_hold, attempt_release
 from routing.backends import Route, UpstreamError
 from routing.breaker import breakers
 from routing.leases import lease_acquire, leases_get
@@ -32,71 +33,18 @@ from routing.remote import remote_start
 from tenants.errors import (
     ApplicationError, BackendUnavailable, BudgetExhausted, CircuitOpen, error_from_code,
 )
-from tenants.models import Agent, ApiKey, Tenant
-from tenants.services.budgets import budget_reserve, budget_reserve_adjust
-from workers.generation import GenerationJob
-from workers.outbox import TRANSIENT, Settlement, settle_durably
+from workers.events import Event, Failed
+from workers.jobs import GenerationJob
 from workers.transport import dispatcher_get
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Attempt:
-    """One request's walk: who pays, what each route is sent, what has been held."""
-
-    request_id: str
-    tenant: Tenant
-    agent: Agent
-    api_key: ApiKey | None
-    # Per route: the job a local engine runs (token prompts), or the call a remote one gets.
-    job_for: Callable[[Route], GenerationJob]
-    call_for: Callable[[Route], object]  # routing.backends.Call
-    cost_for: Callable[[Route], int]  # worst-case micro-cents
-    local_ready: Callable[[Route, bool], None]  # raises to skip the local engine
-    reserved: int | None = None  # micro-cents held now (None: no reservation yet)
-    # The database failed while reserving: the hold may have committed, so release it too.
-    maybe_reserved: bool = False
-    errors: list[ApplicationError] = field(default_factory=list)
-    budget_refusal: BudgetExhausted | None = None
-    waits: list[float] = field(default_factory=list)
-
-
-@dataclass
 class Served:
     route: Route
     job: GenerationJob
-    events: AsyncIterator[dict]  # after "accepted"
-
-
-def _hold(attempt: Attempt, amount: int) -> None:
-    """Hold `amount` for this request (synchronous): a first reservation, or a change of the
-    one held; BudgetExhausted leaves what was held."""
-    if attempt.reserved is None:
-        try:
-            budget_reserve(tenant=attempt.tenant, agent=attempt.agent,
-                           amount_microcents=amount, request_id=attempt.request_id,
-                           api_key=attempt.api_key)
-        except TRANSIENT:
-            attempt.maybe_reserved = True
-            raise
-        holds.add(attempt.request_id)  # renewed for as long as the request runs
-    elif amount != attempt.reserved:
-        budget_reserve_adjust(tenant=attempt.tenant, request_id=attempt.request_id,
-                              amount_microcents=amount)
-    attempt.reserved = amount
-
-
-def attempt_release(attempt: Attempt) -> None:
-    """Free the request's hold (it was never served). Durable like a settlement: when the
-    database does not answer, the release waits in the outbox, so no hold outlives its
-    request."""
-    if attempt.reserved is None and not attempt.maybe_reserved:
-        return
-    holds.discard(attempt.request_id)
-    settle_durably(Settlement(request_id=attempt.request_id, tenant_id=attempt.tenant.pk,
-                              cost_microcents=0, usage={}, at=time.time(), release=True))
-    attempt.reserved, attempt.maybe_reserved = None, False
+    events: AsyncIterator[Event]  # after Accepted
 
 
 async def routes_walk(attempt: Attempt, plan_for, plan=None) -> Served:
@@ -171,7 +119,7 @@ def _route_prepare(attempt: Attempt, route: Route, has_next: bool) -> str:
             attempt.waits.append(float(exc.retry_after or 0))
             return "skipped"
     try:
-        _hold(attempt, attempt.cost_for(route))
+        attempt_hold(attempt, attempt.cost_for(route))
     except BudgetExhausted as exc:  # paid backends drop out; cheaper ones may remain
         attempt.budget_refusal = attempt.budget_refusal or exc
         return "budget"
@@ -234,7 +182,7 @@ async def _try_route(attempt: Attempt, route: Route, has_next: bool) -> Served |
     return served
 
 
-async def _prepend(first: dict | None, rest: AsyncIterator[dict]) -> AsyncIterator[dict]:
+async def _prepend(first: Event | None, rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
     try:
         if first is not None:
             yield first
@@ -273,8 +221,8 @@ def _failed(attempt: Attempt, route: Route, exc: UpstreamError) -> None:
     return None
 
 
-async def _guarded(events: AsyncIterator[dict], route: Route, request_id: str,
-                   has_lease: bool) -> AsyncIterator[dict]:
+async def _guarded(events: AsyncIterator[Event], route: Route, request_id: str,
+                   has_lease: bool) -> AsyncIterator[Event]:
     """The served events; keeps the lease renewed while they flow and frees the backend's
     slot (and lease) when they end, however they end."""
     name, spec = route.backend.name, route.backend
@@ -285,7 +233,7 @@ async def _guarded(events: AsyncIterator[dict], route: Route, request_id: str,
                 renewed = time.monotonic()
                 await asyncio.to_thread(leases_get().renew, name, request_id,
                                         ttl=spec.lease_seconds)
-            if event["type"] == "error" and event.get("code") not in SURFACED:
+            if isinstance(event, Failed) and event.code not in SURFACED:
                 breakers.failure(name)
             yield event
     finally:
@@ -302,11 +250,11 @@ async def _local(attempt: Attempt, route: Route) -> Served:
     retryable error (the model failed to load; nothing ran or was settled) falls through."""
     job = attempt.job_for(route)
     events = dispatcher_get().events(job)
-    first = await anext(events)
-    if first["type"] == "error":
-        await events.aclose()
-        if first.get("retryable"):  # nothing ran (its model failed to load): fall through
-            raise UpstreamError(first["code"], first["message"],
-                                retry_after=first.get("retry_after"))
-        raise error_from_code(first["code"], first["message"], param=first.get("param"))
+    match await anext(events):
+        case Failed(retryable=True) as failed:  # nothing ran (its model failed to load)
+            await events.aclose()
+            raise UpstreamError(failed.code, failed.message, retry_after=failed.retry_after)
+        case Failed() as failed:
+            await events.aclose()
+            raise error_from_code(failed.code, failed.message, param=failed.param)
     return Served(route=route, job=job, events=events)

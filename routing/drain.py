@@ -19,7 +19,7 @@ import threading
 from django.conf import settings
 
 from routing.errors import ServiceUnavailable
-from workers.generation import settlements_finish
+from workers.settlement import settlements_finish
 
 logger = logging.getLogger(__name__)
 SETTLE_WAIT_SECONDS = 10.0

@@ -11,6 +11,7 @@ from django.utils import timezone
 from prometheus_client import Counter, Histogram
 
 from tenants.counters import SharedCounts
+from workers.events import Done, Event, Tokens
 
 logger = logging.getLogger(__name__)
 
@@ -85,17 +86,17 @@ class TokenTimer:
         self.last = 0.0
         self.tokens = 0
 
-    def see(self, event: dict) -> None:
-        kind = event.get("type")
-        if kind == "token" and (event.get("token_ids") or event.get("text")):
-            self.last = time.monotonic()
-            if self.first is None:
-                self.first = self.last
-                TTFT.labels(self.model, self.backend).observe(self.first - self.started)
-            # A remote chunk carries text, not token ids: about one token.
-            self.tokens += len(event.get("token_ids") or ()) or 1
-        elif kind == "done" and isinstance(event.get("usage"), dict):
-            self.tokens = event["usage"].get("completion_tokens") or self.tokens
+    def see(self, event: Event) -> None:
+        match event:
+            case Tokens(token_ids=token_ids, text=text) if token_ids or text:
+                self.last = time.monotonic()
+                if self.first is None:
+                    self.first = self.last
+                    TTFT.labels(self.model, self.backend).observe(self.first - self.started)
+                # A remote chunk carries text, not token ids: about one token.
+                self.tokens += len(token_ids) or 1
+            case Done(usage=usage):
+                self.tokens = usage.completion_tokens or self.tokens
 
     def done(self) -> None:
         if self.first is not None and self.tokens > 1:

@@ -1,8 +1,10 @@
 """Application errors: one class per failure, each with a stable code, mapped once to HTTP and
 the OpenAI error body `{"error": {"message", "type", "code", "param"}}`.
 
-Every app raises these (or its own subclasses); the DRF exception handler, the /v1 API and the
-websocket consumer render them with `error_body` / `error_headers`.
+Every app raises these (or its own subclasses). One function renders them for HTTP
+(`tenants.apis.errors.error_response`: the DRF exception handler, the /v1 API, the 404/500
+pages) and one for websocket frames (`routing.consumers.error_frame`), both from the body
+`error_body_for` builds.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """One request run on a hosted engine, wherever it runs (the embedded mode's thread pool or a
-Celery GPU worker thread): submit its sequences, pass their tokens on as events, and settle
-its budget reservation with what was actually generated, exactly once.
-
-Events are plain dicts (they cross Redis as JSON), in this order:
-  {"type": "accepted"}                                   the engine took every sequence
-  {"type": "token", "choice", "text", "token_ids", "logprobs", "top_logprobs"}   repeated
-  {"type": "finish", "choice", "reason"}                 per choice: stop | length | abort
-  {"type": "embedding", "index", "b64"}                  embedding requests, per input
-  {"type": "error", "code", "message", "param"}          something failed
-  {"type": "done", "status", "usage": {...}}             always last; the ledger row exists
+Celery GPU worker thread): submit its sequences, pass their outputs on as events
+(workers/events.py), and settle its budget reservation with what was actually generated,
+exactly once (workers/settlement.py).
 """
 
 from __future__ import annotations
@@ -20,98 +13,18 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
 
 import torch
 
 from tenants.models import UsageRecord
-from tenants.services.settlement import Usage
-from workers.engine import AsyncEngine, EngineError, RequestOutput, SamplingParams
+from workers.engine import AsyncEngine, EngineError, RequestOutput
+from workers.events import Accepted, Embedding, Event, Failed, Finish, Tokens, TokenUsage
 from workers.fairqueue.local import local_queue
-from workers.outbox import Settlement, settle_durably
-from workers.registry import ModelInfo, usage_cost
+from workers.jobs import GenerationJob
+from workers.settlement import Emit, generation_settle, settlement_track
 
 logger = logging.getLogger(__name__)
-Emit = Callable[[dict], None]
 Sink = Callable[[RequestOutput | BaseException], None]
-
-
-@dataclass(slots=True)
-class GenerationJob:
-    """Everything a worker needs to run and bill one request; JSON-serialisable."""
-
-    request_id: str
-    kind: str  # "generate" | "embed"
-    model: dict  # ModelInfo.to_dict()
-    prompts: list[list[int]]
-    n: int = 1
-    sampling: dict = field(default_factory=dict)  # SamplingParams keyword arguments
-    tenant_id: int = 0
-    agent_id: str = ""
-    lane: str = "standard"
-    weight: int = 1  # the tenant's fair-share weight
-    cache_salt: str = ""  # the client's: prefix caches are shared within tenant and salt only
-    created: float = field(default_factory=time.time)
-    # Set when a request resumes on another worker: tokens each choice already streamed, and
-    # the choices that already finished.
-    resumed: dict[int, list[int]] = field(default_factory=dict)
-    finished: list[int] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> GenerationJob:
-        job = cls(**data)
-        job.resumed = {int(k): v for k, v in job.resumed.items()}  # JSON keys are strings
-        return job
-
-    def resume_from(self, events: list[dict]) -> GenerationJob:
-        """This job continued after the events an earlier run streamed: each unfinished
-        choice goes on from its prompt plus the tokens it already produced, so the client
-        gets the rest of its stream, not a second one."""
-        resumed: dict[int, list[int]] = {}
-        for event in events:
-            if event["type"] == "token":
-                resumed.setdefault(event["choice"], []).extend(event["token_ids"])
-        finished = [e["choice"] for e in events if e["type"] == "finish"]
-        return GenerationJob.from_dict({**self.to_dict(), "resumed": resumed,
-                                        "finished": finished})
-
-    @property
-    def model_info(self) -> ModelInfo:
-        return ModelInfo(**self.model)
-
-    def choice_params(self, index: int) -> SamplingParams:
-        sampling = dict(self.sampling)
-        # n choices of one prompt with one seed would be n identical answers.
-        if sampling.get("seed") is not None:
-            # Wrap within int64, the range seeds are accepted in.
-            sampling["seed"] = (sampling["seed"] + index % self.n + 2**63) % 2**64 - 2**63
-        done = len(self.resumed.get(index, ()))
-        if done:
-            sampling["max_tokens"] -= done
-            sampling["min_tokens"] = max(sampling.get("min_tokens", 0) - done, 0)
-        return SamplingParams(**sampling)
-
-
-_settling: set[asyncio.Future] = set()
-
-
-def settlement_track(awaitable) -> asyncio.Future:
-    """Run a settlement as a task of its own (shield it: a second cancellation must not leave
-    the request unbilled) that `settlements_finish` can wait for (a drain before exit)."""
-    future = asyncio.ensure_future(awaitable)
-    _settling.add(future)
-    future.add_done_callback(_settling.discard)
-    return future
-
-
-async def settlements_finish(timeout: float) -> None:
-    """Wait (up to `timeout` seconds) for the settlements this event loop has under way."""
-    pending = [f for f in _settling if not f.done()]
-    if pending:
-        await asyncio.wait(pending, timeout=timeout)
 
 
 _running: dict[str, GenerationRun] = {}
@@ -151,7 +64,7 @@ class GenerationRun:
         self._started = time.monotonic()
         self.num_output_tokens: dict[int, int] = {}
         self.num_cached_tokens: dict[int, int] = {}
-        self.backlog: list[dict] = []  # events owed before any new output (on resume)
+        self.backlog: list[Event] = []  # events owed before any new output (on resume)
 
     def cancel(self) -> None:
         self._is_cancelled.set()
@@ -178,7 +91,7 @@ class GenerationRun:
             if index in job.finished:
                 continue
             if earlier and len(earlier) >= job.sampling["max_tokens"]:  # died before "finish"
-                self.backlog.append({"type": "finish", "choice": index, "reason": "length"})
+                self.backlog.append(Finish(choice=index, reason="length"))
                 continue
             prompt = prompt + earlier
             engine_id = f"{job.request_id}:{index}"
@@ -195,7 +108,7 @@ class GenerationRun:
             if self._is_cancelled.is_set():
                 self.engine.abort(engine_id)
 
-    def absorb(self, index: int, item: RequestOutput | BaseException) -> list[dict]:
+    def absorb(self, index: int, item: RequestOutput | BaseException) -> list[Event]:
         """The events one engine output makes; an engine failure raises."""
         if isinstance(item, BaseException):
             raise item
@@ -203,9 +116,9 @@ class GenerationRun:
             self.job.resumed.get(index, ()))
         if index not in self.job.resumed:  # a resumed prompt's cache hits are our own doing
             self.num_cached_tokens[index] = item.num_cached_tokens
-        events = []
+        events: list[Event] = []
         if item.embedding is not None:
-            events.append({"type": "embedding", "index": index, "b64": _b64(item.embedding)})
+            events.append(Embedding(index=index, b64=_b64(item.embedding)))
         elif item.new_token_ids or item.new_text:
             events.append(_token_event(index, item))
         if item.finished:
@@ -213,10 +126,10 @@ class GenerationRun:
             if item.finish_reason == "abort":
                 self.status = UsageRecord.Status.CANCELLED
             if self.job.kind != "embed":
-                events.append({"type": "finish", "choice": index, "reason": item.finish_reason})
+                events.append(Finish(choice=index, reason=item.finish_reason))
         return events
 
-    def fail(self, exc: BaseException) -> dict:
+    def fail(self, exc: BaseException) -> Failed:
         """Stop every sequence after a failure; the error event to send."""
         if not isinstance(exc, EngineError):  # a bug: log it with the request id
             logger.error("request %s failed", self.job.request_id, exc_info=exc)
@@ -224,27 +137,26 @@ class GenerationRun:
         self.status, self.error = UsageRecord.Status.ERROR, exc
         for engine_id in self.engine_ids:
             self.engine.abort(engine_id)
-        return {"type": "error", "code": getattr(exc, "code", "internal_error"),
-                "message": exc.message, "param": exc.param}
+        return Failed(code=getattr(exc, "code", "internal_error"), message=exc.message,
+                      param=exc.param)
 
     def settle(self, emit: Emit) -> None:
         """Charge what ran, once; emits `done`. Synchronous (database)."""
         usage = self.usage()
         if self.status == UsageRecord.Status.ERROR and not any(self.num_output_tokens.values()):
             # Nothing ran: the prompt was refused or the engine failed before computing it.
-            usage.update(prompt_tokens=0, total_tokens=0, cached_tokens=0)
+            usage = TokenUsage(completion_tokens=usage.completion_tokens)
         generation_settle(self.job, usage, status=self.status, backend=self.backend,
                           latency_ms=int((time.monotonic() - self._started) * 1000), emit=emit)
 
-    def usage(self) -> dict:
+    def usage(self) -> TokenUsage:
         job = self.job
         prompt_tokens = sum(len(p) for p in job.prompts)
         # Copies of one prompt (n > 1) share its blocks; count each prompt's cache hits once.
         cached = sum(self.num_cached_tokens.get(p * job.n, 0) for p in range(len(job.prompts)))
         completion = sum(self.num_output_tokens.values()) if job.kind != "embed" else 0
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                "total_tokens": prompt_tokens + completion,
-                "cached_tokens": min(cached, prompt_tokens)}
+        return TokenUsage(prompt_tokens=prompt_tokens, completion_tokens=completion,
+                          cached_tokens=min(cached, prompt_tokens))
 
 
 class LostOwnership(Exception):
@@ -261,7 +173,7 @@ def generation_run_blocking(job: GenerationJob, engine: AsyncEngine, emit: Emit,
     with GenerationRun(job, engine, backend=backend) as run:
         try:
             run.submit(lambda index: lambda item: inbox.put((index, item)))
-            for event in [{"type": "accepted"}, *run.backlog]:
+            for event in [Accepted(), *run.backlog]:
                 emit(event)
             while run.remaining:
                 for event in run.absorb(*inbox.get()):
@@ -276,24 +188,24 @@ def generation_run_blocking(job: GenerationJob, engine: AsyncEngine, emit: Emit,
     run.settle(lambda event: _emit_quietly(emit, event))
 
 
-def _emit_quietly(emit: Emit, event: dict) -> None:
+def _emit_quietly(emit: Emit, event: Event) -> None:
     """An event nobody may be able to receive any more (the stream's store failed)."""
     try:
         emit(event)
     except Exception as exc:
-        logger.warning("could not send a %s event: %s: %s", event["type"], type(exc).__name__,
-                       exc)
+        logger.warning("could not send a %s event: %s: %s", type(event).__name__,
+                       type(exc).__name__, exc)
 
 
 async def generation_run_async(job: GenerationJob, engine: AsyncEngine, *,
-                               backend: str) -> AsyncIterator[dict]:
+                               backend: str) -> AsyncIterator[Event]:
     """Run a request with its outputs arriving on this event loop (the embedded mode: no
     thread per request). Closing the iterator early (the client left) aborts the run; it is
     settled, with every token it made, either way."""
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue = asyncio.Queue()
     run = GenerationRun(job, engine, backend=backend)
-    tail: list[dict] = []
+    tail: list[Event] = []
     where = {"model": job.model["name"], "lane": job.lane, "tenant": str(job.tenant_id)}
     waiting = False
     with run:
@@ -302,7 +214,7 @@ async def generation_run_async(job: GenerationJob, engine: AsyncEngine, *,
                 inbox.put_nowait, (index, item)))
             local_queue.enter(**where)  # admission counts it until its first output
             waiting = True
-            for event in [{"type": "accepted"}, *run.backlog]:
+            for event in [Accepted(), *run.backlog]:
                 yield event
             while run.remaining:
                 item = await inbox.get()
@@ -322,7 +234,7 @@ async def generation_run_async(job: GenerationJob, engine: AsyncEngine, *,
         yield event
 
 
-async def _finish(run: GenerationRun, inbox: asyncio.Queue, tail: list[dict]) -> None:
+async def _finish(run: GenerationRun, inbox: asyncio.Queue, tail: list[Event]) -> None:
     if run.remaining:
         run.cancel()
         # The aborted sequences report their last outputs within a step; count them.
@@ -358,26 +270,6 @@ def _absorb_quietly(run: GenerationRun, index: int, item) -> None:
         run.absorb(index, item)
 
 
-def generation_settle(job: GenerationJob, usage: dict, *, status: str, backend: str,
-                      latency_ms: int, emit: Emit, cost_microcents: int | None = None) -> None:
-    """Charge the request's usage once (idempotent per request id), then emit `done`. The
-    cost is the model's prices applied to the usage unless the backend reported its own. When
-    the ledger is unreachable the charge is queued durably (workers/outbox.py) and `done`
-    still says what it will be."""
-    info = job.model_info
-    cost = cost_microcents if cost_microcents is not None else usage_cost(
-        info, prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
-        cached_tokens=usage["cached_tokens"])
-    settle_durably(Settlement(
-        request_id=job.request_id, tenant_id=job.tenant_id, cost_microcents=cost, at=time.time(),
-        usage=asdict(Usage(backend=backend, model=info.name,
-                           prompt_tokens=usage["prompt_tokens"],
-                           completion_tokens=usage["completion_tokens"],
-                           cached_tokens=usage["cached_tokens"], latency_ms=latency_ms,
-                           status=status))))
-    emit({"type": "done", "status": status, "usage": {**usage, "cost_microcents": cost}})
-
-
 def _engine_weight_set(engine: AsyncEngine, tenant: str, weight: int) -> None:
     """The engine orders its waiting sequences by lane, then the tenant's virtual token
     counter divided by its weight: tell its policy the weight (a dict write, thread-safe)."""
@@ -386,29 +278,13 @@ def _engine_weight_set(engine: AsyncEngine, tenant: str, weight: int) -> None:
         weights[tenant] = float(weight)
 
 
-def generation_settle_partial(job: GenerationJob, events: list[dict], *, backend: str,
-                              emit: Emit) -> None:
-    """A run the API gave up on (its worker went silent): end the stream with an error and
-    charge exactly the tokens it sent. Settlement is idempotent, so a worker that finishes it
-    later cannot charge again."""
-    if any(e["type"] == "done" for e in events):
-        return
-    completion = sum(len(e.get("token_ids") or ()) for e in events if e["type"] == "token")
-    prompt = sum(len(p) for p in job.prompts) if events else 0
-    emit({"type": "error", "code": "backend_unavailable",
-          "message": "The worker running this request stopped.", "param": None})
-    generation_settle(job, {"prompt_tokens": prompt, "completion_tokens": completion,
-                            "total_tokens": prompt + completion, "cached_tokens": 0},
-                      status=UsageRecord.Status.ERROR, backend=backend, latency_ms=0, emit=emit)
-
-
-def _token_event(index: int, item: RequestOutput) -> dict:
+def _token_event(index: int, item: RequestOutput) -> Tokens:
     top = None
     if item.new_top_logprobs is not None:
-        top = [{str(k): v for k, v in entry.items()} for entry in item.new_top_logprobs]
-    return {"type": "token", "choice": index, "text": item.new_text,
-            "token_ids": list(item.new_token_ids), "logprobs": item.new_logprobs,
-            "top_logprobs": top}
+        top = tuple({str(k): v for k, v in entry.items()} for entry in item.new_top_logprobs)
+    return Tokens(choice=index, text=item.new_text, token_ids=tuple(item.new_token_ids),
+                  logprobs=None if item.new_logprobs is None else tuple(item.new_logprobs),
+                  top_logprobs=top)
 
 
 def _b64(vector: torch.Tensor) -> str:

@@ -14,11 +14,12 @@ from django.conf import settings
 from tenants.models import UsageRecord
 from workers.engine import AsyncEngine
 from workers.fairqueue import FairQueue, Taken
-from workers.generation import (
-    GenerationJob, LostOwnership, generation_run_blocking, generation_settle,
-)
+from workers.events import Done, Event, Tokens, TokenUsage
+from workers.generation import LostOwnership, generation_run_blocking
+from workers.jobs import GenerationJob
 from workers.host import ModelLoadFailed, host_get
 from workers.registry import ModelInfo
+from workers.settlement import generation_settle
 from workers.transport import (
     RedisStreamEmit, is_cancel_requested, load_failed_event, queue_for, redis_sync,
 )
@@ -37,11 +38,11 @@ class ChargingEmit:
         self.stream, self.queue, self.taken = stream, queue, taken
         self.pending = 0
 
-    def __call__(self, event: dict) -> None:
+    def __call__(self, event: Event) -> None:
         self.stream(event)
-        if event["type"] == "token":
-            self.pending += len(event["token_ids"])
-        if self.pending >= CHARGE_EVERY or (event["type"] == "done" and self.pending):
+        if isinstance(event, Tokens):
+            self.pending += len(event.token_ids)
+        if self.pending >= CHARGE_EVERY or (isinstance(event, Done) and self.pending):
             self.queue.charge(tenant=self.taken.tenant, lane=self.taken.lane,
                               tokens=self.pending)
             self.pending = 0
@@ -57,15 +58,13 @@ def run_taken(queue: FairQueue, taken: Taken, *, worker_id: str) -> None:
     backend = f"worker:{worker_id}"
     try:
         earlier = emit.stream.claim()
-        if any(event["type"] == "done" for event in earlier):
+        if any(isinstance(event, Done) for event in earlier):
             return
         if earlier:
             job = job.resume_from(earlier)
         if is_cancel_requested(client, job.request_id):
-            generation_settle(job, {"prompt_tokens": 0, "completion_tokens": 0,
-                                    "total_tokens": 0, "cached_tokens": 0},
-                              status=UsageRecord.Status.CANCELLED, backend=backend,
-                              latency_ms=0, emit=emit)
+            generation_settle(job, TokenUsage(), status=UsageRecord.Status.CANCELLED,
+                              backend=backend, latency_ms=0, emit=emit)
             return
         try:
             engine = host_get().load(job.model_info)

@@ -13,7 +13,6 @@ loop directly.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -24,23 +23,22 @@ from django.conf import settings
 
 from tenants.errors import BackendUnavailable, Timeout
 from workers.fairqueue import FairQueue
-from workers.generation import (
-    GenerationJob, LostOwnership, generation_cancel, generation_run_async,
-)
+from workers.events import Done, Embedding, Event, Failed, Tokens, event_decode, event_encode
+from workers.generation import LostOwnership, generation_cancel, generation_run_async
+from workers.jobs import GenerationJob
 from workers.host import LOAD_FAILED_MESSAGE, ModelLoadFailed, host_get
 
 logger = logging.getLogger(__name__)
 
 CANCEL_CHANNEL = "fl:cancel"
 STREAM_TTL_SECONDS = 3600
-TERMINAL = "done"
 
 
-def load_failed_event(exc: ModelLoadFailed) -> dict:
+def load_failed_event(exc: ModelLoadFailed) -> Failed:
     """The first and only event of a request whose model could not be loaded: retryable, so
     the API tries its next backend; nothing ran, so nothing is settled."""
-    return {"type": "error", "code": "backend_unavailable", "message": LOAD_FAILED_MESSAGE,
-            "param": None, "retryable": True, "retry_after": max(int(exc.retry_in + 0.999), 1)}
+    return Failed(code="backend_unavailable", message=LOAD_FAILED_MESSAGE, retryable=True,
+                  retry_after=max(int(exc.retry_in + 0.999), 1))
 
 
 def stream_key(request_id: str) -> str:
@@ -88,27 +86,27 @@ class RedisStreamEmit:
         self.owner_key = owner_key(request_id)
         self.owner = owner
 
-    def __call__(self, event: dict) -> None:
+    def __call__(self, event: Event) -> None:
         if self.owner:
             if not self.client.eval(_FENCED_XADD, 2, self.key, self.owner_key, self.owner,
-                                    json.dumps(event), STREAM_TTL_SECONDS):
+                                    event_encode(event), STREAM_TTL_SECONDS):
                 raise LostOwnership(self.key)
             return
         pipe = self.client.pipeline(transaction=False)
-        pipe.xadd(self.key, {"e": json.dumps(event)})
+        pipe.xadd(self.key, {"e": event_encode(event)})
         pipe.expire(self.key, STREAM_TTL_SECONDS)
         pipe.execute()
 
-    def claim(self) -> list[dict]:
+    def claim(self) -> list[Event]:
         """Own the request from now on, and the events earlier owners already wrote (a
         request resumed after its worker died); nothing they still send lands after this."""
         entries = self.client.eval(_CLAIM, 2, self.key, self.owner_key, self.owner,
                                    STREAM_TTL_SECONDS)
-        return [json.loads(dict(zip(fields[::2], fields[1::2]))[b"e"]) for _, fields in entries]
+        return [event_decode(dict(zip(fields[::2], fields[1::2]))[b"e"]) for _, fields in entries]
 
-    def existing(self) -> list[dict]:
+    def existing(self) -> list[Event]:
         """Events an earlier attempt at this request already wrote (a redelivered task)."""
-        return [json.loads(fields[b"e"]) for _, fields in self.client.xrange(self.key)]
+        return [event_decode(fields[b"e"]) for _, fields in self.client.xrange(self.key)]
 
 
 def cancel_request(client: redis.Redis, request_id: str) -> None:
@@ -132,7 +130,7 @@ class StreamLost(BackendUnavailable):
     default_message = "The request's stream was interrupted; retry it."
 
 
-async def redis_stream_events(client: redis.asyncio.Redis, request_id: str) -> AsyncIterator[dict]:
+async def redis_stream_events(client: redis.asyncio.Redis, request_id: str) -> AsyncIterator[Event]:
     """API side: the request's events in order until the terminal one. Raises StreamTimeout if
     no event comes for too long (no worker took it, or the worker died)."""
     key, last_id = stream_key(request_id), "0-0"
@@ -153,17 +151,17 @@ async def redis_stream_events(client: redis.asyncio.Redis, request_id: str) -> A
         last_event = time.monotonic()
         for entry_id, fields in reply[0][1]:
             last_id = entry_id
-            event = json.loads(fields[b"e"])
-            has_started = has_started or event["type"] in {"token", "embedding", "error"}
+            event = event_decode(fields[b"e"])
+            has_started = has_started or isinstance(event, Tokens | Embedding | Failed)
             yield event
-            if event["type"] == TERMINAL:
+            if isinstance(event, Done):
                 return
 
 
 class EmbeddedDispatcher:
     """Runs requests on this process's engines; their outputs arrive on the event loop."""
 
-    async def events(self, job: GenerationJob) -> AsyncIterator[dict]:
+    async def events(self, job: GenerationJob) -> AsyncIterator[Event]:
         try:
             engine = await asyncio.to_thread(host_get().load, job.model_info)
         except ModelLoadFailed as exc:  # nothing ran: the walk falls through, or answers 503
@@ -191,31 +189,29 @@ class QueueDispatcher:
     def __init__(self) -> None:
         self.sync_client = redis_sync()
 
-    async def events(self, job: GenerationJob) -> AsyncIterator[dict]:
+    async def events(self, job: GenerationJob) -> AsyncIterator[Event]:
         queue = queue_for(self.sync_client, job.model["name"])
         try:
             await asyncio.to_thread(self._enqueue, queue, job)
         except redis.RedisError:  # nothing queued: the walk falls through, or answers 503
             logger.warning("request %s: the queue is unreachable", job.request_id,
                            exc_info=True)
-            yield {"type": "error", "code": "service_unavailable", "param": None,
-                   "message": "The request queue is unreachable; retry shortly.",
-                   "retryable": True, "retry_after": 2}
+            yield Failed(code="service_unavailable", retryable=True, retry_after=2,
+                         message="The request queue is unreachable; retry shortly.")
             return
         # A client per request: asyncio connections belong to the loop that made them.
         client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
         is_done = has_events = False
         try:
             async for event in redis_stream_events(client, job.request_id):
-                is_done, has_events = event["type"] == TERMINAL, True
+                is_done, has_events = isinstance(event, Done), True
                 yield event
         except StreamLost:
             if has_events:
                 raise  # settled from what was streamed (routing.services.answers)
             logger.warning("request %s: Redis failed before a worker took it", job.request_id)
-            yield {"type": "error", "code": "service_unavailable", "param": None,
-                   "message": "The request queue failed; retry shortly.", "retryable": True,
-                   "retry_after": 2}
+            yield Failed(code="service_unavailable", retryable=True, retry_after=2,
+                         message="The request queue failed; retry shortly.")
         finally:
             if not is_done:
                 self.cancel(job.request_id)

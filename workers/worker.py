@@ -89,7 +89,8 @@ class WorkerServices:
                 pubsub.subscribe(CANCEL_CHANNEL)
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=1.0)
-                    if message and message["type"] == "message":
+                    # Redis pub/sub's own message kinds, not request events.
+                    if message and message.get("type") == "message":
                         generation_cancel(message["data"].decode())
             except Exception:  # reconnect after Redis trouble
                 logger.exception("cancel listener failed; reconnecting")

@@ -17,6 +17,7 @@ from routing.backends.base import BackendSpec, Call, Route, UpstreamError, model
 from routing.backends.openai_format import OPENAI_KINDS, openai_embed, openai_stream
 from routing.credentials import credential_resolve
 from tenants.errors import ApplicationError
+from workers.events import RemoteEvent
 
 _clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 POOL = httpx.Limits(max_connections=4096, max_keepalive_connections=256)
@@ -54,8 +55,8 @@ def _upstream_errors(spec: BackendSpec):
         raise UpstreamError("backend_unavailable", f"{spec.name}: {type(exc).__name__}") from None
 
 
-async def backend_stream(route: Route, call: Call) -> AsyncIterator[dict]:
-    """A remote backend's answer as platform events (token, finish, usage). Any failure,
+async def backend_stream(route: Route, call: Call) -> AsyncIterator[RemoteEvent]:
+    """A remote backend's answer as platform events (Tokens, Finish, Reported). Any failure,
     connection errors and timeouts included, is an UpstreamError."""
     spec = route.backend
     if spec.kind in OPENAI_KINDS:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import httpx
 
 from routing.backends.base import (
     BackendSpec, Call, UpstreamError, error_for_status, retry_after_parse,
 )
+from workers.events import Finish, RemoteEvent, Reported, Tokens
 
 VERSION = "2023-06-01"
 
@@ -56,13 +58,12 @@ async def _raise_for_status(response: httpx.Response) -> None:
 
 
 async def anthropic_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call,
-                           secret: str, timeout: httpx.Timeout) -> AsyncIterator[dict]:
+                           secret: str, timeout: httpx.Timeout) -> AsyncIterator[RemoteEvent]:
     async with client.stream("POST", spec.base_url.rstrip("/") + "/v1/messages",
                              json=request_body(call), headers=headers(secret),
                              timeout=timeout) as response:
         await _raise_for_status(response)
-        usage = {"type": "usage", "prompt_tokens": 0, "completion_tokens": 0,
-                 "cached_tokens": 0}
+        usage = Reported()
         name, is_done = "", False
         async for line in response.aiter_lines():
             if line.startswith("event:"):
@@ -78,25 +79,24 @@ async def anthropic_stream(client: httpx.AsyncClient, spec: BackendSpec, call: C
             if name == "message_start":
                 u = data["message"].get("usage") or {}
                 cached = int(u.get("cache_read_input_tokens") or 0)
-                usage["prompt_tokens"] = (int(u.get("input_tokens") or 0) + cached
-                                          + int(u.get("cache_creation_input_tokens") or 0))
-                usage["cached_tokens"] = cached
-                yield dict(usage)  # the prompt's count, should the stream be cut later
+                usage = replace(usage, cached_tokens=cached, prompt_tokens=(
+                    int(u.get("input_tokens") or 0) + cached
+                    + int(u.get("cache_creation_input_tokens") or 0)))
+                yield usage  # the prompt's count, should the stream be cut later
             elif name == "content_block_delta":
                 delta = data.get("delta") or {}
                 if delta.get("type") == "text_delta" and delta.get("text"):
-                    yield {"type": "token", "choice": 0, "text": delta["text"], "token_ids": [],
-                           "logprobs": None, "top_logprobs": None}
+                    yield Tokens(choice=0, text=delta["text"])
             elif name == "message_delta":
                 reason = (data.get("delta") or {}).get("stop_reason")
-                usage["completion_tokens"] = int((data.get("usage") or {}).get("output_tokens")
-                                                 or 0)
+                usage = replace(usage, completion_tokens=int(
+                    (data.get("usage") or {}).get("output_tokens") or 0))
                 if reason == "refusal":
                     raise UpstreamError("content_filtered",
                                         "The provider declined to answer (refusal).")
                 if reason:
-                    yield {"type": "finish", "choice": 0,
-                           "reason": "length" if reason == "max_tokens" else "stop"}
+                    yield Finish(choice=0,
+                                 reason="length" if reason == "max_tokens" else "stop")
             elif name == "error":
                 error = data.get("error") or {}
                 code = "rate_limited" if error.get("type") == "rate_limit_error" else \

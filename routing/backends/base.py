@@ -1,5 +1,5 @@
 """One protocol for every backend: its capabilities, a cheap health probe, and a streamed
-call that yields the platform's generation events (see workers/generation.py), so the /v1
+call that yields the platform's generation events (see workers/events.py), so the /v1
 renderers do not care where tokens came from.
 
 An adapter raises UpstreamError for anything that went wrong; `fall_through` says whether

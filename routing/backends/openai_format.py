@@ -15,6 +15,7 @@ import httpx
 from routing.backends.base import (
     BackendSpec, Call, UpstreamError, error_for_status, retry_after_parse,
 )
+from workers.events import Finish, RemoteEvent, Reported, Tokens
 
 OPENAI_KINDS = {"openai", "openai_compatible", "openrouter", "fairlane"}
 
@@ -78,34 +79,33 @@ async def _raise_for_status(response: httpx.Response) -> None:
     raise error_for_status(response.status_code, message, retry_after_parse(response.headers))
 
 
-def _token_event(choice: dict, kind: str) -> dict | None:
+def _token_event(choice: dict, kind: str) -> Tokens | None:
     index = choice.get("index", 0)
     text = (choice.get("delta") or {}).get("content") if kind == "chat" else choice.get("text")
     logprobs = choice.get("logprobs")
     if not text and not logprobs:
         return None
-    event = {"type": "token", "choice": index, "text": text or "", "token_ids": [],
-             "logprobs": None, "top_logprobs": None}
     if kind == "chat" and logprobs and logprobs.get("content"):
-        event["entries"] = logprobs["content"]
-        event["logprobs"] = [entry["logprob"] for entry in logprobs["content"]]
-    elif kind == "completion" and logprobs and logprobs.get("token_logprobs"):
-        event["logprobs"] = logprobs["token_logprobs"]
-    return event
+        entries = tuple(logprobs["content"])
+        return Tokens(choice=index, text=text or "", entries=entries,
+                      logprobs=tuple(entry["logprob"] for entry in entries))
+    if kind == "completion" and logprobs and logprobs.get("token_logprobs"):
+        return Tokens(choice=index, text=text or "",
+                      logprobs=tuple(logprobs["token_logprobs"]))
+    return Tokens(choice=index, text=text or "")
 
 
-def usage_event(usage: dict) -> dict:
+def usage_event(usage: dict) -> Reported:
     details = usage.get("prompt_tokens_details") or {}
-    event = {"type": "usage", "prompt_tokens": int(usage.get("prompt_tokens") or 0),
-             "completion_tokens": int(usage.get("completion_tokens") or 0),
-             "cached_tokens": int(details.get("cached_tokens") or 0)}
-    if usage.get("cost") is not None:  # OpenRouter: what the call cost, in dollars
-        event["cost_usd"] = float(usage["cost"])
-    return event
+    cost = usage.get("cost")  # OpenRouter: what the call cost, in dollars
+    return Reported(prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                    completion_tokens=int(usage.get("completion_tokens") or 0),
+                    cached_tokens=int(details.get("cached_tokens") or 0),
+                    cost_usd=None if cost is None else float(cost))
 
 
 async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call,
-                        secret: str, timeout: httpx.Timeout) -> AsyncIterator[dict]:
+                        secret: str, timeout: httpx.Timeout) -> AsyncIterator[RemoteEvent]:
     path, body = request_body(spec, call)
     async with client.stream("POST", spec.base_url.rstrip("/") + path, json=body,
                              headers=headers(secret), timeout=timeout) as response:
@@ -134,8 +134,8 @@ async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call
                     raise UpstreamError("content_filtered",
                                         "The provider's content filter stopped the answer.")
                 if reason:
-                    yield {"type": "finish", "choice": choice.get("index", 0),
-                           "reason": "length" if reason == "length" else "stop"}
+                    yield Finish(choice=choice.get("index", 0),
+                                 reason="length" if reason == "length" else "stop")
             if chunk.get("usage"):
                 yield usage_event(chunk["usage"])
         if not is_done:

@@ -22,6 +22,7 @@ from routing.admission import Caller
 from routing.services.answers import Started, events_to_end
 from tenants.errors import ApplicationError, BudgetExhausted, RateLimited
 from tenants.models import UsageRecord
+from workers.events import Done, Event, Failed, Tokens
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +78,10 @@ async def _tier_try(caller: Caller, kind: str, request, tier: str, threshold: fl
         return None
     started = generation.started(served, admitted)
     events = [event async for event in events_to_end(started)]
-    logprobs = [lp for e in events if e["type"] == "token" for lp in (e["logprobs"] or ())]
-    done = next((e for e in events if e["type"] == "done"), None)
-    if (not logprobs or done is None or done["status"] != UsageRecord.Status.OK
-            or any(e["type"] == "error" for e in events)):
+    logprobs = [lp for e in events if isinstance(e, Tokens) for lp in (e.logprobs or ())]
+    done = next((e for e in events if isinstance(e, Done)), None)
+    if (not logprobs or done is None or done.status != UsageRecord.Status.OK
+            or any(isinstance(e, Failed) for e in events)):
         return None
     mean = sum(logprobs) / len(logprobs)
     logger.info("request %s: cascade tier %s mean logprob %.3f (threshold %.3f)",
@@ -92,6 +93,6 @@ async def _tier_try(caller: Caller, kind: str, request, tier: str, threshold: fl
     return mean >= threshold, replay
 
 
-async def _replayed(events: list[dict]) -> AsyncIterator[dict]:
+async def _replayed(events: list[Event]) -> AsyncIterator[Event]:
     for event in events:
         yield event

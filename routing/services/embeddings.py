@@ -16,7 +16,8 @@ from routing.services.prepare import Routed, completion_prompts, worst_prompt_to
 from routing.wire import parse
 from routing.wire.render import embeddings_response
 from tenants.errors import ApplicationError, InvalidRequest
-from workers.generation import GenerationJob
+from workers.events import Done, Embedding, Failed
+from workers.jobs import GenerationJob
 from workers.registry import model_tokenizer, usage_cost
 
 
@@ -89,14 +90,14 @@ async def embeddings_create(*, caller: Caller, body) -> dict:
     vectors: dict[int, str] = {}
     error = None
     async for event in events_to_end(started):
-        if event["type"] == "embedding":
-            vectors[event["index"]] = event["b64"]
-        elif event["type"] == "error":
-            error = event_error(event)
-        elif event["type"] == "done":
-            if error is not None:
+        match event:
+            case Embedding(index=index, b64=b64):
+                vectors[index] = b64
+            case Failed():
+                error = event_error(event)
+            case Done() if error is not None:
                 raise error
-            return embeddings_response(model=request.model, vectors=vectors,
-                                       usage=event["usage"],
-                                       encoding_format=request.encoding_format)
+            case Done(usage=usage):
+                return embeddings_response(model=request.model, vectors=vectors, usage=usage,
+                                           encoding_format=request.encoding_format)
     raise ApplicationError("The request ended without a result.")

@@ -15,7 +15,7 @@ from django.conf import settings
 
 from routing.admission import Caller
 from routing.backends import Route
-from routing.dispatch import Attempt
+from routing.attempts import Attempt
 from routing.router import Need, Plan, registry_get, route_plan
 from tenants.errors import BackendUnavailable, InvalidRequest, ModelNotFound
 from workers.registry import ModelInfo, model_vocab_size

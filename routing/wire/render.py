@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tenants.errors import ApplicationError
+from workers.events import Finish, Tokens, TokenUsage
+
 SSE_DONE = b"data: [DONE]\n\n"
 
 
@@ -17,23 +20,47 @@ def sse(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-def usage_body(usage: dict) -> dict:
-    return {"prompt_tokens": usage["prompt_tokens"],
-            "completion_tokens": usage["completion_tokens"],
-            "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
-            "prompt_tokens_details": {"cached_tokens": usage.get("cached_tokens", 0)}}
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One chunk object of a streamed answer."""
+
+    body: dict
+
+
+@dataclass(frozen=True, slots=True)
+class UsageChunk:
+    """A streamed answer's last chunk: its usage alone (stream_options.include_usage)."""
+
+    body: dict
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorChunk:
+    """An error after the first token: it ends the stream."""
+
+    error: ApplicationError
+
+
+Rendered = Chunk | UsageChunk | ErrorChunk
+
+
+def usage_body(usage: TokenUsage) -> dict:
+    return {"prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
 
 
 def _piece(tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def _chat_logprob_entries(tokenizer, event: dict) -> list[dict]:
-    if "entries" in event:  # a remote backend's, already in OpenAI's shape
-        return event["entries"]
+def _chat_logprob_entries(tokenizer, event: Tokens) -> list[dict]:
+    if event.entries is not None:  # a remote backend's, already in OpenAI's shape
+        return list(event.entries)
     entries = []
-    tops = event.get("top_logprobs") or [None] * len(event["token_ids"])
-    for token_id, logprob, top in zip(event["token_ids"], event["logprobs"] or [], tops):
+    tops = event.top_logprobs or [None] * len(event.token_ids)
+    for token_id, logprob, top in zip(event.token_ids, event.logprobs or [], tops):
         piece = _piece(tokenizer, token_id)
         entries.append({
             "token": piece, "logprob": logprob, "bytes": list(piece.encode()),
@@ -86,36 +113,37 @@ class ChatFormat:
                               "logprobs": None, "finish_reason": None}],
                             include_usage=include_usage) for i in range(len(self.choices))]
 
-    def token_chunk(self, event: dict, include_usage: bool) -> dict:
-        choice = self.choices[event["choice"]]
-        choice.text += event["text"]
-        choice.token_ids += event["token_ids"]
+    def token_chunk(self, event: Tokens, include_usage: bool) -> dict:
+        choice = self.choices[event.choice]
+        choice.text += event.text
+        choice.token_ids += event.token_ids
         logprobs = None
         if self.wants_logprobs:
             entries = _chat_logprob_entries(self.tokenizer, event)
             choice.logprob_entries += entries
             logprobs = {"content": entries, "refusal": None}
-        return self._chunk([{"index": event["choice"], "delta": {"content": event["text"]},
+        return self._chunk([{"index": event.choice, "delta": {"content": event.text},
                              "logprobs": logprobs, "finish_reason": None}],
                            include_usage=include_usage)
 
-    def finish_chunk(self, event: dict, include_usage: bool) -> dict:
-        reason = _finish_reason(event["reason"])
-        self.choices[event["choice"]].finish_reason = reason
-        return self._chunk([{"index": event["choice"], "delta": {}, "logprobs": None,
+    def finish_chunk(self, event: Finish, include_usage: bool) -> dict:
+        reason = _finish_reason(event.reason)
+        self.choices[event.choice].finish_reason = reason
+        return self._chunk([{"index": event.choice, "delta": {}, "logprobs": None,
                              "finish_reason": reason}], include_usage=include_usage)
 
-    def usage_chunk(self, usage: dict) -> dict:
+    def usage_chunk(self, usage: TokenUsage) -> dict:
         return self._chunk([], usage=usage_body(usage), include_usage=True)
 
     # not streaming
-    def absorb(self, event: dict) -> None:
-        if event["type"] == "token":
-            self.token_chunk(event, False)
-        elif event["type"] == "finish":
-            self.finish_chunk(event, False)
+    def absorb(self, event: Tokens | Finish) -> None:
+        match event:
+            case Tokens():
+                self.token_chunk(event, False)
+            case Finish():
+                self.finish_chunk(event, False)
 
-    def response(self, usage: dict) -> dict:
+    def response(self, usage: TokenUsage) -> dict:
         return {"id": self.id, "object": self.object, "created": self.created,
                 "model": self.model, "system_fingerprint": None, "service_tier": None,
                 "choices": [{"index": i, "message": {"role": "assistant", "content": c.text,
@@ -143,37 +171,37 @@ class CompletionFormat(ChatFormat):
                             include_usage=include_usage)
                 for i, text in enumerate(self.echo) if text]
 
-    def _legacy_logprobs(self, index: int, event: dict) -> dict:
+    def _legacy_logprobs(self, index: int, event: Tokens) -> dict:
         tokens, offsets = [], []
-        tops = event.get("top_logprobs") or [None] * len(event["token_ids"])
-        for token_id in event["token_ids"]:
+        tops = event.top_logprobs or [None] * len(event.token_ids)
+        for token_id in event.token_ids:
             piece = _piece(self.tokenizer, token_id)
             tokens.append(piece)
             offsets.append(self.offsets[index])
             self.offsets[index] += len(piece)
-        return {"tokens": tokens, "token_logprobs": event["logprobs"] or [],
+        return {"tokens": tokens, "token_logprobs": list(event.logprobs or ()),
                 "top_logprobs": [{_piece(self.tokenizer, int(t)): lp for t, lp in (top or {}).items()}
-                                 for top in tops] if event.get("top_logprobs") else None,
+                                 for top in tops] if event.top_logprobs else None,
                 "text_offset": offsets}
 
-    def token_chunk(self, event: dict, include_usage: bool) -> dict:
-        index = event["choice"]
+    def token_chunk(self, event: Tokens, include_usage: bool) -> dict:
+        index = event.choice
         choice = self.choices[index]
-        choice.text += event["text"]
-        choice.token_ids += event["token_ids"]
+        choice.text += event.text
+        choice.token_ids += event.token_ids
         logprobs = self._legacy_logprobs(index, event) if self.wants_logprobs else None
         if logprobs:
             choice.logprob_entries.append(logprobs)
-        return self._chunk([{"index": index, "text": event["text"], "logprobs": logprobs,
+        return self._chunk([{"index": index, "text": event.text, "logprobs": logprobs,
                              "finish_reason": None}], include_usage=include_usage)
 
-    def finish_chunk(self, event: dict, include_usage: bool) -> dict:
-        reason = _finish_reason(event["reason"])
-        self.choices[event["choice"]].finish_reason = reason
-        return self._chunk([{"index": event["choice"], "text": "", "logprobs": None,
+    def finish_chunk(self, event: Finish, include_usage: bool) -> dict:
+        reason = _finish_reason(event.reason)
+        self.choices[event.choice].finish_reason = reason
+        return self._chunk([{"index": event.choice, "text": "", "logprobs": None,
                              "finish_reason": reason}], include_usage=include_usage)
 
-    def response(self, usage: dict) -> dict:
+    def response(self, usage: TokenUsage) -> dict:
         choices = []
         for i, c in enumerate(self.choices):
             logprobs = None
@@ -190,7 +218,7 @@ class CompletionFormat(ChatFormat):
                 "usage": usage_body(usage)}
 
 
-def embeddings_response(*, model: str, vectors: dict[int, str], usage: dict,
+def embeddings_response(*, model: str, vectors: dict[int, str], usage: TokenUsage,
                         encoding_format: str) -> dict:
     """`vectors` maps input index to base64 float32 (the transport's form)."""
     data = []
@@ -200,8 +228,8 @@ def embeddings_response(*, model: str, vectors: dict[int, str], usage: dict,
             base64.b64decode(raw), dtype=np.float32).tolist()
         data.append({"object": "embedding", "index": index, "embedding": embedding})
     return {"object": "list", "data": data, "model": model,
-            "usage": {"prompt_tokens": usage["prompt_tokens"],
-                      "total_tokens": usage["prompt_tokens"]}}
+            "usage": {"prompt_tokens": usage.prompt_tokens,
+                      "total_tokens": usage.prompt_tokens}}
 
 
 def model_object(name: str, created: int) -> dict:

@@ -5,7 +5,6 @@ from django.http import Http404, JsonResponse
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.views import defaults
 from rest_framework import exceptions as drf
-from rest_framework.response import Response
 
 from tenants import errors
 
@@ -59,30 +58,31 @@ def as_application_error(exc: Exception) -> errors.ApplicationError | None:
     return None
 
 
-def exception_handler(exc, context) -> Response | None:
-    """DRF's EXCEPTION_HANDLER: application and DRF errors in the OpenAI error body."""
-    app_exc = as_application_error(exc)
-    if app_exc is None:
-        return None  # a bug: Django's 500 handler answers (below), and logs it
-    response = Response(errors.error_body_for(app_exc), status=app_exc.status,
-                        headers=errors.error_headers(app_exc))
-    if app_exc.status == 401:
+def error_response(exc: errors.ApplicationError) -> JsonResponse:
+    """The one HTTP rendering of an application error: the OpenAI error body, its status, and
+    its headers (Retry-After, x-should-retry, a 401's WWW-Authenticate)."""
+    response = JsonResponse(errors.error_body_for(exc), status=exc.status,
+                            headers=errors.error_headers(exc))
+    if exc.status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="fairlane"'
     return response
 
 
-def _json_error(exc: errors.ApplicationError) -> JsonResponse:
-    return JsonResponse(errors.error_body_for(exc), status=exc.status,
-                        headers=errors.error_headers(exc))
+def exception_handler(exc, context) -> JsonResponse | None:
+    """DRF's EXCEPTION_HANDLER: application and DRF errors in the OpenAI error body."""
+    app_exc = as_application_error(exc)
+    if app_exc is None:
+        return None  # a bug: Django's 500 handler answers (below), and logs it
+    return error_response(app_exc)
 
 
 def handler404(request, exception=None):
     if request.path.startswith(JSON_PREFIXES):
-        return _json_error(errors.NotFound(f"No route for {request.path}."))
+        return error_response(errors.NotFound(f"No route for {request.path}."))
     return defaults.page_not_found(request, exception)
 
 
 def handler500(request):
     if request.path.startswith(JSON_PREFIXES):
-        return _json_error(errors.ApplicationError())
+        return error_response(errors.ApplicationError())
     return defaults.server_error(request)

@@ -20,6 +20,7 @@ from tenants.services.alerts import alert_deliveries_send_due, alert_destination
 from tenants.services.alerts.evaluate import rules_cache_clear
 from tenants.services.budgets import Usage, budget_create, budget_reserve, budget_settle
 from tests.conftest import ROOT
+from workers.events import Tokens
 from workers.metrics import verify_failure_count
 from workers.registry import model_get
 from workers.transport import queue_for, redis_sync
@@ -108,7 +109,7 @@ def activity(tenant, agent, tiny, settings, django_capture_on_commit_callbacks, 
     ROUTE_TTFT.labels("remote-a").observe(0.012)
     timer = TokenTimer(model="tiny", backend="local")
     for _ in range(3):
-        timer.see({"type": "token", "token_ids": [1], "text": "a"})
+        timer.see(Tokens(choice=0, text="a", token_ids=(1,)))
     timer.done()
     verify_failure_count(model="tiny", reason="unsigned")
     # The fair queue in Redis, two thirds full: a bulk request is shed (brownout).

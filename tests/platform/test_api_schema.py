@@ -85,6 +85,7 @@ def test_schemathesis_finds_nothing(tenant, agent, owner, make_user, tmp_path):
     finally:
         server.stop()
     output = result.stdout + result.stderr
+    (tmp_path / "schemathesis.out").write_text(output)  # kept for a look after a failure
     assert result.returncode == 0, output[-20000:]
     summary = re.search(r"(\d+) generated, (\d+) passed", output)
     assert summary and summary[1] == summary[2] and int(summary[1]) > 1000, output[-3000:]

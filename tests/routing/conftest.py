@@ -5,11 +5,21 @@ from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
 from tests.conftest import child_env
 from routing.bench.fakes import FakeProvider
+from routing.registry import _noted
 from tests.servers import AsgiServer
 from workers.registry import model_register
 
 PRICES = {"price_input_per_mtok": 10_000_000, "price_output_per_mtok": 40_000_000,
           "price_cached_per_mtok": 5_000_000}
+
+
+@pytest.fixture(autouse=True)
+def _backend_errors_noted_afresh():
+    """Each test's backends start with a clean note throttle: a backend of the same name in an
+    earlier test (its database row rolled back) must not mute this test's failure note."""
+    _noted.clear()
+    yield
+    _noted.clear()
 
 
 @pytest.fixture

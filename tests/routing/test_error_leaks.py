@@ -13,7 +13,7 @@ from routing.bench.fakes import (
     CONTENT_POLICY, content_filter, cut, rate_limit, server_error, slow_first_byte,
 )
 from routing.models import Backend
-from routing.registry import _noted, agent_routing_set, backend_model_set, backend_register
+from routing.registry import agent_routing_set, backend_model_set, backend_register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ENV = "ZQ_SECRET_PROVIDER_KEY_ENV"
@@ -71,15 +71,6 @@ FAILURES = {
     "wrong-credential": ({"credential": "sk-wrong"}, None, 503),
     "env-credential-unset": ({"credential": "", "credential_ref": f"env:{ENV}"}, None, 503),
 }
-
-
-@pytest.fixture(autouse=True)
-def fresh_notes():
-    """Each test registers its backend anew under a name an earlier test used: the note
-    throttle (once per 10 s per backend name and process) must not carry over."""
-    _noted.clear()
-    yield
-    _noted.clear()
 
 
 @pytest.mark.parametrize("failure", sorted(FAILURES))

@@ -1,0 +1,72 @@
+"""One request as a worker runs and bills it (`GenerationJob`): what crosses the fair queue."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from workers.engine import SamplingParams
+from workers.events import Event, Finish, Tokens
+from workers.registry import ModelInfo
+
+
+@dataclass(slots=True)
+class GenerationJob:
+    """Everything a worker needs to run and bill one request; JSON-serialisable."""
+
+    request_id: str
+    kind: str  # "generate" | "embed"
+    model: dict  # ModelInfo.to_dict()
+    prompts: list[list[int]]
+    n: int = 1
+    sampling: dict = field(default_factory=dict)  # SamplingParams keyword arguments
+    tenant_id: int = 0
+    agent_id: str = ""
+    lane: str = "standard"
+    weight: int = 1  # the tenant's fair-share weight
+    cache_salt: str = ""  # the client's: prefix caches are shared within tenant and salt only
+    created: float = field(default_factory=time.time)
+    # Set when a request resumes on another worker: tokens each choice already streamed, and
+    # the choices that already finished.
+    resumed: dict[int, list[int]] = field(default_factory=dict)
+    finished: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GenerationJob:
+        job = cls(**data)
+        job.resumed = {int(k): v for k, v in job.resumed.items()}  # JSON keys are strings
+        return job
+
+    def resume_from(self, events: list[Event]) -> GenerationJob:
+        """This job continued after the events an earlier run streamed: each unfinished
+        choice goes on from its prompt plus the tokens it already produced, so the client
+        gets the rest of its stream, not a second one."""
+        resumed: dict[int, list[int]] = {}
+        finished: list[int] = []
+        for event in events:
+            match event:
+                case Tokens(choice=choice, token_ids=token_ids):
+                    resumed.setdefault(choice, []).extend(token_ids)
+                case Finish(choice=choice):
+                    finished.append(choice)
+        return GenerationJob.from_dict({**self.to_dict(), "resumed": resumed,
+                                        "finished": finished})
+
+    @property
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(**self.model)
+
+    def choice_params(self, index: int) -> SamplingParams:
+        sampling = dict(self.sampling)
+        # n choices of one prompt with one seed would be n identical answers.
+        if sampling.get("seed") is not None:
+            # Wrap within int64, the range seeds are accepted in.
+            sampling["seed"] = (sampling["seed"] + index % self.n + 2**63) % 2**64 - 2**63
+        done = len(self.resumed.get(index, ()))
+        if done:
+            sampling["max_tokens"] -= done
+            sampling["min_tokens"] = max(sampling.get("min_tokens", 0) - done, 0)
+        return SamplingParams(**sampling)
