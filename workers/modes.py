@@ -1,6 +1,6 @@
 """Where the engines run, chosen once at start-up from FAIRLANE_ENGINE_MODE: in this process
-(embedded) or on GPU workers behind the Redis fair queue (distributed; the setting's name for
-it is "celery"). Everything that differs between the two lives here, behind one interface;
+(embedded) or on GPU workers behind the Redis fair queue (distributed; "celery" is its former
+name, still accepted). Everything that differs between the two lives here, behind one interface;
 routing and the rest of workers ask `mode_get()` and never test the setting themselves.
 
 - dispatcher: runs a request and yields its events (workers/transport).
@@ -46,7 +46,8 @@ class Load:
 
 
 class Mode(Protocol):
-    name: str  # as configured: "embedded" or "celery"
+    name: str  # "embedded" or "distributed"
+    node: str  # what this process's model loads are recorded under, before "@<host>"
     dispatcher: EmbeddedDispatcher | QueueDispatcher
 
     def model_hosted(self, model: str) -> bool: ...
@@ -69,7 +70,7 @@ _verify_lock = threading.Lock()
 class EmbeddedMode:
     """Engines in this process, on a background thread; their own queue admits."""
 
-    name = "embedded"
+    name = node = "embedded"
 
     def __init__(self) -> None:
         self.dispatcher = EmbeddedDispatcher()
@@ -131,7 +132,8 @@ class DistributedMode:
     """GPU workers take requests from each model's fair queue in Redis and advertise what they
     host (and failed to load) in their heartbeats."""
 
-    name = "celery"
+    name = "distributed"
+    node = "celery"  # loads happen on GPU workers, Celery nodes named celery@<host>
 
     def __init__(self) -> None:
         self.dispatcher = QueueDispatcher()
@@ -224,7 +226,7 @@ class DistributedMode:
 
 
 MODES: dict[str, type[EmbeddedMode] | type[DistributedMode]] = {
-    "embedded": EmbeddedMode, "celery": DistributedMode}
+    "embedded": EmbeddedMode, "distributed": DistributedMode, "celery": DistributedMode}
 _mode: EmbeddedMode | DistributedMode | None = None
 _mode_lock = threading.Lock()
 

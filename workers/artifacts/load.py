@@ -97,7 +97,7 @@ def _record(model: str, status: str, result: Verification, refusals: list[Proble
     from workers.models import ServedModel
     from workers.modes import mode_get  # it imports the host, which imports this
 
-    worker = f"{mode_get().name}@{socket.gethostname()}"
+    worker = f"{mode_get().node}@{socket.gethostname()}"
     try:
         row = ServedModel.objects.filter(name=model).first()
         if row is not None:
