@@ -17,6 +17,7 @@ import collections
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -225,13 +226,13 @@ class DistributedMode:
         return {tuple(k.decode().split("\x1f", 1)): int(v) for k, v in raw.items()}
 
 
-MODES: dict[str, type[EmbeddedMode] | type[DistributedMode]] = {
+MODES: dict[str, Callable[[], Mode]] = {
     "embedded": EmbeddedMode, "distributed": DistributedMode, "celery": DistributedMode}
-_mode: EmbeddedMode | DistributedMode | None = None
+_mode: Mode | None = None
 _mode_lock = threading.Lock()
 
 
-def mode_get() -> EmbeddedMode | DistributedMode:
+def mode_get() -> Mode:
     """The mode this process runs in: picked from the settings on first use (the workers app
     does it at start-up) and kept."""
     global _mode
