@@ -305,11 +305,15 @@ FAIRLANE_ALERT_SWEEP_SECONDS = float(os.environ.get("FAIRLANE_ALERT_SWEEP_SECOND
 FAIRLANE_OPS_POLL_SECONDS = env_int("FAIRLANE_OPS_POLL_SECONDS", 5)
 
 # --- serving ----------------------------------------------------------------------------------
-# embedded: engines run in the API process (a thread pool); celery: on GPU workers (-Q gpu).
-FAIRLANE_ENGINE_MODE = os.environ.get("FAIRLANE_ENGINE_MODE") or ("celery" if REDIS_URL
+# embedded: engines run in the API process (a thread pool); distributed: on GPU workers that
+# take requests from the Redis fair queue (workers/modes.py). "celery", its former name (it
+# runs no Celery task per request), is still accepted.
+FAIRLANE_ENGINE_MODE = os.environ.get("FAIRLANE_ENGINE_MODE") or ("distributed" if REDIS_URL
                                                                   else "embedded")
-if FAIRLANE_ENGINE_MODE not in {"embedded", "celery"}:
-    raise ImproperlyConfigured("FAIRLANE_ENGINE_MODE must be 'embedded' or 'celery'")
+if FAIRLANE_ENGINE_MODE == "celery":
+    FAIRLANE_ENGINE_MODE = "distributed"
+if FAIRLANE_ENGINE_MODE not in {"embedded", "distributed"}:
+    raise ImproperlyConfigured("FAIRLANE_ENGINE_MODE must be 'embedded' or 'distributed'")
 FAIRLANE_GPU_QUEUE = os.environ.get("FAIRLANE_GPU_QUEUE", "gpu")
 # Where presets are generated and model directories live.
 FAIRLANE_MODEL_DIR = Path(os.environ.get("FAIRLANE_MODEL_DIR", DATA_DIR / "models"))

@@ -35,7 +35,7 @@ from tenants.errors import (
 )
 from workers.events import Event, Failed
 from workers.jobs import GenerationJob
-from workers.transport import dispatcher_get
+from workers.modes import mode_get
 
 logger = logging.getLogger(__name__)
 
@@ -249,7 +249,7 @@ async def _local(attempt: Attempt, route: Route) -> Served:
     the local engine is skipped earlier instead when its queue is full or no worker is up. A
     retryable error (the model failed to load; nothing ran or was settled) falls through."""
     job = attempt.job_for(route)
-    events = dispatcher_get().events(job)
+    events = mode_get().dispatcher.events(job)
     match await anext(events):
         case Failed(retryable=True) as failed:  # nothing ran (its model failed to load)
             await events.aclose()

@@ -17,7 +17,7 @@ from django.utils import timezone
 from routing.backends import UpstreamError, backend_probe
 from routing.models import Backend, Health
 from routing.router import spec_of
-from workers.models import ServedModel
+from workers.modes import mode_get
 
 SAMPLES = 20
 
@@ -34,15 +34,8 @@ async def _probe_remote(backend: Backend) -> tuple[float, bool, str]:
 
 
 def _probe_local() -> tuple[float, bool, str]:
-    if settings.FAIRLANE_ENGINE_MODE == "embedded":
-        return 0.0, True, ""
-    from workers.worker import workers_live
-
-    models = set(ServedModel.objects.filter(is_enabled=True).values_list("name", flat=True))
-    hosted = {name for beat in workers_live() for name in beat["models"]}
-    if hosted & models:
-        return 0.0, True, ""
-    return 0.0, False, "no live GPU worker hosts a registered model"
+    ok, detail = mode_get().pool_probe()
+    return 0.0, ok, detail
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -12,13 +12,14 @@ workers drain it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+import redis
 from django.conf import settings
 from prometheus_client import Counter, Gauge
 
 from routing.errors import ServiceUnavailable
 from tenants.errors import Overloaded, RateLimited
+from workers.modes import Load, mode_get
 from workers.registry import ModelInfo
 
 BROWNOUT_LEVEL = Gauge("fairlane_brownout_level",
@@ -29,37 +30,13 @@ BROWNOUT_ACTIONS = Counter("fairlane_brownout_actions_total",
 MAX_RETRY_AFTER = 120
 
 
-@dataclass(frozen=True, slots=True)
-class Load:
-    """How loaded a model's queue is, as admission sees it."""
-
-    lane_depth: int
-    tenant_depth: int
-    total_depth: int
-    drain_rate: float  # requests per second
-
-
 def _retry_after(depth: int, rate: float) -> int:
     return max(1, min(MAX_RETRY_AFTER, math.ceil(depth / max(rate, 0.1))))
 
 
 def load_read(*, info: ModelInfo, lane: str, tenant: str) -> Load:
-    if settings.FAIRLANE_ENGINE_MODE == "embedded":  # the engine's own queue, same rules
-        from workers.fairqueue.local import local_queue
-
-        model = info.name
-        return Load(lane_depth=local_queue.depth(model=model, lane=lane),
-                    tenant_depth=local_queue.depth(model=model, lane=lane, tenant=tenant),
-                    total_depth=local_queue.depth(model=model),
-                    drain_rate=local_queue.drain_rate(model=model))
-    import redis
-
-    from workers.transport import queue_for, redis_sync
-
-    queue = queue_for(redis_sync(), info.name)
     try:
-        return Load(lane_depth=queue.depth(lane), tenant_depth=queue.depth(lane, tenant),
-                    total_depth=queue.depth(), drain_rate=queue.drain_rate())
+        return mode_get().load_read(model=info.name, lane=lane, tenant=tenant)
     except redis.RedisError as exc:  # the queue is unreachable: nothing can be queued now
         raise ServiceUnavailable("The request queue is unreachable; retry shortly.",
                                  retry_after=2) from exc

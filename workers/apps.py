@@ -9,6 +9,9 @@ class WorkersConfig(AppConfig):
     def ready(self) -> None:
         # The GPU worker's Celery signal handlers (load engines, heartbeat, drain on shutdown).
         import workers.worker  # noqa: F401
+        from workers.modes import mode_get
+
+        mode_get()  # embedded or distributed: chosen once, here
 
         global _collector_registered
         if not _collector_registered:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import collections
 import logging
-import threading
 
-from django.conf import settings
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from workers.modes import mode_get
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +38,7 @@ PER_POSITION = "spec_decode_num_accepted_tokens_per_pos"
 
 def engine_stats() -> dict[tuple[str, str], dict]:
     """(where, model) -> the engine's counters."""
-    if settings.FAIRLANE_ENGINE_MODE == "embedded":
-        from workers.host import host_get
-
-        return {("embedded", model): stats for model, stats in host_get().stats().items()}
-    from workers.worker import workers_live
-
-    return {(beat["id"], model): stats for beat in workers_live()
-            for model, stats in beat.get("stats", {}).items()}
+    return mode_get().engine_stats()
 
 
 class EngineCollector:
@@ -85,19 +78,8 @@ class EngineCollector:
 # -- the queues: what KEDA / the HPA scale the GPU workers on ----------------------------------
 
 def queue_depths() -> dict[tuple[str, str], int]:
-    """(model, lane) -> requests waiting in the fair queue (distributed mode: Redis; every
-    enabled model, zeros included, so a scaler sees 0 rather than no series)."""
-    from workers.fairqueue import LANES
-    from workers.registry import model_list_enabled
-    from workers.transport import queue_for, redis_sync
-
-    client = redis_sync()
-    depths = {}
-    for info in model_list_enabled():
-        by_lane = {k.decode(): int(v) for k, v in client.hgetall(
-            queue_for(client, info.name).prefix + "depth").items()}
-        depths.update({(info.name, lane): by_lane.get(lane, 0) for lane in LANES})
-    return depths
+    """(model, lane) -> requests waiting in the fair queue (none in the embedded mode)."""
+    return mode_get().queue_depths()
 
 
 class QueueCollector:
@@ -118,10 +100,9 @@ class QueueCollector:
         depth, waiting = self._families()
         totals: collections.Counter[str] = collections.Counter()
         try:
-            if settings.FAIRLANE_ENGINE_MODE == "celery":
-                for (model, lane), value in queue_depths().items():
-                    depth.add_metric([model, lane], value)
-                    totals[model] += value
+            for (model, lane), value in queue_depths().items():
+                depth.add_metric([model, lane], value)
+                totals[model] += value
             for (_, model), stats in engine_stats().items():
                 totals[model] += int(stats.get("num_waiting", 0))
         except Exception:  # a scrape must not fail because Redis or the database blinked
@@ -134,34 +115,16 @@ class QueueCollector:
 
 # -- models refused at load (workers/artifacts) ------------------------------------------------
 
-VERIFY_FAILURES_KEY = "fl:model_verify_failures"
-_verify_failures: collections.Counter[tuple[str, str]] = collections.Counter()
-_verify_lock = threading.Lock()
-
-
 def verify_failure_count(*, model: str, reason: str) -> None:
-    """One refused load. GPU workers keep the count in Redis, which the API's /metrics reads."""
-    if settings.FAIRLANE_ENGINE_MODE == "embedded":
-        with _verify_lock:
-            _verify_failures[(model, reason)] += 1
-        return
-    from workers.transport import redis_sync
-
+    """One refused load, counted where this mode's /metrics reads it."""
     try:
-        redis_sync().hincrby(settings.FAIRLANE_QUEUE_NAMESPACE + VERIFY_FAILURES_KEY,
-                             f"{model}\x1f{reason}", 1)
+        mode_get().verify_failure_count(model=model, reason=reason)
     except Exception:
         logger.exception("could not count the refused load of %s", model)
 
 
 def verify_failures() -> dict[tuple[str, str], int]:
-    if settings.FAIRLANE_ENGINE_MODE == "embedded":
-        with _verify_lock:
-            return dict(_verify_failures)
-    from workers.transport import redis_sync
-
-    raw = redis_sync().hgetall(settings.FAIRLANE_QUEUE_NAMESPACE + VERIFY_FAILURES_KEY)
-    return {tuple(k.decode().split("\x1f", 1)): int(v) for k, v in raw.items()}
+    return mode_get().verify_failures()
 
 
 class VerifyCollector:

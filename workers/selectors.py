@@ -7,16 +7,11 @@ and their own queue."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
-from django.conf import settings
-
 from workers.artifacts.models import ModelVerification
-from workers.fairqueue import LANES
 from workers.models import ServedModel
-
-RATE_SECONDS = 10
+from workers.modes import mode_get
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +34,7 @@ class QueueState:
         return sum(lane.depth for lane in self.lanes)
 
 
-def _lane_redis(queue, lane: str, now_ms: int) -> LaneState:
+def lane_state_redis(queue, lane: str, now_ms: int) -> LaneState:
     """One lane of a model's fair queue; its oldest wait is the earliest enqueue time among
     the heads of its tenants' queues (each tenant's queue is in arrival order)."""
     client, prefix = queue.client, queue.prefix
@@ -60,25 +55,7 @@ def queue_states() -> list[QueueState]:
     """Every enabled model's queue."""
     from workers.registry import model_list_enabled
 
-    models = [info.name for info in model_list_enabled()]
-    if settings.FAIRLANE_ENGINE_MODE == "embedded":
-        from workers.fairqueue.local import local_queue
-
-        waiting = local_queue.waiting()
-        return [QueueState(model, tuple(
-            LaneState(lane, sum(n for (m, la, _), n in waiting.items() if m == model and la == lane),
-                      None, {t: n for (m, la, t), n in waiting.items() if m == model and la == lane})
-            for lane in LANES), local_queue.drain_rate(model=model, seconds=RATE_SECONDS), 0)
-            for model in models]
-    from workers.transport import queue_for, redis_sync
-
-    client, now_ms = redis_sync(), int(time.time() * 1000)
-    states = []
-    for model in models:
-        queue = queue_for(client, model)
-        states.append(QueueState(model, tuple(_lane_redis(queue, lane, now_ms) for lane in LANES),
-                                 queue.drain_rate(RATE_SECONDS), queue.leased()))
-    return states
+    return mode_get().queue_states([info.name for info in model_list_enabled()])
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,21 +70,7 @@ class WorkerState:
 
 def worker_states() -> list[WorkerState]:
     """The live workers (their heartbeats); in the embedded mode, this process."""
-    now = time.time()
-    if settings.FAIRLANE_ENGINE_MODE == "embedded":
-        from workers.host import host_get
-
-        host = host_get()
-        stats = host.stats()
-        running = sum(int(s.get("num_running", 0)) for s in stats.values())
-        return [WorkerState("embedded", 0.0, running, settings.FAIRLANE_ENGINE_MAX_NUM_SEQS,
-                            stats, host.failed())]
-    from workers.worker import workers_live
-
-    return sorted((WorkerState(beat["id"], max(now - beat.get("ts", now), 0.0),
-                               int(beat.get("running", 0)), int(beat.get("capacity", 0)),
-                               beat.get("stats", {}), beat.get("failed", {}))
-                   for beat in workers_live()), key=lambda w: w.id)
+    return mode_get().worker_states()
 
 
 @dataclass(frozen=True, slots=True)

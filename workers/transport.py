@@ -230,13 +230,3 @@ class QueueDispatcher:
         except redis.RedisError:  # Redis is gone: so is the worker's way to hear it
             logger.warning("request %s: cancel not sent (Redis)", request_id, exc_info=True)
 
-
-_dispatchers: dict[str, EmbeddedDispatcher | QueueDispatcher] = {}
-
-
-def dispatcher_get() -> EmbeddedDispatcher | QueueDispatcher:
-    """The embedded mode runs requests in this process; the distributed one on GPU workers."""
-    mode = settings.FAIRLANE_ENGINE_MODE
-    if mode not in _dispatchers:
-        _dispatchers[mode] = EmbeddedDispatcher() if mode == "embedded" else QueueDispatcher()
-    return _dispatchers[mode]

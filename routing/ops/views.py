@@ -22,6 +22,7 @@ from tenants.portal.forms import form_error_apply
 from tenants.reports.spend import spend_overview
 from tenants.services import alerts
 from workers import selectors as pool
+from workers.modes import mode_get
 
 
 def _backends() -> dict:
@@ -35,7 +36,7 @@ def _queue() -> dict:
 def _workers() -> dict:
     workers = pool.worker_states()
     return {"workers": workers, "models": pool.model_states(workers=workers),
-            "mode": settings.FAIRLANE_ENGINE_MODE}
+            "mode": mode_get().name}
 
 
 def _spend() -> dict:

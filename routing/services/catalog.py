@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from django.conf import settings
-
 from routing.admission import Caller
 from routing.router import registry_get
 from routing.services.prepare import model_hosted, model_load_failed
@@ -19,8 +17,7 @@ def models_available(*, caller: Caller) -> list[str]:
             continue
         for route in routes:
             if route.backend.is_local:
-                usable = ((settings.FAIRLANE_ENGINE_MODE == "embedded" or model_hosted(name))
-                          and model_load_failed(name) is None)
+                usable = model_hosted(name) and model_load_failed(name) is None
             else:
                 usable = route.backend.health != "offline"
             if usable:

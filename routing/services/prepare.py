@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
-import time
 import uuid
 
 from django.conf import settings
@@ -18,6 +17,7 @@ from routing.backends import Route
 from routing.attempts import Attempt
 from routing.router import Need, Plan, registry_get, route_plan
 from tenants.errors import BackendUnavailable, InvalidRequest, ModelNotFound
+from workers.modes import mode_get
 from workers.registry import ModelInfo, model_vocab_size
 
 
@@ -51,8 +51,7 @@ class Routed:
         if retry_in is not None:
             raise BackendUnavailable("The model could not be loaded; retry later.",
                                      retry_after=max(math.ceil(retry_in), 1))
-        if (has_next and settings.FAIRLANE_ENGINE_MODE == "celery"
-                and not model_hosted(route.model)):
+        if has_next and not model_hosted(route.model):
             raise BackendUnavailable(f"No GPU worker hosts '{route.model}' now.")
 
     def attempt(self) -> Attempt:
@@ -112,45 +111,14 @@ def worst_prompt_tokens(messages: list[dict], prompt: str | list) -> int:
         + 8 * (len(messages) + 1)
 
 
-_heartbeats: tuple[float, set[str], dict[str, float]] = (0.0, set(), {})
-
-
-def _pool_state() -> tuple[set[str], dict[str, float]]:
-    """Models live GPU workers host, and those that failed to load there (seconds until the
-    next attempt), from their heartbeats, read at most once a second."""
-    global _heartbeats
-    checked, hosted, failed = _heartbeats
-    if time.monotonic() - checked > 1.0:
-        import redis
-
-        from workers.worker import workers_live
-
-        try:
-            beats = workers_live()
-        except redis.RedisError:  # unreachable: what was known a moment ago (the queue
-            return hosted, failed  # itself then answers 503)
-        hosted = {name for beat in beats for name in beat["models"]}
-        failed = {}
-        for beat in beats:
-            for name, failure in (beat.get("failed") or {}).items():
-                failed[name] = min(failed.get(name, math.inf), float(failure["retry_in"]))
-        _heartbeats = (time.monotonic(), hosted, failed)
-    return hosted, failed
-
-
 def model_hosted(model: str) -> bool:
-    """Whether a live GPU worker advertises the model."""
-    return model in _pool_state()[0]
+    """Whether the local pool hosts the model: a live GPU worker advertises it (the embedded
+    engines load it on first use)."""
+    return mode_get().model_hosted(model)
 
 
 def model_load_failed(model: str) -> float | None:
     """Seconds until the model's next load attempt when it failed to load everywhere it would
     run (this process's engines in the embedded mode, every worker that tried it in the
     distributed one); None when it is (or may be) served."""
-    if settings.FAIRLANE_ENGINE_MODE == "embedded":
-        from workers.host import host_get
-
-        failure = host_get().failed().get(model)
-        return failure["retry_in"] if failure else None
-    hosted, failed = _pool_state()
-    return failed.get(model) if model not in hosted else None
+    return mode_get().model_load_failed(model)

@@ -95,8 +95,9 @@ def _status(result: Verification, refusals: list[Problem]) -> str:
 def _record(model: str, status: str, result: Verification, refusals: list[Problem]) -> None:
     """The admin's view of the check; never in the way of the refusal itself."""
     from workers.models import ServedModel
+    from workers.modes import mode_get  # it imports the host, which imports this
 
-    worker = f"{settings.FAIRLANE_ENGINE_MODE}@{socket.gethostname()}"
+    worker = f"{mode_get().node}@{socket.gethostname()}"
     try:
         row = ServedModel.objects.filter(name=model).first()
         if row is not None:

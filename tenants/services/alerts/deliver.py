@@ -124,7 +124,7 @@ def deliveries_kick(ids: list[str]) -> None:
     """Start sending new deliveries (called once their alert has committed)."""
     if not ids:
         return
-    if settings.FAIRLANE_ENGINE_MODE == "celery":
+    if settings.FAIRLANE_ENGINE_MODE != "embedded":
         from tenants.tasks import alert_delivery_send as task
 
         for delivery_id in ids:
@@ -157,7 +157,7 @@ class EmbeddedSender:
         from tenants.services.alerts.evaluate import budget_alerts_sweep
 
         swept = 0.0
-        while settings.FAIRLANE_ENGINE_MODE != "celery":  # else Celery and the beat send
+        while settings.FAIRLANE_ENGINE_MODE == "embedded":  # else Celery and the beat send
             self._wake.clear()
             try:
                 if time.monotonic() - swept >= settings.FAIRLANE_ALERT_SWEEP_SECONDS:
