@@ -11,7 +11,7 @@ import uuid
 import httpx
 import pytest
 
-from tenants.models import Reservation, UsageRecord
+from tenants.models import Budget, Reservation, UsageRecord
 from tests.chaos.conftest import CHAT
 from tests.chaos.load import stream, until, wait_for, warm_up
 from tests.conftest import child_env
@@ -19,7 +19,9 @@ from tests.servers import AsgiServer, CeleryWorker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 DRAIN = 4
-LONG = {**CHAT, "model": "small", "max_tokens": 1000}
+# Long enough not to finish within DRAIN on a fast, quiet machine (~200 tokens/s a stream):
+# the small model's whole context less the prompt.
+LONG = {**CHAT, "model": "small", "max_tokens": 1900}
 SHORT = {**CHAT, "model": "tiny", "max_tokens": 12}
 
 
@@ -64,27 +66,34 @@ def assert_drained(outcomes, short, refused, took, server):
     assert UsageRecord.objects.get(request_id=short.request_id).status == UsageRecord.Status.OK
 
 
-def test_sigterm_drains_the_embedded_mode(chaos_key):
+@pytest.fixture
+def drain_key(chaos_key):
+    """The chaos key with room for three long streams at once (each holds ~76,000 micro-cents)."""
+    Budget.objects.update(limit_microcents=10_000_000)
+    return chaos_key
+
+
+def test_sigterm_drains_the_embedded_mode(drain_key):
     server = AsgiServer(child_env(FAIRLANE_ENGINE_MODE="embedded",
                                   FAIRLANE_DRAIN_TIMEOUT_SECONDS=str(DRAIN)))
     try:
-        warm_up(server.url, chaos_key, LONG)
-        warm_up(server.url, chaos_key, SHORT)
-        assert_drained(*drained(server, chaos_key), server)
+        warm_up(server.url, drain_key, LONG)
+        warm_up(server.url, drain_key, SHORT)
+        assert_drained(*drained(server, drain_key), server)
     finally:
         server.stop()
 
 
-def test_sigterm_drains_the_distributed_mode(chaos_key):
+def test_sigterm_drains_the_distributed_mode(drain_key):
     env = child_env(FAIRLANE_ENGINE_MODE="celery", FAIRLANE_HEARTBEAT_SECONDS="1",
                     FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
                     FAIRLANE_DRAIN_TIMEOUT_SECONDS=str(DRAIN))
     worker = CeleryWorker(env, concurrency=8)
     server = AsgiServer(env)
     try:
-        warm_up(server.url, chaos_key, LONG)
-        warm_up(server.url, chaos_key, SHORT)
-        assert_drained(*drained(server, chaos_key), server)
+        warm_up(server.url, drain_key, LONG)
+        warm_up(server.url, drain_key, SHORT)
+        assert_drained(*drained(server, drain_key), server)
     finally:
         server.stop()
         worker.stop()
