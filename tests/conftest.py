@@ -123,3 +123,16 @@ def _routing_state_fresh():
     breakers.reset()
     yield
     registry_invalidate()
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    """Poll `predicate` until it returns something truthy (returned), or fail the test."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not met in {timeout:.0f} s")

@@ -94,13 +94,3 @@ def warm_up(url: str, key: str, body: dict, timeout: float = 120) -> None:
                 assert time.monotonic() < deadline, outcome
                 await asyncio.sleep(0.5)
     asyncio.run(go())
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"{what} not met in {timeout:.0f} s")

@@ -15,9 +15,9 @@ from django.conf import settings
 from django.db import connections
 
 from tests.chaos.conftest import CHAT
-from tests.chaos.load import storm, stream, until, wait_for, warm_up
+from tests.chaos.load import storm, stream, until, warm_up
 from tests.chaos.services import Database, RedisServer
-from tests.conftest import child_env
+from tests.conftest import child_env, wait_for
 from tests.servers import AsgiServer, CeleryWorker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -14,9 +14,9 @@ import pytest
 
 from tenants.models import BudgetWindow, Reservation, UsageRecord
 from tests.chaos.conftest import CHAT
-from tests.chaos.load import storm, stream, until, wait_for, warm_up
+from tests.chaos.load import storm, stream, until, warm_up
 from tests.chaos.services import RedisServer
-from tests.conftest import child_env
+from tests.conftest import child_env, wait_for
 from tests.servers import AsgiServer, CeleryWorker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -13,8 +13,8 @@ import pytest
 
 from tenants.models import Budget, Reservation, UsageRecord
 from tests.chaos.conftest import CHAT
-from tests.chaos.load import stream, until, wait_for, warm_up
-from tests.conftest import child_env
+from tests.chaos.load import stream, until, warm_up
+from tests.conftest import child_env, wait_for
 from tests.servers import AsgiServer, CeleryWorker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -13,10 +13,10 @@ import pytest
 
 from tenants.models import Reservation, UsageRecord
 from tests.chaos.conftest import CHAT
-from tests.chaos.load import storm, until, wait_for, warm_up
+from tests.chaos.load import storm, until, warm_up
 from tests.chaos.proxy import SlowProxy
 from tests.chaos.services import RedisServer
-from tests.conftest import child_env
+from tests.conftest import child_env, wait_for
 from tests.servers import AsgiServer, CeleryWorker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -5,14 +5,13 @@ import asyncio
 import json
 import re
 import signal
-import time
 import uuid
 
 import httpx
 import pytest
 
 from tenants.models import UsageRecord
-from tests.conftest import child_env
+from tests.conftest import child_env, wait_for
 from tests.routing.conftest import PRICES
 from tests.servers import AsgiServer, CeleryWorker
 from workers.worker import workers_live
@@ -73,16 +72,6 @@ async def disconnect_after_first_tokens(base_url: str, key: str) -> str:
                 if seen >= 4:
                     break  # leaving the block closes the connection mid-stream
     return request_id
-
-
-def wait_for(predicate, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 def assert_charged_for_what_was_generated(request_id: str) -> UsageRecord:

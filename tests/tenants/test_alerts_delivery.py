@@ -23,7 +23,7 @@ from tenants.services.alerts import (
 )
 from tenants.services.alerts.evaluate import rules_cache_clear
 from tenants.services.budgets import Usage, budget_create, budget_reserve, budget_settle
-from tests.conftest import child_env
+from tests.conftest import child_env, wait_for
 from tests.servers import CeleryWorker
 
 
@@ -94,16 +94,6 @@ def cross_80_percent(tenant, agent) -> None:
     request_id = uuid.uuid4().hex
     budget_reserve(tenant=tenant, agent=agent, amount_microcents=800, request_id=request_id)
     budget_settle(tenant=tenant, request_id=request_id, cost_microcents=800, usage=Usage())
-
-
-def wait_for(predicate, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError("condition not met")
 
 
 def assert_signed_and_retried(hook: Receiver, delivery: AlertDelivery, tenant) -> None:

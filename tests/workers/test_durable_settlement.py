@@ -5,7 +5,6 @@ ledger row appears, charged once. Real processes on a database of their own."""
 
 import asyncio
 import json
-import time
 import uuid
 
 import httpx
@@ -19,7 +18,7 @@ from tenants.models import Scope
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
 from tests.chaos.services import Database, RedisServer
-from tests.conftest import child_env
+from tests.conftest import child_env, wait_for
 from tests.routing.conftest import PRICES
 from tests.servers import AsgiServer, CeleryWorker
 from workers.registry import model_register
@@ -40,16 +39,6 @@ def seeded(tenant, agent):
 def clone() -> Database:
     connections.close_all()
     return Database(settings.DATABASES["default"]["NAME"])
-
-
-def wait_for(predicate, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
 
 
 async def stream_with_outage(url: str, key: str, body: dict, db: Database) -> list[dict]:
@@ -76,7 +65,7 @@ def ledger(db: Database, request_id: str):
 
 
 def assert_settled_once(db: Database, request_id: str, cost: int, completion: int) -> None:
-    assert wait_for(lambda: ledger(db, request_id)) == (cost, completion, "ok")
+    assert wait_for(lambda: ledger(db, request_id), timeout=60) == (cost, completion, "ok")
     [(status,)] = db.query("SELECT status FROM tenants_reservation WHERE request_id = %s",
                            request_id)
     [(spent, reserved)] = db.query("SELECT spent_microcents, reserved_microcents FROM "
@@ -112,7 +101,7 @@ def test_embedded_a_settlement_waits_on_disk_until_the_database_is_back(seeded, 
         cost = -(-(usage["prompt_tokens"] * PRICES["price_input_per_mtok"]
                    + 10 * PRICES["price_output_per_mtok"]) // 1_000_000)
         assert_settled_once(db, request_id, cost, 10)
-        wait_for(lambda: not list(outbox.rglob("*.json")))
+        wait_for(lambda: not list(outbox.rglob("*.json")), timeout=60)
         assert "settlement queued for retry" in server.output()
     finally:
         server.stop()
@@ -148,7 +137,7 @@ def test_distributed_a_workers_settlement_waits_in_redis_until_the_database_is_b
                    * PRICES["price_cached_per_mtok"]
                    + 60 * PRICES["price_output_per_mtok"]) // 1_000_000)
         assert_settled_once(db, request_id, cost, 60)
-        wait_for(lambda: client.xlen(stream) == 0)
+        wait_for(lambda: client.xlen(stream) == 0, timeout=60)
         assert "settlement queued for retry" in worker.output()
     finally:
         server.stop()
