@@ -15,11 +15,11 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from routing import services
-from routing.sync import db_call
 from routing.admission import caller_authenticate, caller_cached
 from routing.drain import Drained, drain
 from routing.errors import ServiceUnavailable
 from routing.metrics import API_REQUESTS, API_RESPONSE_START
+from routing.sync import db_call
 from routing.wire.render import (
     SSE_DONE, Chunk, ErrorChunk, UsageChunk, model_object, sse,
 )

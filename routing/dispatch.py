@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from routing.sync import db_call
 from routing.attempts import Attempt, attempt_hold, attempt_release
 from routing.backends import Route, UpstreamError
 from routing.breaker import breakers
@@ -30,6 +29,7 @@ from routing.errors import SURFACED, client_error
 from routing.holds import holds
 from routing.registry import backend_error_noted
 from routing.remote import remote_start
+from routing.sync import db_call
 from tenants.errors import (
     ApplicationError, BackendUnavailable, BudgetExhausted, CircuitOpen, error_from_code,
 )

@@ -5,8 +5,8 @@ httpx.AsyncClient per event loop (pooled connections; asyncio clients belong to 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
-import weakref
 from collections.abc import AsyncIterator
 
 import httpx
@@ -20,16 +20,27 @@ from routing.credentials import credential_resolve
 from tenants.errors import ApplicationError
 from workers.events import RemoteEvent
 
-_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Per event loop: (client, transport); a closed loop's are dropped when the next is made.
+_clients: dict = {}
 
 
 def http_client() -> httpx.AsyncClient:
     """This loop's client: httpx's API over aiohttp's pool and parser (routing/backends/aio.py)."""
     loop = asyncio.get_running_loop()
-    client = _clients.get(loop)
+    client, _ = _clients.get(loop, (None, None))
     if client is None or client.is_closed:
-        client = _clients[loop] = httpx.AsyncClient(transport=AiohttpTransport(limit=4096))
+        _abandon(closed_only=True)
+        transport = AiohttpTransport(limit=4096)
+        client = httpx.AsyncClient(transport=transport)
+        _clients[loop] = (client, transport)
     return client
+
+
+@atexit.register
+def _abandon(closed_only: bool = False) -> None:
+    """Close the connections of clients whose loop has closed (all of them at exit)."""
+    for loop in [loop for loop in _clients if loop.is_closed() or not closed_only]:
+        _clients.pop(loop)[1].abandon()
 
 
 def _timeout(spec: BackendSpec) -> httpx.Timeout:

@@ -84,3 +84,16 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+    def abandon(self) -> None:
+        """Close the sockets of a session whose event loop has closed (a test's, or a
+        command's): nothing can await there any more, so this is synchronous."""
+        session, self._session = self._session, None
+        if session is None or session.closed:
+            return
+        connector = session.connector
+        session.detach()
+        if connector is not None:
+            # close() is a coroutine, and its loop is gone: the synchronous part of it, which
+            # closes the transports (aiohttp's own __del__ calls the same).
+            connector._close(abort_ssl=True)

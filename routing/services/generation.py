@@ -4,10 +4,10 @@ per backend); the agent's cascade is in cascade.py."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from django.conf import settings
 
-from routing.sync import db_call
 from routing.admission import Caller, engine_sampling, max_tokens_resolve
 from routing.backends import Call, Route
 from routing.dispatch import Served, routes_walk
@@ -21,6 +21,7 @@ from routing.services.prepare import (
     Routed, chat_prompt, completion_prompts, prompt_texts, tenant_cache_salt,
     worst_prompt_tokens,
 )
+from routing.sync import db_call
 from routing.wire import parse
 from routing.wire.render import ChatFormat, CompletionFormat
 from tenants.errors import ApplicationError, InvalidRequest
@@ -175,7 +176,8 @@ def _admit_generation(caller: Caller, kind: str, request) -> tuple[_Generation, 
     return generation, admitted
 
 
-async def _start(caller: Caller, kind: str, request, admission=None,
+async def _start(caller: Caller, kind: str, request,
+                 admission: tuple[_Generation, Admitted] | None = None,
                  ) -> tuple[_Generation, Served, Admitted]:
     generation, admitted = admission or await db_call(_admit_generation)(
         caller, kind, request)
@@ -188,22 +190,34 @@ async def _start(caller: Caller, kind: str, request, admission=None,
     return generation, served, admitted
 
 
-def _admit_or_tiers(caller: Caller, kind: str, request):
+@dataclass(frozen=True, slots=True)
+class _Cascade:
+    """The agent's cascade lists the model asked for: its tiers, cheapest first."""
+
+    tiers: list[str]
+    threshold: float
+
+
+def _admit_or_tiers(caller: Caller, kind: str, request
+                    ) -> tuple[_Generation, Admitted] | _Cascade:
     """One hop for the usual request: its admission; the cascade's tiers and threshold when
     the agent has a cascade listing the model asked for."""
     tiers, threshold = _cascade_tiers(caller, request.model)
-    return (tiers, threshold) if len(tiers) > 1 else _admit_generation(caller, kind, request)
+    if len(tiers) > 1:
+        return _Cascade(tiers, threshold)
+    return _admit_generation(caller, kind, request)
 
 
 async def generation_start(*, caller: Caller, kind: str, body) -> Started:
     request_arrived()  # the start of its time to first token (routing/metrics.py)
     request = (parse.chat_request_parse(body) if kind == "chat"
                else parse.completion_request_parse(body))
-    admission = await db_call(_admit_or_tiers)(caller, kind, request)
-    if isinstance(admission[0], list):
-        return await cascade_run(caller, kind, request, *admission, start=_start)
-    generation, served, admitted = await _start(caller, kind, request, admission)
-    return generation.started(served, admitted)
+    match await db_call(_admit_or_tiers)(caller, kind, request):
+        case _Cascade(tiers=tiers, threshold=threshold):
+            return await cascade_run(caller, kind, request, tiers, threshold, start=_start)
+        case admission:
+            generation, served, admitted = await _start(caller, kind, request, admission)
+            return generation.started(served, admitted)
 
 
 def _cascade_tiers(caller: Caller, model: str) -> tuple[list[str], float]:
