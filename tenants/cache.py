@@ -1,7 +1,7 @@
 """What the request path reads on every request, kept in the process: API keys (with their
 tenant and agent), budgets and budget windows. A change to any of those rows drops every
 process's copies at once: the process that saved it clears its own and publishes on Redis
-(`<namespace>fl:invalidate`); a thread in each process listens and clears its copies, and
+(`<namespace>fl:invalidate:<Redis db>`); a thread in each process listens and clears its copies, and
 clears them again whenever it (re)connects, since messages sent while it was away are lost.
 FAIRLANE_AUTH_CACHE_SECONDS bounds an entry's age as well, so a revocation made while Redis was
 unreachable still takes effect within that time. Without Redis (the embedded mode: one
@@ -98,7 +98,11 @@ def _publish() -> None:
 
 
 def _channel() -> str:
-    return settings.FAIRLANE_QUEUE_NAMESPACE + CHANNEL
+    """Pub/sub channels span a Redis server's numbered databases, unlike keys: the channel
+    names the database (and the namespace) so deployments sharing a server stay apart."""
+    client = _redis()
+    db = client.connection_pool.connection_kwargs.get("db", 0) if client is not None else 0
+    return f"{settings.FAIRLANE_QUEUE_NAMESPACE}{CHANNEL}:{db}"
 
 
 def _redis():
