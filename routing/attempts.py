@@ -35,6 +35,9 @@ class Attempt:
     errors: list[ApplicationError] = field(default_factory=list)
     budget_refusal: BudgetExhausted | None = None
     waits: list[float] = field(default_factory=list)
+    # The first route, prepared (budget held) in the admission's hop: (route, "" or why it
+    # was refused, or the exception preparing it raised), taken by the walk's first try.
+    prepared: tuple[Route, str | BaseException] | None = None
 
 
 def attempt_hold(attempt: Attempt, amount: int) -> None:

@@ -126,9 +126,27 @@ def _route_prepare(attempt: Attempt, route: Route, has_next: bool) -> str:
     return ""
 
 
+def route_first_prepare(attempt: Attempt, plan) -> None:
+    """Prepare the plan's first route now (synchronous: the admission's hop), so the walk's
+    first try needs no hop of its own. What it raises is raised by the walk, which releases."""
+    if plan.routes:
+        route = plan.routes[0]
+        try:
+            outcome = _route_prepare(attempt, route, len(plan.routes) > 1)
+        except Exception as exc:  # noqa: BLE001 - handed to the walk as is
+            outcome = exc
+        attempt.prepared = (route, outcome)
+
+
 async def _try_route(attempt: Attempt, route: Route, has_next: bool) -> Served | None:
     name = route.backend.name
-    refusal = await db_call(_route_prepare)(attempt, route, has_next)
+    prepared, attempt.prepared = attempt.prepared, None
+    if prepared is not None and prepared[0] is route:
+        if isinstance(prepared[1], BaseException):
+            raise prepared[1]
+        refusal = prepared[1]
+    else:
+        refusal = await db_call(_route_prepare)(attempt, route, has_next)
     if refusal:
         ROUTE_ATTEMPTS.labels(name, refusal).inc()
         return None

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from routing.admission import Caller, engine_sampling, max_tokens_resolve
+from routing.attempts import Attempt
 from routing.backends import Call, Route
-from routing.dispatch import Served, routes_walk
+from routing.dispatch import Served, route_first_prepare, routes_walk
 from routing.metrics import request_arrived
 from routing.overload import load_admit
 from routing.ratelimit import Admitted, limiter_get, scopes_for
@@ -66,6 +67,7 @@ class _Generation(Routed):
                                  "(token-id or batched prompts, logit_bias and completion "
                                  "logprobs need the model's own tokenizer).")
         self._jobs: dict[str, GenerationJob] = {}
+        self.walk: Attempt | None = None  # set by the admission, its first route prepared
 
     def _local_prepare(self, *, remote_too: bool) -> None:
         info, request = self.local.info, self.request
@@ -169,10 +171,13 @@ class _Generation(Routed):
 
 
 def _admit_generation(caller: Caller, kind: str, request) -> tuple[_Generation, Admitted]:
-    """Everything before dispatch (synchronous: database and tokenizer work)."""
+    """Everything before dispatch (synchronous: database and tokenizer work), and the first
+    route's budget hold in the same hop."""
     generation = _Generation(caller, kind, request)
     admitted = limiter_get().acquire(request_id=generation.request_id,
                                      scopes=scopes_for(caller), tokens=generation.worst_tokens())
+    generation.walk = generation.attempt()
+    route_first_prepare(generation.walk, generation.first_plan)
     return generation, admitted
 
 
@@ -182,8 +187,7 @@ async def _start(caller: Caller, kind: str, request,
     generation, admitted = admission or await db_call(_admit_generation)(
         caller, kind, request)
     try:
-        served = await routes_walk(generation.attempt(), generation.plan,
-                                   generation.first_plan)
+        served = await routes_walk(generation.walk, generation.plan, generation.first_plan)
     except BaseException:
         limiter_get().release(admitted, tokens_used=0)
         raise
