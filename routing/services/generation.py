@@ -14,7 +14,7 @@ from routing.dispatch import Served, routes_walk
 from routing.metrics import request_arrived
 from routing.overload import load_admit
 from routing.ratelimit import Admitted, limiter_get, scopes_for
-from routing.router import Need, registry_get
+from routing.router import Need, feature_missing, registry_get
 from routing.services.answers import Started
 from routing.services.cascade import cascade_run
 from routing.services.prepare import (
@@ -22,12 +22,19 @@ from routing.services.prepare import (
     worst_prompt_tokens,
 )
 from routing.wire import parse
+from routing.wire.messages import message_text
+from routing.wire.tools import ToolUse
 from routing.wire.render import ChatFormat, CompletionFormat
 from tenants.errors import ApplicationError, InvalidRequest
 from workers.generation import GenerationJob
 from workers.registry import model_tokenizer, usage_cost
 
 logger = logging.getLogger(__name__)
+# What a request needing a feature no backend of its model has is told, and its param.
+FEATURE_NAMES = {"tools": "tools (function calling)",
+                 "json_schema": "response_format (JSON mode and structured outputs)",
+                 "vision": "image inputs"}
+FEATURE_PARAMS = {"tools": "tools", "json_schema": "response_format", "vision": "messages"}
 
 
 class _Generation(Routed):
@@ -42,11 +49,16 @@ class _Generation(Routed):
         routes = self.routes
         self.tokenizer, self.token_prompts, self.local_max = None, None, 0
         self.brownout = ""
+        self.tool_use = request.tool_use if kind == "chat" else ToolUse()
+        features = request.features if kind == "chat" else frozenset()
+        if self.local is not None and not features <= self.local.features:
+            self.local = None  # tools, JSON schemas, images: not for our engine (yet)
         if self.local is not None:
             self._local_prepare(remote_too=len(routes) > 1)
         token_ids = kind == "completion" and (len(request.prompts) > 1 or any(
             isinstance(p, list) for p in request.prompts))
-        self.remote_prompt_tokens = worst_prompt_tokens(self.messages, self.prompt)
+        self.remote_prompt_tokens = worst_prompt_tokens(self.messages, self.prompt,
+                                                        self.tool_use)
         self.num_prompts = len(self.token_prompts) if self.token_prompts else 1
         remote = [r for r in routes if not r.backend.is_local]
         worst_max = max([self.local_max] + [self._remote_max(r) for r in remote])
@@ -56,10 +68,14 @@ class _Generation(Routed):
                          n=self.sampling.n, token_prompts=token_ids,
                          logit_bias=bool(self.sampling.logit_bias),
                          logprobs=self.sampling.logprobs is not None,
-                         tenant=str(caller.tenant.pk),
-                         prefix=("".join(m["content"] for m in self.messages)
+                         tenant=str(caller.tenant.pk), features=features,
+                         prefix=("".join(message_text(m) for m in self.messages)
                                  or str(self.prompt))[:512])
         self.first_plan = plan = self.plan()
+        if plan.unsupported and features:
+            feature = feature_missing(routes, self.need) or sorted(features)[0]
+            raise InvalidRequest(f"No backend serving '{request.model}' supports "
+                                 f"{FEATURE_NAMES[feature]}.", param=FEATURE_PARAMS[feature])
         if plan.unsupported:
             raise InvalidRequest(f"No backend serving '{request.model}' supports this request "
                                  "(token-id or batched prompts, logit_bias and completion "
@@ -122,6 +138,7 @@ class _Generation(Routed):
         return Call(kind=self.kind, upstream=route.upstream, sampling=self.sampling,
                     max_tokens=self.max_tokens(route), messages=self.messages,
                     prompt=self.prompt, wants_logprobs=self.sampling.logprobs is not None,
+                    tool_use=self.tool_use,
                     cache_salt=tenant_cache_salt(tenant_id=self.caller.tenant.pk,
                                                  salt=self.request.cache_salt))
 
