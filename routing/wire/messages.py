@@ -136,15 +136,16 @@ def _message(message: Any, index: int) -> dict:
     if message.get("tool_calls") is not None and role != "assistant":
         raise InvalidRequest("Only assistant messages carry 'tool_calls'.",
                              param=f"messages[{index}].tool_calls")
-    parsed = {"role": role, "content": _content(message, role, index)}
-    if role == "assistant" and message.get("tool_calls") is not None:
-        parsed["tool_calls"] = _tool_calls(message.get("tool_calls"), index)
     if role == "tool":
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str) or not TOOL_CALL_ID.fullmatch(call_id):
             raise InvalidRequest("A tool message needs the 'tool_call_id' it answers.",
                                  param=f"messages[{index}].tool_call_id")
-        parsed["tool_call_id"] = call_id
+        return {"role": role, "tool_call_id": call_id,
+                "content": _content(message, role, index)}
+    parsed = {"role": role, "content": _content(message, role, index)}
+    if role == "assistant" and message.get("tool_calls") is not None:
+        parsed["tool_calls"] = _tool_calls(message.get("tool_calls"), index)
     return parsed
 
 
