@@ -2,7 +2,8 @@
 data URL is decoded; an http(s) URL is fetched by this process within a size and a time limit
 (FAIRLANE_IMAGE_MAX_BYTES, FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS), without following
 redirects, and never from a private, loopback or link-local address (unless
-FAIRLANE_IMAGE_FETCH_PRIVATE): a client must not reach our own network through us. Whatever
+FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE): a client must not reach our own network through us. The
+request goes to the address that was checked. Whatever
 fails is the client's 400, saying why."""
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import ipaddress
-from urllib.parse import urlsplit
+import socket
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from django.conf import settings
@@ -24,24 +26,38 @@ def _too_large(param: str) -> InvalidRequest:
                           "bytes this model's backend takes.", param=param)
 
 
-async def _public_only(url: str, param: str) -> None:
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+def _public(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+async def _addresses(host: str, port: int, param: str) -> list[str]:
+    """The host's addresses, each checked: the request goes to one of these, so a name that
+    resolves elsewhere a moment later cannot send it inside (as alert webhooks do)."""
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, port)
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port,
+                                                             type=socket.SOCK_STREAM)
     except OSError:
-        raise InvalidRequest(f"The image host {parts.hostname!r} does not resolve.",
-                             param=param) from None
-    for info in infos:
-        address = ipaddress.ip_address(info[4][0])
-        if not address.is_global or address.is_multicast:
-            raise InvalidRequest("Image URLs on private, loopback or link-local addresses are "
-                                 "not fetched.", param=param)
+        raise InvalidRequest(f"The image host {host!r} does not resolve.", param=param) from None
+    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    if not settings.FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE and not all(map(_public, addresses)):
+        raise InvalidRequest(f"The image host {host!r} is on a private, loopback or link-local "
+                             "address; such image URLs are not fetched.", param=param)
+    return addresses
 
 
 async def _fetch(client: httpx.AsyncClient, url: str, param: str) -> tuple[str, bytes]:
     limit = settings.FAIRLANE_IMAGE_MAX_BYTES
-    async with client.stream("GET", url, follow_redirects=False,
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    address = (await _addresses(parts.hostname, port, param))[0]
+    literal = f"[{address}]" if ":" in address else address
+    pinned = urlunsplit((parts.scheme, f"{literal}:{port}", parts.path or "/", parts.query, ""))
+    host = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
+    async with client.stream("GET", pinned, headers={"host": host}, follow_redirects=False,
+                             extensions={"sni_hostname": parts.hostname},
                              timeout=settings.FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS) as response:
         if response.is_redirect:
             raise InvalidRequest("The image URL redirects; redirects are not followed.",
@@ -65,8 +81,6 @@ async def _fetch(client: httpx.AsyncClient, url: str, param: str) -> tuple[str, 
 
 async def image_fetch(client: httpx.AsyncClient, url: str, param: str) -> tuple[str, bytes]:
     """(media type, bytes) of an http(s) image, or InvalidRequest saying why not."""
-    if not settings.FAIRLANE_IMAGE_FETCH_PRIVATE:
-        await _public_only(url, param)
     seconds = settings.FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS
     try:
         async with asyncio.timeout(seconds):  # the whole fetch, however slowly it trickles
@@ -74,7 +88,7 @@ async def image_fetch(client: httpx.AsyncClient, url: str, param: str) -> tuple[
     except TimeoutError:
         raise InvalidRequest(f"The image URL was not fetched within {seconds:g} s.",
                              param=param) from None
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, ValueError) as exc:  # ValueError: a header it cannot send
         raise InvalidRequest(f"The image URL could not be fetched ({type(exc).__name__}).",
                              param=param) from None
 

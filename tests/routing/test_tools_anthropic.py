@@ -48,7 +48,7 @@ class Images(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def images(settings):
-    settings.FAIRLANE_IMAGE_FETCH_PRIVATE = True  # the image server is on 127.0.0.1
+    settings.FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE = True  # the image server is on 127.0.0.1
     settings.FAIRLANE_IMAGE_MAX_BYTES = 4096
     settings.FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS = 0.5
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Images)
@@ -205,7 +205,7 @@ async def test_images_that_cannot_be_fetched_are_a_400_saying_why(key, claude, i
 
 
 async def test_images_on_private_addresses_are_not_fetched(key, claude, images, settings):
-    settings.FAIRLANE_IMAGE_FETCH_PRIVATE = False
+    settings.FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE = False
     response = await chat(key, messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": images + "/cat.png"}}]}])
     assert response.status_code == 400
