@@ -39,6 +39,14 @@ def test_the_openai_client_reads_tool_calls_streamed_and_not(client, gpt):
         "call_fake0", "get_weather", ARGS)
     assert reply.choices[0].finish_reason == "tool_calls"
     assert gpt.requests[0]["tool_choice"] == "required"
+    # The next turn, as the client's users write it: its own message object sent back.
+    client.chat.completions.create(model="m", tools=[WEATHER], max_tokens=50, messages=ASK + [
+        reply.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": "21 C"}])
+    assert gpt.requests[1]["messages"][1:] == [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_fake0", "type": "function",
+             "function": {"name": "get_weather", "arguments": ARGS}}]},
+        {"role": "tool", "tool_call_id": "call_fake0", "content": "21 C"}]
 
     chunks = list(client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER],
                                                  stream=True, max_tokens=50))
