@@ -199,6 +199,7 @@ class Plan:
     agent: AgentPlan
     blocked_for: float = 0.0  # when every candidate is open/cooling: seconds until one is not
     unsupported: bool = False  # the model exists but no backend can serve this request
+    missing: str | None = None  # a feature the request needs that none of them has
 
 
 def route_plan(*, registry: Registry, agent_id: str, model: str, need: Need,
@@ -215,7 +216,8 @@ def route_plan(*, registry: Registry, agent_id: str, model: str, need: Need,
     capable = [r for r in routes if route_supports(r, need)]
     usable = [r for r in capable if r.backend.health != Health.OFFLINE
               and breakers.available(r.backend.name)]
-    plan = Plan(routes=usable, agent=agent, unsupported=bool(routes) and not capable)
+    plan = Plan(routes=usable, agent=agent, unsupported=bool(routes) and not capable,
+                missing=feature_missing(routes, need) if routes and not capable else None)
     if capable and not usable:
         waits = [breakers.blocked_for(r.backend.name) for r in capable]
         plan.blocked_for = min((w for w in waits if w > 0), default=0.0)

@@ -141,6 +141,12 @@ def tools_translate(use: ToolUse) -> tuple[list[dict], dict | None]:
     return tools, out
 
 
+def _history_tools(turns: list[dict]) -> list[str]:
+    names = [block.get("name") for turn in turns if isinstance(turn.get("content"), list)
+             for block in turn.get("content") if block.get("type") == "tool_use"]
+    return list(dict.fromkeys(names))
+
+
 async def request_body(client: httpx.AsyncClient, call: Call) -> dict:
     s = call.sampling
     system = "\n\n".join(m.get("content") or "" for m in call.messages
@@ -157,6 +163,12 @@ async def request_body(client: httpx.AsyncClient, call: Call) -> dict:
     if s.stop:
         body["stop_sequences"] = list(s.stop)
     tools, choice = tools_translate(call.tool_use)
+    if not tools and _history_tools(body.get("messages")):
+        # Anthropic wants the tools of tool_use blocks in the history defined; none offered
+        # this turn: they are defined, and none may be called.
+        tools = [{"name": name, "input_schema": EMPTY_SCHEMA}
+                 for name in _history_tools(body.get("messages"))]
+        choice = {"type": "none"}
     if tools:
         body["tools"] = tools
     if choice is not None:

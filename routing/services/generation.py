@@ -14,7 +14,7 @@ from routing.dispatch import Served, routes_walk
 from routing.metrics import request_arrived
 from routing.overload import load_admit
 from routing.ratelimit import Admitted, limiter_get, scopes_for
-from routing.router import Need, feature_missing, registry_get
+from routing.router import Need, registry_get
 from routing.services.answers import Started
 from routing.services.cascade import cascade_run
 from routing.services.prepare import (
@@ -72,14 +72,15 @@ class _Generation(Routed):
                          prefix=("".join(message_text(m) for m in self.messages)
                                  or str(self.prompt))[:512])
         self.first_plan = plan = self.plan()
-        if plan.unsupported and features:
-            feature = feature_missing(routes, self.need) or sorted(features)[0]
+        if plan.missing:
             raise InvalidRequest(f"No backend serving '{request.model}' supports "
-                                 f"{FEATURE_NAMES[feature]}.", param=FEATURE_PARAMS[feature])
+                                 f"{FEATURE_NAMES[plan.missing]}.",
+                                 param=FEATURE_PARAMS[plan.missing])
         if plan.unsupported:
             raise InvalidRequest(f"No backend serving '{request.model}' supports this request "
                                  "(token-id or batched prompts, logit_bias and completion "
-                                 "logprobs need the model's own tokenizer).")
+                                 "logprobs need the model's own tokenizer; tools, JSON mode "
+                                 "and images backends that support them all).")
         self._jobs: dict[str, GenerationJob] = {}
 
     def _local_prepare(self, *, remote_too: bool) -> None:

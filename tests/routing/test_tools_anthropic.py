@@ -143,6 +143,23 @@ async def test_a_tool_without_arguments_gets_an_empty_object(key, claude):
     assert "tool_choice" not in claude.requests[0]  # none asked: Anthropic's default, auto
 
 
+async def test_past_tool_calls_without_tools_are_defined_and_uncallable(key, claude):
+    claude.calls, claude.text = [], "It rained."
+    response = await chat(key, messages=[
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "call_a", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "rain"}])
+    sent = claude.requests[0]
+    assert sent["messages"][1]["content"][0] == {"type": "text", "text": "Let me look."}
+    assert sent["tools"] == [{"name": "get_weather",
+                              "input_schema": {"type": "object", "properties": {}}}]
+    assert sent["tool_choice"] == {"type": "none"}
+    [choice] = json.loads(response.content)["choices"]
+    assert choice["message"]["content"] == "It rained." and choice["finish_reason"] == "stop"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_json_mode_is_a_forced_tool_whose_input_is_the_content(key, claude, stream):
     claude.calls, claude.text = [(None, '{"t": 21.5}')], ""

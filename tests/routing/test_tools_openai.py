@@ -143,6 +143,10 @@ async def test_backends_without_a_capability_are_passed_over_or_refused(key, age
         response = await chat(key, messages=[{"role": "user", "content": IMAGES}])
         assert json.loads(response.content)["error"]["param"] == "messages"
         assert len(capable.requests) == 1
+        # Only the agent's chain counts: a capable backend outside it does not.
+        await database_sync_to_async(agent_routing_set)(agent=agent, chain=["vllm"])
+        response = await chat(key, tools=[WEATHER])
+        assert json.loads(response.content)["error"]["param"] == "tools"
     finally:
         plain.stop()
         capable.stop()
