@@ -73,7 +73,8 @@ class Backend(models.Model):
     paged_kv = models.BooleanField(default=False)
     zone = models.CharField(max_length=64, blank=True, default="")
     # What chat requests may use: by default openai, openrouter and anthropic have all three,
-    # openai_compatible (vLLM) JSON schemas, fairlane and local none (routing.backends.base).
+    # openai_compatible (vLLM) JSON modes, fairlane none; local has JSON mode (json_object) by
+    # its own guided decoding, whatever these say (routing.backends.base).
     supports_tools = _supports("tools (function calling)")
     supports_json_schema = _supports("response_format json_object / json_schema")
     supports_vision = _supports("image inputs")

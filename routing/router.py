@@ -126,7 +126,7 @@ class Need:
     tenant: str = ""
     prefix: str = ""  # the prompt's beginning, for KV affinity
     max_tokens_set: bool = True  # False: max_tokens is a default, fitted to each backend
-    features: frozenset[str] = frozenset()  # tools, json_schema, vision (ChatRequest.features)
+    features: frozenset[str] = frozenset()  # ChatRequest.features (backends.base.FEATURES)
 
 
 def route_supports(route: Route, need: Need) -> bool:

@@ -21,19 +21,23 @@ from workers.registry import ModelInfo
 # What a chat request may need beyond text (ChatRequest.features), and who has it unless the
 # operator says otherwise (Backend.supports_*, per model BackendModel.supports_*). vLLM
 # serves JSON schemas out of the box; tool parsing and images depend on its flags and model.
-# Our own engine has none of them until its constrained decoding lands.
-FEATURES = ("tools", "json_schema", "vision")
+FEATURES = ("tools", "json_object", "json_schema", "vision")
 KIND_FEATURES = {"openai": frozenset(FEATURES), "openrouter": frozenset(FEATURES),
-                 "anthropic": frozenset(FEATURES), "openai_compatible": frozenset({"json_schema"})}
+                 "anthropic": frozenset(FEATURES),
+                 "openai_compatible": frozenset({"json_object", "json_schema"})}
+# Our engine: JSON mode (guided decoding, workers/engine/guide.py); schemas and tools not yet.
+LOCAL_FEATURES = frozenset({"json_object"})
+FLAGS = {"tools": ("tools",), "json_schema": ("json_object", "json_schema"),
+         "vision": ("vision",)}  # supports_<flag> -> the features it turns on or off
 
 
 def features_resolve(default: frozenset[str], row) -> frozenset[str]:
-    """`default` changed by the row's `supports_<feature>` flags (None: unchanged)."""
+    """`default` changed by the row's `supports_<flag>` flags (None: unchanged)."""
     features = set(default)
-    for feature in FEATURES:
-        flag = getattr(row, f"supports_{feature}", None)
-        if flag is not None:
-            (features.add if flag else features.discard)(feature)
+    for flag, named in FLAGS.items():
+        value = getattr(row, f"supports_{flag}", None)
+        if value is not None:
+            (features.update if value else features.difference_update)(named)
     return frozenset(features)
 
 
@@ -71,7 +75,7 @@ class BackendSpec:
     @property
     def features(self) -> frozenset[str]:
         if self.is_local:
-            return frozenset()
+            return LOCAL_FEATURES
         return features_resolve(KIND_FEATURES.get(self.kind, frozenset()), self)
 
     def capabilities(self) -> dict:

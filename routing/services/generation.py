@@ -32,9 +32,11 @@ from workers.registry import model_tokenizer, usage_cost
 logger = logging.getLogger(__name__)
 # What a request needing a feature no backend of its model has is told, and its param.
 FEATURE_NAMES = {"tools": "tools (function calling)",
-                 "json_schema": "response_format (JSON mode and structured outputs)",
+                 "json_object": "response_format json_object (JSON mode)",
+                 "json_schema": "response_format json_schema (structured outputs)",
                  "vision": "image inputs"}
-FEATURE_PARAMS = {"tools": "tools", "json_schema": "response_format", "vision": "messages"}
+FEATURE_PARAMS = {"tools": "tools", "json_object": "response_format",
+                  "json_schema": "response_format", "vision": "messages"}
 
 
 class _Generation(Routed):
@@ -53,6 +55,7 @@ class _Generation(Routed):
         features = request.features if kind == "chat" else frozenset()
         if self.local is not None and not features <= self.local.features:
             self.local = None  # tools, JSON schemas, images: not for our engine (yet)
+        self.guide = "json_object" if "json_object" in features else None
         if self.local is not None:
             self._local_prepare(remote_too=len(routes) > 1)
         token_ids = kind == "completion" and (len(request.prompts) > 1 or any(
@@ -129,11 +132,15 @@ class _Generation(Routed):
             self._jobs[route.backend.name] = GenerationJob(
                 request_id=self.request_id, kind="generate", model=route.info.to_dict(),
                 prompts=self.token_prompts if route.backend.is_local else [],
-                n=self.sampling.n, sampling=engine_sampling(self.sampling, self.max_tokens(route)),
+                n=self.sampling.n, sampling=self._engine_sampling(route),
                 tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk),
                 lane=self.lane, weight=caller.tenant.weight,
                 cache_salt=self.request.cache_salt)
         return self._jobs[route.backend.name]
+
+    def _engine_sampling(self, route: Route) -> dict:
+        sampling = engine_sampling(self.sampling, self.max_tokens(route))
+        return {**sampling, "guide": self.guide} if self.guide else sampling
 
     def call(self, route: Route) -> Call:
         return Call(kind=self.kind, upstream=route.upstream, sampling=self.sampling,

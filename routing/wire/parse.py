@@ -63,7 +63,7 @@ class ChatRequest:
                             for m in self.messages):
             needs.add("tools")
         if use.response_format is not None:
-            needs.add("json_schema")
+            needs.add(use.response_format.get("type"))  # json_object | json_schema
         if any(message_images(m) for m in self.messages):
             needs.add("vision")
         return frozenset(needs)

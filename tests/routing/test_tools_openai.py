@@ -112,7 +112,7 @@ async def test_streamed_tool_calls_are_openais_exact_deltas(key):
 
 async def test_a_tools_request_to_a_local_only_model_is_a_400_naming_tools(key, budget):
     for extra, param in (({"tools": [WEATHER]}, "tools"),
-                         ({"response_format": {"type": "json_object"}}, "response_format"),
+                         ({"response_format": TOOLS_BODY["response_format"]}, "response_format"),
                          ({"messages": [{"role": "user", "content": IMAGES}]}, "messages")):
         response = await chat(key, model="tiny", **extra)
         assert response.status_code == 400, response.content

@@ -58,7 +58,7 @@ def test_text_only_requests_need_nothing_and_keep_their_old_shape():
                     parallel_tool_calls=True)
     assert request.features == frozenset() and request.tool_use == ToolUse()
     assert request.messages == MSG
-    assert parse(response_format={"type": "json_object"}).features == {"json_schema"}
+    assert parse(response_format={"type": "json_object"}).features == {"json_object"}
     history = [{"role": "assistant", "content": "x", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c", "content": [{"type": "text", "text": "ok"}]}]
