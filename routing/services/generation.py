@@ -3,6 +3,7 @@ per backend); the agent's cascade is in cascade.py."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 from channels.db import database_sync_to_async
@@ -55,7 +56,7 @@ class _Generation(Routed):
         features = request.features if kind == "chat" else frozenset()
         if self.local is not None and not features <= self.local.features:
             self.local = None  # tools, JSON schemas, images: not for our engine (yet)
-        self.guide = "json_object" if "json_object" in features else None
+        self.guide = guide_sampling(self.tool_use.response_format)
         if self.local is not None:
             self._local_prepare(remote_too=len(routes) > 1)
         token_ids = kind == "completion" and (len(request.prompts) > 1 or any(
@@ -139,8 +140,7 @@ class _Generation(Routed):
         return self._jobs[route.backend.name]
 
     def _engine_sampling(self, route: Route) -> dict:
-        sampling = engine_sampling(self.sampling, self.max_tokens(route))
-        return {**sampling, "guide": self.guide} if self.guide else sampling
+        return {**engine_sampling(self.sampling, self.max_tokens(route)), **self.guide}
 
     def call(self, route: Route) -> Call:
         return Call(kind=self.kind, upstream=route.upstream, sampling=self.sampling,
@@ -190,6 +190,16 @@ class _Generation(Routed):
                        stream=request.stream, include_usage=request.include_usage,
                        admitted=admitted, brownout=self.brownout if is_local else "",
                        backend=served.route.backend.name)
+
+
+def guide_sampling(response_format: dict | None) -> dict:
+    """What our engine is told of a response_format: guided decoding (workers/engine/guide.py)."""
+    if response_format is None:
+        return {}
+    if response_format.get("type") == "json_object":
+        return {"guide": "json_object"}
+    schema = response_format.get("json_schema").get("schema") or {}
+    return {"guide": "json_schema", "guide_schema": json.dumps(schema)}
 
 
 def _admit_generation(caller: Caller, kind: str, request) -> tuple[_Generation, Admitted]:

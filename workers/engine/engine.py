@@ -143,7 +143,7 @@ class LLMEngine(BlockingHelpers):
         if self.tokenizer is not None and seq.params.is_detokenized and not is_embedding:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.token_ids)
         if seq.params.guide and not is_embedding:
-            seq.guide = guide_start(self.tokenizer, self.eos_token_ids, seq.params.guide_prefix)
+            seq.guide = guide_start(self.tokenizer, self.eos_token_ids, seq.params)
         return seq
 
     def add_sequence(self, seq: Sequence) -> None:

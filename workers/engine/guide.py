@@ -1,5 +1,6 @@
 """Guided decoding for JSON mode: a sequence may only pick tokens that keep its output a
-prefix of a JSON object (RFC 8259, UTF-8), and may end only once the object is closed.
+prefix of a JSON object (RFC 8259, UTF-8), and may end only once the object is closed; with a
+schema (schema_guide.py), a prefix of a document of that schema.
 
 The grammar is a byte-level pushdown automaton: `json_step(state, byte)` is the next state or
 None. A token is allowed when each of its bytes steps (the vocabulary's bytes in a trie, so
@@ -10,6 +11,7 @@ is bounded, so a guided model cannot stall in blanks or recurse without end.
 
 from __future__ import annotations
 
+import json
 import weakref
 from functools import lru_cache
 
@@ -159,12 +161,24 @@ def json_step(state: State, byte: int) -> State | None:
     return _after(stack, byte)  # AFTER
 
 
-class JsonGuide:
-    """The JSON automaton over one tokenizer's vocabulary (shared by its engine's sequences).
-    `table` is each token id's bytes (b"" for special tokens, which are never allowed)."""
+class ObjectGrammar:
+    """JSON mode: any JSON object."""
 
-    def __init__(self, table: list[bytes], eos_token_ids: tuple[int, ...]) -> None:
-        self.eos_token_ids = eos_token_ids
+    start = START
+    step = staticmethod(json_step)
+
+    @staticmethod
+    def is_done(state: State) -> bool:
+        return state[1] == DONE
+
+
+class JsonGuide:
+    """A grammar (`start`, `step(state, byte)`, `is_done(state)`) over one tokenizer's
+    vocabulary, shared by its engine's sequences. `table` is each token id's bytes (b"" for
+    special tokens, which are never allowed)."""
+
+    def __init__(self, table: list[bytes], eos_token_ids: tuple[int, ...], grammar=ObjectGrammar) -> None:
+        self.eos_token_ids, self.grammar = eos_token_ids, grammar
         self.trie: dict = {}  # byte -> (children, ids ending here)
         for token_id, data in enumerate(table):
             node = None
@@ -176,25 +190,24 @@ class JsonGuide:
                 node[1].append(token_id)
         self.allowed = lru_cache(maxsize=8192)(self._allowed)
 
-    def _allowed(self, state: State) -> torch.Tensor:
-        """The ids that may come next in `state` (EOS only once the object is closed)."""
-        if state[1] == DONE:
-            return torch.tensor(self.eos_token_ids, dtype=torch.long)
-        ids: list[int] = []
+    def _allowed(self, state) -> torch.Tensor:
+        """The ids that may come next in `state` (EOS only where the document may end)."""
+        step = self.grammar.step
+        ids: list[int] = list(self.eos_token_ids) if self.grammar.is_done(state) else []
         todo = [(self.trie, state)]
         while todo:
             children, current = todo.pop()
             for byte, (grandchildren, ending) in children.items():
-                nxt = json_step(current, byte)
+                nxt = step(current, byte)
                 if nxt is not None:
                     ids.extend(ending)
                     if grandchildren:
                         todo.append((grandchildren, nxt))
         return torch.tensor(sorted(ids), dtype=torch.long)
 
-    def advance(self, state: State, data: bytes) -> State | None:
+    def advance(self, state, data: bytes):
         for byte in data:
-            state = json_step(state, byte)
+            state = self.grammar.step(state, byte)
             if state is None:
                 return None
         return state
@@ -206,7 +219,7 @@ class GuideState:
     __slots__ = ("guide", "table", "state")
 
     def __init__(self, guide: JsonGuide, table: list[bytes], prefix: tuple[int, ...] = ()) -> None:
-        self.guide, self.table, self.state = guide, table, START
+        self.guide, self.table, self.state = guide, table, guide.grammar.start
         for token_id in prefix:  # a resumed request: the output it already has
             self.advance(token_id)
 
@@ -221,19 +234,33 @@ class GuideState:
 
     @property
     def is_complete(self) -> bool:
-        return self.state is not None and self.state[1] == DONE
+        return self.state is not None and self.guide.grammar.is_done(self.state)
 
 
-_guides: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> JsonGuide
+MAX_SCHEMAS = 64  # compiled schema guides kept per tokenizer
+_guides: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {key: JsonGuide}
 
 
-def guide_start(tokenizer, eos_token_ids: tuple[int, ...], prefix: tuple[int, ...]) -> GuideState:
-    """A JSON-mode sequence's guide (one JsonGuide per tokenizer, built on first use)."""
+def guide_start(tokenizer, eos_token_ids: tuple[int, ...], params) -> GuideState:
+    """A guided sequence's guide: JSON mode, or a schema's (compiled once per tokenizer)."""
     table = tokenizer.token_bytes_table() if tokenizer is not None else None
     if table is None:
         raise InvalidRequest("JSON mode needs a model with a byte-level tokenizer",
                              param="response_format")
-    guide = _guides.get(tokenizer)
+    guides = _guides.setdefault(tokenizer, {})
+    key = (params.guide, params.guide_schema)
+    guide = guides.get(key)
     if guide is None:
-        guide = _guides[tokenizer] = JsonGuide(table, eos_token_ids)
-    return GuideState(guide, table, prefix)
+        grammar = ObjectGrammar
+        if params.guide == "json_schema":
+            from workers.engine.schema_guide import SchemaGrammar
+
+            try:
+                schema = json.loads(params.guide_schema or "{}")
+            except ValueError:
+                raise InvalidRequest("guide_schema must be JSON", param="response_format") from None
+            grammar = SchemaGrammar(schema)
+        if len(guides) >= MAX_SCHEMAS:
+            guides.pop(next(iter(guides)))
+        guide = guides[key] = JsonGuide(table, eos_token_ids, grammar)
+    return GuideState(guide, table, params.guide_prefix)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from workers.engine.errors import InvalidRequest
 
 MAX_LOGPROBS = 20
-GUIDES = (None, "json_object")
+GUIDES = (None, "json_object", "json_schema")
 MAX_STOP_STRINGS = 16
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
 
@@ -44,9 +44,11 @@ class SamplingParams:
     is_detokenized: bool = True
     # False opts this request out of speculative decoding (where its model speculates).
     is_speculative: bool = True
-    # "json_object": only tokens that keep the output a JSON object (guide.py); such a request
-    # does not speculate. `guide_prefix`: output it already has (a resumed request).
+    # "json_object": only tokens that keep the output a JSON object (guide.py); "json_schema":
+    # a document of `guide_schema` (JSON text; schema_guide.py). Such a request does not
+    # speculate. `guide_prefix`: output it already has (a resumed request).
     guide: str | None = None
+    guide_schema: str = ""
     guide_prefix: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
