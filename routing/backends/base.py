@@ -25,9 +25,9 @@ FEATURES = ("tools", "json_object", "json_schema", "vision")
 KIND_FEATURES = {"openai": frozenset(FEATURES), "openrouter": frozenset(FEATURES),
                  "anthropic": frozenset(FEATURES),
                  "openai_compatible": frozenset({"json_object", "json_schema"})}
-# Our engine: JSON mode and schemas by guided decoding (workers/engine/guide.py); tools and
-# images not yet.
-LOCAL_FEATURES = frozenset({"json_object", "json_schema"})
+# Our engine: JSON mode, schemas and tool calls by guided decoding (workers/engine/guide.py,
+# routing/services/local_tools.py); images not yet.
+LOCAL_FEATURES = frozenset({"tools", "json_object", "json_schema"})
 FLAGS = {"tools": ("tools",), "json_schema": ("json_object", "json_schema"),
          "vision": ("vision",)}  # supports_<flag> -> the features it turns on or off
 

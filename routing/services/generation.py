@@ -3,7 +3,6 @@ per backend); the agent's cascade is in cascade.py."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 from channels.db import database_sync_to_async
@@ -18,6 +17,9 @@ from routing.ratelimit import Admitted, limiter_get, scopes_for
 from routing.router import Need, registry_get
 from routing.services.answers import Started
 from routing.services.cascade import cascade_run
+from routing.services.local_tools import (
+    local_guide, local_messages, tool_call_events, tools_active,
+)
 from routing.services.prepare import (
     Routed, chat_prompt, completion_prompts, prompt_texts, tenant_cache_salt,
     worst_prompt_tokens,
@@ -56,7 +58,7 @@ class _Generation(Routed):
         features = request.features if kind == "chat" else frozenset()
         if self.local is not None and not features <= self.local.features:
             self.local = None  # tools, JSON schemas, images: not for our engine (yet)
-        self.guide = guide_sampling(self.tool_use.response_format)
+        self.guide = local_guide(self.tool_use)
         if self.local is not None:
             self._local_prepare(remote_too=len(routes) > 1)
         token_ids = kind == "completion" and (len(request.prompts) > 1 or any(
@@ -92,7 +94,8 @@ class _Generation(Routed):
         tokenizer = model_tokenizer(info)
         try:
             if self.kind == "chat":
-                prompts = [chat_prompt(tokenizer, request.messages)]
+                prompts = [chat_prompt(tokenizer, local_messages(request.messages,
+                                                                 self.tool_use))]
             else:
                 prompts = completion_prompts(info, tokenizer, request.prompts, "prompt")
         except InvalidRequest:
@@ -186,20 +189,13 @@ class _Generation(Routed):
                          for p in request.prompts]
                 echo = [texts[i // sampling.n] for i in range(num_choices)]
             formatter = CompletionFormat(prompt_texts=echo, **common)
-        return Started(job=served.job, format=formatter, events=served.events,
+        events = served.events
+        if is_local and tools_active(self.tool_use):  # calls come as text from our engine
+            events = tool_call_events(events, self.tool_use)
+        return Started(job=served.job, format=formatter, events=events,
                        stream=request.stream, include_usage=request.include_usage,
                        admitted=admitted, brownout=self.brownout if is_local else "",
                        backend=served.route.backend.name)
-
-
-def guide_sampling(response_format: dict | None) -> dict:
-    """What our engine is told of a response_format: guided decoding (workers/engine/guide.py)."""
-    if response_format is None:
-        return {}
-    if response_format.get("type") == "json_object":
-        return {"guide": "json_object"}
-    schema = response_format.get("json_schema").get("schema") or {}
-    return {"guide": "json_schema", "guide_schema": json.dumps(schema)}
 
 
 def _admit_generation(caller: Caller, kind: str, request) -> tuple[_Generation, Admitted]:

@@ -110,10 +110,10 @@ async def test_streamed_tool_calls_are_openais_exact_deltas(key):
         fake.stop()
 
 
-async def test_a_tools_request_to_a_local_only_model_is_a_400_naming_tools(key, budget):
-    for extra, param in (({"tools": [WEATHER]}, "tools"),
-                         ({"response_format": TOOLS_BODY["response_format"]}, "response_format"),
-                         ({"messages": [{"role": "user", "content": IMAGES}]}, "messages")):
+async def test_an_images_request_to_a_local_only_model_is_a_400_naming_messages(key, budget):
+    for extra, param in (({"messages": [{"role": "user", "content": IMAGES}]}, "messages"),
+                         ({"messages": [{"role": "user", "content": IMAGES}],
+                           "tools": [WEATHER]}, "messages")):
         response = await chat(key, model="tiny", **extra)
         assert response.status_code == 400, response.content
         error = json.loads(response.content)["error"]
