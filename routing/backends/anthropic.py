@@ -95,7 +95,7 @@ class _Blocks:
 
 async def anthropic_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call,
                            secret: str, timeout: httpx.Timeout) -> AsyncIterator[RemoteEvent]:
-    body = await request_body(client, call)
+    body = await request_body(call)
     blocks = _Blocks(json_tool=call.tool_use.schema_name)
     async with client.stream("POST", spec.base_url.rstrip("/") + "/v1/messages",
                              json=body, headers=headers(secret),

@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
-
 from routing.backends.base import Call
 from routing.backends.images import image_source
 from routing.wire.tools import ToolUse
@@ -38,11 +36,11 @@ def _arguments(arguments: str, param: str) -> dict:
     return value
 
 
-async def _user_blocks(client: httpx.AsyncClient, content, param: str) -> str | list[dict]:
+async def _user_blocks(content, param: str) -> str | list[dict]:
     if not isinstance(content, list):
         return content
     urls = [p.get("image_url").get("url") for p in content if p.get("type") == "image_url"]
-    sources = iter(await asyncio.gather(*(image_source(client, url, param) for url in urls)))
+    sources = iter(await asyncio.gather(*(image_source(url, param) for url in urls)))
     return [{"type": "image", "source": next(sources)} if p.get("type") == "image_url"
             else {"type": "text", "text": p.get("text")} for p in content]
 
@@ -63,7 +61,7 @@ def _blocks(content: str | list[dict]) -> list[dict]:
     return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
 
-async def turns_translate(client: httpx.AsyncClient, messages: list[dict]) -> list[dict]:
+async def turns_translate(messages: list[dict]) -> list[dict]:
     """The conversation without system turns. A tool result and the user turns next to it
     become one user turn (results first)."""
     turns: list[dict] = []
@@ -77,8 +75,7 @@ async def turns_translate(client: httpx.AsyncClient, messages: list[dict]) -> li
             content = [{"type": "tool_result", "tool_use_id": message.get("tool_call_id"),
                         "content": message.get("content") or ""}]
         elif role == "user":
-            content = await _user_blocks(client, message.get("content"),
-                                         f"messages[{i}].content")
+            content = await _user_blocks(message.get("content"), f"messages[{i}].content")
         else:
             content = _assistant_blocks(message, f"messages[{i}].tool_calls")
         wire_role = "assistant" if role == "assistant" else "user"
@@ -147,12 +144,12 @@ def _history_tools(turns: list[dict]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-async def request_body(client: httpx.AsyncClient, call: Call) -> dict:
+async def request_body(call: Call) -> dict:
     s = call.sampling
     system = "\n\n".join(m.get("content") or "" for m in call.messages
                          if m.get("role") in {"system", "developer"})
     body: dict = {"model": call.upstream, "max_tokens": call.max_tokens,
-                  "messages": await turns_translate(client, call.messages),
+                  "messages": await turns_translate(call.messages),
                   "stream": True, "temperature": min(s.temperature, 1.0)}
     if system:
         body["system"] = system

@@ -48,7 +48,7 @@ async def _addresses(host: str, port: int, param: str) -> list[str]:
     return addresses
 
 
-async def _fetch(client: httpx.AsyncClient, url: str, param: str) -> tuple[str, bytes]:
+async def _fetch(url: str, param: str) -> tuple[str, bytes]:
     limit = settings.FAIRLANE_IMAGE_MAX_BYTES
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -56,9 +56,12 @@ async def _fetch(client: httpx.AsyncClient, url: str, param: str) -> tuple[str, 
     literal = f"[{address}]" if ":" in address else address
     pinned = urlunsplit((parts.scheme, f"{literal}:{port}", parts.path or "/", parts.query, ""))
     host = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
-    async with client.stream("GET", pinned, headers={"host": host}, follow_redirects=False,
-                             extensions={"sni_hostname": parts.hostname},
-                             timeout=settings.FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS) as response:
+    # A client of its own, not the backends' pool: httpx's own transport honours the TLS name
+    # of the pinned address (sni_hostname), and no proxy from the environment is used.
+    async with httpx.AsyncClient(trust_env=False, follow_redirects=False) as client, \
+            client.stream("GET", pinned, headers={"host": host},
+                          extensions={"sni_hostname": parts.hostname},
+                          timeout=settings.FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS) as response:
         if response.is_redirect:
             raise InvalidRequest("The image URL redirects; redirects are not followed.",
                                  param=param)
@@ -79,12 +82,12 @@ async def _fetch(client: httpx.AsyncClient, url: str, param: str) -> tuple[str, 
     return media, bytes(data)
 
 
-async def image_fetch(client: httpx.AsyncClient, url: str, param: str) -> tuple[str, bytes]:
+async def image_fetch(url: str, param: str) -> tuple[str, bytes]:
     """(media type, bytes) of an http(s) image, or InvalidRequest saying why not."""
     seconds = settings.FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS
     try:
         async with asyncio.timeout(seconds):  # the whole fetch, however slowly it trickles
-            return await _fetch(client, url, param)
+            return await _fetch(url, param)
     except TimeoutError:
         raise InvalidRequest(f"The image URL was not fetched within {seconds:g} s.",
                              param=param) from None
@@ -93,7 +96,7 @@ async def image_fetch(client: httpx.AsyncClient, url: str, param: str) -> tuple[
                              param=param) from None
 
 
-async def image_source(client: httpx.AsyncClient, url: str, param: str) -> dict:
+async def image_source(url: str, param: str) -> dict:
     """Anthropic's `{"type": "base64", "media_type", "data"}` for an image URL."""
     match = DATA_URL.fullmatch(url)
     if match is not None:  # checked when parsed (routing/wire/messages.py)
@@ -101,6 +104,6 @@ async def image_source(client: httpx.AsyncClient, url: str, param: str) -> dict:
         if len(data) * 3 // 4 > settings.FAIRLANE_IMAGE_MAX_BYTES:
             raise _too_large(param)
         return {"type": "base64", "media_type": media, "data": data}
-    media, raw = await image_fetch(client, url, param)
+    media, raw = await image_fetch(url, param)
     return {"type": "base64", "media_type": media,
             "data": base64.b64encode(raw).decode("ascii")}
