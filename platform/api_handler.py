@@ -12,6 +12,13 @@ API_PREFIX = "/v1/"
 
 
 class ApiASGIHandler(ASGIHandler):
+    async def __call__(self, scope, receive, send):
+        # Django wraps each request in a ThreadSensitiveContext, which gives it an executor of
+        # its own: a new thread per request for the request_started/finished signals' sync
+        # receivers. /v1 views do their database work on the loop's pool (routing/sync.py),
+        # so those receivers share asgiref's one thread instead.
+        await self.handle(scope, receive, send)
+
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware = []
         self._template_response_middleware = []

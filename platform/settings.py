@@ -286,6 +286,10 @@ FAIRLANE_RESERVATION_TTL_SECONDS = env_int("FAIRLANE_RESERVATION_TTL_SECONDS", 9
 # How often last_used_at is written for a key (seconds): one write per key per interval,
 # not one per request.
 FAIRLANE_KEY_LAST_USED_RESOLUTION_SECONDS = env_int("FAIRLANE_KEY_LAST_USED_RESOLUTION_SECONDS", 60)
+# How long a process may keep an API key, its tenant and agent, and budgets without reading
+# them again (tenants/cache.py). Changes reach every process at once through Redis; this is
+# the bound when Redis could not tell them. 0 turns the cache off.
+FAIRLANE_AUTH_CACHE_SECONDS = float(os.environ.get("FAIRLANE_AUTH_CACHE_SECONDS", "30"))
 # Optional bearer token required to scrape /metrics.
 FAIRLANE_METRICS_TOKEN = os.environ.get("FAIRLANE_METRICS_TOKEN", "")
 # Whether any signed-in user may create a tenant through the API (they become its owner).

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.utils import timezone
+
+from tenants.cache import generation, hot_cache
 from tenants.errors import AuthenticationFailed, ContextLengthExceeded, PermissionDenied
 from tenants.models import Agent, ApiKey, Scope, Tenant
-from tenants.services.keys import api_key_authenticate
+from tenants.services.keys import api_key_authenticate, api_key_fingerprint
 from workers.registry import ModelInfo, model_context_length
 
 @dataclass(frozen=True, slots=True)
@@ -18,16 +21,36 @@ class Caller:
     agent: Agent
 
 
-def caller_authenticate(*, authorization: str | None) -> Caller:
-    """The caller behind `Authorization: Bearer <key>`, if the key may use the /v1 API."""
+_callers = hot_cache("callers")  # by the key's keyed hash (tenants/cache.py)
+
+
+def _bearer(authorization: str | None) -> str:
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthenticationFailed("You didn't provide an API key. Send it as "
                                    "'Authorization: Bearer <key>'.")
-    key = api_key_authenticate(plain=token.strip())
+    return token.strip()
+
+
+def caller_cached(*, authorization: str | None) -> Caller | None:
+    """The caller this process authenticated recently with the same key, if its key is still
+    usable (no database, so the event loop may call it); None: authenticate."""
+    caller = _callers.get(api_key_fingerprint(_bearer(authorization)))
+    if caller is None or not caller.api_key.is_usable_at(timezone.now()):
+        return None
+    return caller
+
+
+def caller_authenticate(*, authorization: str | None) -> Caller:
+    """The caller behind `Authorization: Bearer <key>`, if the key may use the /v1 API."""
+    token = _bearer(authorization)
+    read_at = generation()
+    key = api_key_authenticate(plain=token)
     if Scope.INFERENCE not in key.scopes:
         raise PermissionDenied("This API key lacks the inference scope.")
-    return Caller(api_key=key, tenant=key.tenant, agent=key.agent)
+    caller = Caller(api_key=key, tenant=key.tenant, agent=key.agent)
+    _callers.put(api_key_fingerprint(token), caller, read_at)
+    return caller
 
 
 def max_tokens_resolve(*, info: ModelInfo, prompts: list[list[int]],

@@ -15,7 +15,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from routing import services
-from routing.admission import caller_authenticate
+from routing.sync import db_call
+from routing.admission import caller_authenticate, caller_cached
 from routing.drain import Drained, drain
 from routing.errors import ServiceUnavailable
 from routing.metrics import API_REQUESTS, API_RESPONSE_START
@@ -57,8 +58,9 @@ async def _handle(view, method: str, request: HttpRequest, *args, **kwargs) -> H
         request.get_host()  # ALLOWED_HOSTS, which CommonMiddleware checks for the rest
         if request.method != method:
             raise MethodNotAllowed(f"Use {method} for {request.path}.")
-        caller = await database_sync_to_async(caller_authenticate)(
-            authorization=request.headers.get("Authorization"))
+        authorization = request.headers.get("Authorization")
+        caller = caller_cached(authorization=authorization) or await db_call(
+            caller_authenticate)(authorization=authorization)
         async with drain.watch():  # a shutdown's deadline cuts it cleanly (routing/drain.py)
             return await view(request, caller, *args, **kwargs)
     except DisallowedHost:

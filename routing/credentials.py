@@ -8,6 +8,7 @@ from FAIRLANE_CREDENTIALS_KEY (default: SECRET_KEY). A database dump holds only 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import os
 
@@ -35,11 +36,18 @@ def credential_ref_check(ref: str) -> None:
                              param="credential_ref")
 
 
+@functools.lru_cache(maxsize=256)
+def _decrypted(encrypted: str, key: str) -> str:
+    """Decrypting costs more than the rest of sending a request: each ciphertext is decrypted
+    once per process (and again if FAIRLANE_CREDENTIALS_KEY changes)."""
+    return _fernet().decrypt(encrypted.encode()).decode()
+
+
 def credential_resolve(*, ref: str, encrypted: str, backend: str) -> str:
     """The plain secret, for the request being sent; '' when the backend needs none."""
     if encrypted:
         try:
-            return _fernet().decrypt(encrypted.encode()).decode()
+            return _decrypted(encrypted, settings.FAIRLANE_CREDENTIALS_KEY)
         except InvalidToken:
             raise BackendUnavailable(f"The credential of backend {backend} cannot be "
                                      "decrypted (was FAIRLANE_CREDENTIALS_KEY changed?).") from None

@@ -18,9 +18,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 
+from routing.sync import db_call
 from routing.attempts import Attempt, attempt_hold, attempt_release
 from routing.backends import Route, UpstreamError
 from routing.breaker import breakers
@@ -56,7 +56,7 @@ async def routes_walk(attempt: Attempt, plan_for, plan=None) -> Served:
     try:
         while True:
             if plan is None:
-                plan = await database_sync_to_async(plan_for)()
+                plan = await db_call(plan_for)()
             for index, route in enumerate(plan.routes):
                 has_next = index + 1 < len(plan.routes)
                 served = await _try_route(attempt, route, has_next)
@@ -75,7 +75,7 @@ async def routes_walk(attempt: Attempt, plan_for, plan=None) -> Served:
             await asyncio.sleep(wait)
             plan = None
     except BaseException as exc:
-        await database_sync_to_async(attempt_release)(attempt)
+        await db_call(attempt_release)(attempt)
         if isinstance(exc, ApplicationError):  # the ledger's id, should it have run anyway
             exc.headers.setdefault("x-request-id", attempt.request_id)
         raise
@@ -128,7 +128,7 @@ def _route_prepare(attempt: Attempt, route: Route, has_next: bool) -> str:
 
 async def _try_route(attempt: Attempt, route: Route, has_next: bool) -> Served | None:
     name = route.backend.name
-    refusal = await database_sync_to_async(_route_prepare)(attempt, route, has_next)
+    refusal = await db_call(_route_prepare)(attempt, route, has_next)
     if refusal:
         ROUTE_ATTEMPTS.labels(name, refusal).inc()
         return None

@@ -9,6 +9,10 @@ class TenantsConfig(AppConfig):
 
     def ready(self) -> None:
         global _collector_registered
+        from tenants import cache
+        from tenants.models import Agent, ApiKey, Budget, Tenant
+
+        cache.connect(ApiKey, Tenant, Agent, Budget)
         if not _collector_registered:
             from prometheus_client import REGISTRY
 

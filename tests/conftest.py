@@ -101,6 +101,9 @@ def child_env(**overrides) -> dict:
             # Tests replace the database's rows between tests, which nothing does in a
             # deployment: a server that outlives one test must not route by its snapshot.
             "FAIRLANE_ROUTING_CACHE_SECONDS": "0",
+            # The same for keys and budgets: tests change rows without signals and race the
+            # invalidation they publish; tests/routing/test_gateway_processes.py turns it on.
+            "FAIRLANE_AUTH_CACHE_SECONDS": "0",
             # Servers pool their connections as deployed; the test process itself does not
             # (`make test` turns it off there: a pool outlives the test database's set-up).
             "FAIRLANE_DB_POOL_SIZE": "16", **overrides}

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from routing.backends import anthropic, openai_format
+from routing.backends.aio import AiohttpTransport
 from routing.backends.anthropic import anthropic_stream
 from routing.backends.base import BackendSpec, Call, Route, UpstreamError, models_probe
 from routing.backends.openai_format import OPENAI_KINDS, openai_embed, openai_stream
@@ -20,14 +21,14 @@ from tenants.errors import ApplicationError
 from workers.events import RemoteEvent
 
 _clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-POOL = httpx.Limits(max_connections=4096, max_keepalive_connections=256)
 
 
 def http_client() -> httpx.AsyncClient:
+    """This loop's client: httpx's API over aiohttp's pool and parser (routing/backends/aio.py)."""
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
     if client is None or client.is_closed:
-        client = _clients[loop] = httpx.AsyncClient(limits=POOL)
+        client = _clients[loop] = httpx.AsyncClient(transport=AiohttpTransport(limit=4096))
     return client
 
 

@@ -62,7 +62,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _require_distributed() -> None:
-    if "postgresql" not in settings.DATABASES["default"]["ENGINE"] or not settings.REDIS_URL:
+    from django.db import connection
+
+    if connection.vendor != "postgresql" or not settings.REDIS_URL:
         sys.exit("bench gateway measures the distributed configuration: set DATABASE_URL to "
                  "PostgreSQL and REDIS_URL (e.g. DATABASE_URL=postgres://postgres@127.0.0.1:5432/"
                  "fairlane REDIS_URL=redis://127.0.0.1:6379/0)")

@@ -55,11 +55,13 @@ class Process:
 
 
 class AsgiServer(Process):
-    def __init__(self, env: dict) -> None:
+    def __init__(self, env: dict, *, workers: int = 1) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        extra = ["--workers", str(workers)] if workers > 1 else []
         super().__init__([sys.executable, "-m", "uvicorn", "asgi:application", "--port",
-                          str(self.port), "--lifespan", "off", "--no-access-log"], env, "asgi")
+                          str(self.port), "--lifespan", "off", "--no-access-log", *extra],
+                         env, "asgi")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 
+from routing.sync import db_call
 from routing.admission import Caller, engine_sampling, max_tokens_resolve
 from routing.backends import Call, Route
 from routing.dispatch import Served, routes_walk
@@ -208,7 +208,7 @@ def _admit_generation(caller: Caller, kind: str, request) -> tuple[_Generation, 
 
 async def _start(caller: Caller, kind: str, request, admission=None,
                  ) -> tuple[_Generation, Served, Admitted]:
-    generation, admitted = admission or await database_sync_to_async(_admit_generation)(
+    generation, admitted = admission or await db_call(_admit_generation)(
         caller, kind, request)
     try:
         served = await routes_walk(generation.attempt(), generation.plan,
@@ -230,7 +230,7 @@ async def generation_start(*, caller: Caller, kind: str, body) -> Started:
     request_arrived()  # the start of its time to first token (routing/metrics.py)
     request = (parse.chat_request_parse(body) if kind == "chat"
                else parse.completion_request_parse(body))
-    admission = await database_sync_to_async(_admit_or_tiers)(caller, kind, request)
+    admission = await db_call(_admit_or_tiers)(caller, kind, request)
     if isinstance(admission[0], list):
         return await cascade_run(caller, kind, request, *admission, start=_start)
     generation, served, admitted = await _start(caller, kind, request, admission)

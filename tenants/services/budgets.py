@@ -22,10 +22,12 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from tenants.cache import generation, hot_cache
 from tenants.errors import BudgetExhausted, InvalidRequest, NotFound
 from tenants.models import (
     MAX_MICROCENTS, Agent, ApiKey, Budget, BudgetWindow, Period, Reservation, Tenant,
 )
+from tenants.services import budget_sql
 from tenants.services.validation import Conflict, save_validated
 from tenants.windows import window_bounds, window_holds_open, window_spent_settled
 
@@ -108,18 +110,42 @@ def _window_hold(*, window: BudgetWindow, budget: Budget, amount: int, now: date
         reserved_microcents__lte=budget.limit_microcents - amount - F("spent_microcents"),
     ).update(reserved_microcents=F("reserved_microcents") + amount)
     if not held:
-        raise BudgetExhausted(
-            f"The {owner} {budget.period} budget cannot cover this request's worst-case cost; "
-            f"it resets at {window.end.isoformat()}.",
-            retry_after=int((window.end - now).total_seconds()) + 1,
-        )
+        raise _exhausted(budget=budget, window=window, now=now, owner=owner)
     return window
 
 
+_budgets = hot_cache("budgets")  # (tenant, agent) -> (agent's budget, tenant's budget)
+_windows = hot_cache("windows")  # (budget, start) -> BudgetWindow (only id and end are read)
+
+
 def _budgets_for(*, tenant: Tenant, agent: Agent) -> tuple[Budget | None, Budget | None]:
-    budgets = {b.agent_id: b for b in Budget.objects.select_related("tenant").filter(
-        Q(agent__isnull=True) | Q(agent=agent), tenant=tenant)}
-    return budgets.get(agent.pk), budgets.get(None)
+    found = _budgets.get((tenant.pk, agent.pk))
+    if found is None:
+        read_at = generation()
+        budgets = {b.agent_id: b for b in Budget.objects.select_related("tenant").filter(
+            Q(agent__isnull=True) | Q(agent=agent), tenant=tenant)}
+        found = budgets.get(agent.pk), budgets.get(None)
+        _budgets.put((tenant.pk, agent.pk), found, read_at)
+    return found
+
+
+def _window_for(*, budget: Budget, now: datetime) -> BudgetWindow:
+    """The current window's row as cached (its counters are not: holds read them in SQL)."""
+    start, _ = window_bounds(period=budget.period, tz_name=budget.tenant.timezone, now=now)
+    window = _windows.get((budget.pk, start))
+    if window is None:
+        read_at = generation()
+        window = budget_window_current(budget=budget, now=now)
+        _windows.put((budget.pk, start), window, read_at)
+    return window
+
+
+def _exhausted(*, budget: Budget, window: BudgetWindow, now: datetime,
+               owner: str) -> BudgetExhausted:
+    return BudgetExhausted(
+        f"The {owner} {budget.period} budget cannot cover this request's worst-case cost; "
+        f"it resets at {window.end.isoformat()}.",
+        retry_after=int((window.end - now).total_seconds()) + 1)
 
 
 def budget_reserve(*, tenant: Tenant, agent: Agent, amount_microcents: int, request_id: str,
@@ -131,24 +157,29 @@ def budget_reserve(*, tenant: Tenant, agent: Agent, amount_microcents: int, requ
     amount = _amount_clean(amount_microcents, param="amount_microcents")
     now = now or timezone.now()
     agent_budget, tenant_budget = _budgets_for(tenant=tenant, agent=agent)
-    windows = {b.pk: budget_window_current(budget=b, now=now)
+    windows = {b.pk: _window_for(budget=b, now=now)
                for b in (agent_budget, tenant_budget) if b is not None}
+    expires = now + timedelta(seconds=settings.FAIRLANE_RESERVATION_TTL_SECONDS)
+    reservation = Reservation(
+        request_id=request_id, tenant=tenant, agent=agent, api_key=api_key,
+        amount_microcents=amount, created_at=now, expires_at=expires,
+        agent_window=windows.get(agent_budget.pk) if agent_budget else None,
+        tenant_window=windows.get(tenant_budget.pk) if tenant_budget else None)
     try:
+        if budget_sql.enabled():
+            refused = budget_sql.hold(reservation)
+            if refused:
+                budget = agent_budget if refused == "agent" else tenant_budget
+                raise _exhausted(budget=budget, window=windows[budget.pk], now=now,
+                                 owner=f"{refused}'s")
+            return reservation
         with transaction.atomic():
-            agent_window = tenant_window = None
-            if agent_budget is not None:
-                agent_window = _window_hold(window=windows[agent_budget.pk], budget=agent_budget,
-                                            amount=amount, now=now, owner="agent's")
-            if tenant_budget is not None:
-                tenant_window = _window_hold(window=windows[tenant_budget.pk],
-                                             budget=tenant_budget, amount=amount, now=now,
-                                             owner="tenant's")
-            return Reservation.objects.create(
-                request_id=request_id, tenant=tenant, agent=agent, api_key=api_key,
-                amount_microcents=amount, agent_window=agent_window, tenant_window=tenant_window,
-                created_at=now,
-                expires_at=now + timedelta(seconds=settings.FAIRLANE_RESERVATION_TTL_SECONDS),
-            )
+            for budget, owner in ((agent_budget, "agent's"), (tenant_budget, "tenant's")):
+                if budget is not None:
+                    _window_hold(window=windows[budget.pk], budget=budget, amount=amount,
+                                 now=now, owner=owner)
+            reservation.save(force_insert=True)
+            return reservation
     except IntegrityError:
         raise InvalidRequest("A reservation with this request id exists.",
                              param="request_id") from None

@@ -41,6 +41,11 @@ def _key_hash(plain: str) -> str:
                     hashlib.sha256).hexdigest()
 
 
+def api_key_fingerprint(plain: str) -> str:
+    """What the row stores for a key (its keyed hash): safe to keep in memory and in logs."""
+    return _key_hash(plain)
+
+
 def _random(alphabet: str, length: int) -> str:
     return "".join(secrets.choice(alphabet) for _ in range(length))
 

@@ -22,6 +22,8 @@ from django.utils import timezone
 from tenants.metrics import SETTLEMENTS_CAPPED, UNBILLED
 from tenants.models import BudgetWindow, Reservation, Tenant, UsageRecord
 from tenants.services.alerts import budget_alerts_evaluate
+from tenants.errors import NotFound
+from tenants.services import budget_sql
 from tenants.services.budgets import _amount_clean, _reservation_lock
 
 logger = logging.getLogger(__name__)
@@ -68,27 +70,58 @@ def budget_settle(*, tenant: Tenant, request_id: str, cost_microcents: int, usag
     the budget had no room for is recorded as unbilled, never charged past the limit."""
     cost = _amount_clean(cost_microcents, param="cost_microcents")
     now = now or timezone.now()
+    if budget_sql.enabled():
+        return _settle_sql(tenant=tenant, request_id=request_id, cost=cost, usage=usage, now=now)
     with transaction.atomic():
         reservation = _reservation_lock(tenant=tenant, request_id=request_id)
         if reservation.status == Reservation.Status.SETTLED:
             return UsageRecord.objects.get(request_id=request_id)
         charge = _charge_within_limits(reservation=reservation, cost=cost)
-        budget_alerts_evaluate(tenant=tenant, charge=charge, window_ids=(
-            reservation.agent_window_id, reservation.tenant_window_id))  # once committed
-        if charge < cost:
-            SETTLEMENTS_CAPPED.inc()
-            UNBILLED.inc(cost - charge)
-            logger.warning("request %s: cost %d micro-cents, but its budget had room for %d "
-                           "(its hold of %d was %s); %d left unbilled", request_id, cost, charge,
-                           reservation.amount_microcents, reservation.status, cost - charge)
+        _charged(tenant=tenant, request_id=request_id, cost=cost, charge=charge,
+                 held=reservation.amount_microcents, prior=reservation.status,
+                 window_ids=(reservation.agent_window_id, reservation.tenant_window_id))
         reservation.status = Reservation.Status.SETTLED
         reservation.closed_at = now
         reservation.save(update_fields=["status", "closed_at"])
         return UsageRecord.objects.create(
-            request_id=request_id, tenant=tenant, agent_id=reservation.agent_id,
-            api_key_id=reservation.api_key_id, backend=usage.backend, model=usage.model,
-            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens, cost_microcents=charge,
-            unbilled_microcents=cost - charge, latency_ms=usage.latency_ms,
-            status=usage.status, created_at=now,
-        )
+            request_id=request_id, agent_id=reservation.agent_id,
+            api_key_id=reservation.api_key_id, **_row(tenant, usage, cost, charge, now))
+
+
+def _row(tenant: Tenant, usage: Usage, cost: int, charge: int, now: datetime) -> dict:
+    return dict(tenant=tenant, backend=usage.backend, model=usage.model,
+                prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                cached_tokens=usage.cached_tokens, cost_microcents=charge,
+                unbilled_microcents=cost - charge, latency_ms=usage.latency_ms,
+                status=usage.status, created_at=now)
+
+
+def _settle_sql(*, tenant: Tenant, request_id: str, cost: int, usage: Usage,
+                now: datetime) -> UsageRecord:
+    done = budget_sql.settle(request_id=request_id, tenant_id=tenant.pk, cost=cost, usage=usage,
+                             now=now)
+    if done.outcome == "missing":
+        raise NotFound(f"No reservation for request {request_id}.")
+    if done.outcome == "settled":
+        return UsageRecord.objects.get(request_id=request_id)
+    _charged(tenant=tenant, request_id=request_id, cost=cost, charge=done.charge,
+             held=done.held, prior=done.prior,
+             window_ids=(done.agent_window_id, done.tenant_window_id),
+             spent_after={done.agent_window_id: done.agent_spent,
+                          done.tenant_window_id: done.tenant_spent})
+    return UsageRecord(id=done.usage_id, request_id=request_id, agent_id=done.agent_id,
+                       api_key_id=done.api_key_id, **_row(tenant, usage, cost, done.charge, now))
+
+
+def _charged(*, tenant: Tenant, request_id: str, cost: int, charge: int, held: int,
+             prior: str, window_ids: tuple, spent_after: dict | None = None) -> None:
+    """What follows a charge: the alert rules (once committed) and, when the budget had no
+    room for all of it, the operator's warning."""
+    budget_alerts_evaluate(tenant=tenant, charge=charge, window_ids=window_ids,
+                           spent_after=spent_after)
+    if charge < cost:
+        SETTLEMENTS_CAPPED.inc()
+        UNBILLED.inc(cost - charge)
+        logger.warning("request %s: cost %d micro-cents, but its budget had room for %d "
+                       "(its hold of %d was %s); %d left unbilled", request_id, cost, charge,
+                       held, prior, cost - charge)

@@ -128,6 +128,12 @@ class Database:
                     conn.execute(f'CREATE DATABASE "{self.name}" TEMPLATE "{template}"')
                     break
                 except psycopg.errors.ObjectInUse:
+                    # Idle connections that earlier tests' threads (the loop's executor, which
+                    # the request path uses) left open on the test database: the test process
+                    # reconnects when it needs them (CONN_HEALTH_CHECKS).
+                    conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                 "WHERE datname = %s AND pid <> pg_backend_pid() "
+                                 "AND state = 'idle'", [template])
                     time.sleep(0.1)
             else:
                 raise RuntimeError(f"{template} stayed in use")

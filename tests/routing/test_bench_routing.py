@@ -19,3 +19,26 @@ def test_bench_routing_measures_every_policy_and_cleans_up(capsys, tmp_path):
     assert last["baseline_db_each_decision"]["decisions"] == 50
     assert json.loads((tmp_path / "r.json").read_text()) == last
     assert not Backend.objects.filter(name__startswith="bench-routing-").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bench_gateway_runs_the_distributed_configuration_and_meters_exactly(
+        capsys, tmp_path, subprocess_env, monkeypatch):
+    """`manage.py bench gateway` as a user runs it (the peer left out): its servers start
+    against this database, every answer is held and settled, and the ledger it checks
+    equals what the upstream served."""
+    from routing.bench import gateway
+
+    for name in ("DATABASE_URL", "REDIS_URL", "FAIRLANE_DB_POOL_SIZE"):
+        monkeypatch.setenv(name, subprocess_env[name])
+    assert BENCHES["gateway"] == "routing.bench.gateway"
+    figures = gateway.run(["--clients", "4", "--modes", "json,stream", "--api-workers", "1",
+                           "--seconds", "2", "--warmup", "0.5", "--rounds", "1",
+                           "--json-out", str(tmp_path / "g.json")])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["ledger"] == figures["ledger"] and figures["ledger"]["exact"]
+    assert figures["ledger"]["ledger_rows"] > 0 and figures["ledger"]["reservations_held"] == 0
+    rows = {(r["target"], r["mode"]): r for r in figures["rows"]}
+    for mode in ("json", "stream"):
+        assert rows[("fairlane-1", mode)]["rps"] > 0 and rows[("fairlane-1", mode)]["errors"] == 0
+    assert not Backend.objects.filter(name=gateway.BACKEND).exists()

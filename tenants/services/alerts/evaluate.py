@@ -15,6 +15,7 @@ wins fires, so a crossing fires once however many settlements see it at the same
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -25,6 +26,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from tenants.alert_models import AlertState
+from tenants.cache import generation, hot_cache
 from tenants.metrics import SPEND
 from tenants.models import BudgetWindow, Tenant, UsageRecord
 from tenants.reports.spend import RUN_RATE_WINDOW
@@ -45,6 +47,7 @@ def rules_cache_clear() -> None:
     """Forget what this process cached (tests)."""
     rules_cached_clear()
     _alarmed.clear()
+    _windows.clear()
 
 
 def _reached(spent: int, limit: int, percent: int) -> bool:
@@ -52,9 +55,11 @@ def _reached(spent: int, limit: int, percent: int) -> bool:
 
 
 def budget_alerts_evaluate(*, tenant: Tenant, window_ids: Iterable[int | None],
-                           charge: int) -> None:
+                           charge: int, spent_after: dict | None = None) -> None:
     """Settlement's hook: once the settlement commits, count its spend and fire the threshold
-    rules its charge reached in each of its windows. Never raises into the settlement."""
+    rules its charge reached in each of its windows. Never raises into the settlement.
+    `spent_after` (window id -> its spent after this charge, when the settlement returned
+    them) spares the query for the windows."""
     ids = tuple(i for i in window_ids if i)
     if charge <= 0:
         return
@@ -65,7 +70,7 @@ def budget_alerts_evaluate(*, tenant: Tenant, window_ids: Iterable[int | None],
                 embedded_sender.start()
             _spend_count(tenant_id=tenant.pk, charge=charge)
             if ids:
-                _windows_check(ids=ids, charge=charge)
+                _windows_check(ids=ids, charge=charge, spent_after=spent_after)
         except Exception:  # alerts are a side effect: the settlement stands
             logger.exception("budget alerts: evaluating windows %s failed", ids)
 
@@ -82,10 +87,30 @@ def _spend_count(*, tenant_id: int, charge: int) -> None:
     SPEND.add(slug, charge)
 
 
-def _windows_check(*, ids: tuple[int, ...], charge: int) -> None:
+_windows = hot_cache("alert-windows")  # id -> BudgetWindow with its budget (tenants/cache.py)
+
+
+def _windows_of(ids: tuple[int, ...], spent_after: dict | None) -> list[BudgetWindow]:
+    """The windows with their budgets: the cached rows with the spent the settlement returned,
+    or (when it did not, or on first sight) read again."""
+    if spent_after and all(spent_after.get(i) is not None for i in ids):
+        cached = [_windows.get(i) for i in ids]
+        if all(w is not None for w in cached):
+            windows = [copy.copy(w) for w in cached]
+            for window in windows:
+                window.spent_microcents = spent_after[window.pk]
+            return windows
+    read_at = generation()
+    windows = list(BudgetWindow.objects.filter(pk__in=ids).select_related("budget__tenant",
+                                                                          "budget__agent"))
+    for window in windows:
+        _windows.put(window.pk, window, read_at)
+    return windows
+
+
+def _windows_check(*, ids: tuple[int, ...], charge: int, spent_after: dict | None = None) -> None:
     now = timezone.now()
-    for window in BudgetWindow.objects.filter(pk__in=ids).select_related("budget__tenant",
-                                                                          "budget__agent"):
+    for window in _windows_of(ids, spent_after):
         limit = window.budget.limit_microcents
         for rule in budget_rules_cached(window.budget):
             if rule.is_forecast or limit <= 0:

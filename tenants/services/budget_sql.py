@@ -1,0 +1,61 @@
+"""The hold and the settlement in one round trip each, on PostgreSQL: the functions that
+migration 0005 creates, called here. They keep the rules budgets.py and settlement.py state
+(both windows or neither; the agent's window locked before the tenant's; a settlement charges
+at most what its windows have room for and writes its one ledger row), as one short
+transaction, so that requests of one agent queue on its window rows for microseconds. SQLite
+(the embedded mode, one process) keeps the ORM path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from contextlib import nullcontext
+
+from django.db import connection, transaction
+
+from tenants.models import Reservation
+
+
+def enabled() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def hold(reservation: Reservation) -> str:
+    """Hold `reservation` (unsaved) on its windows and insert it: "" when held, else whose
+    window could not cover it ("agent" or "tenant"), with nothing held. IntegrityError when
+    the request id has a reservation already."""
+    r = reservation
+    # Inside a caller's transaction a refused insert must not abort it: a savepoint. On the
+    # request path (autocommit) the call is its own transaction.
+    with transaction.atomic() if connection.in_atomic_block else nullcontext(), \
+            connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT fairlane_budget_hold(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            [r.id, r.request_id, r.tenant_id, r.agent_id, r.api_key_id, r.amount_microcents,
+             r.agent_window_id, r.tenant_window_id, r.created_at, r.expires_at])
+        return cursor.fetchone()[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    outcome: str  # ok | settled (already: nothing changed) | missing (no reservation)
+    charge: int
+    held: int
+    prior: str  # the reservation's status before (held, released, expired)
+    usage_id: int | None
+    agent_id: object = None
+    api_key_id: object = None
+    agent_window_id: int | None = None
+    tenant_window_id: int | None = None
+    agent_spent: int | None = None  # the windows' spent after this charge
+    tenant_spent: int | None = None
+
+
+def settle(*, request_id: str, tenant_id: int, cost: int, usage, now) -> Settled:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT * FROM fairlane_budget_settle(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            [request_id, tenant_id, cost, usage.backend, usage.model, usage.prompt_tokens,
+             usage.completion_tokens, usage.cached_tokens, usage.latency_ms, usage.status, now])
+        outcome, charge, held, prior, usage_id, *rest = cursor.fetchone()
+    return Settled(outcome, charge or 0, held or 0, prior or "", usage_id, *rest)
