@@ -8,10 +8,13 @@ import json
 import random
 
 import pytest
+import torch
 
 from workers.engine import SamplingParams
 from workers.engine.errors import InvalidRequest
-from workers.engine.guide import DONE, MAX_BLANKS, START, JsonGuide, json_step
+from workers.engine.guide import DONE, MAX_BLANKS, START, GuideState, JsonGuide, json_step
+from workers.engine.sampler import Sampler
+from workers.engine.sequence import Sequence
 from workers.engine.tokenizer import Tokenizer
 
 DOCS = [{}, {"a": 1}, {"a": [1, -2.5, 3e10, -0.0, 1E-3, True, False, None, "x"], "b": {}},
@@ -62,7 +65,7 @@ def test_allowed_tokens_keep_the_output_a_prefix_and_walks_close(tokenizer):
     for seed in range(40):
         rng, state, out = random.Random(seed), START, b""
         for _ in range(2000):
-            allowed = guide.allowed(state).tolist()
+            allowed = guide.allowed_ids(state)
             assert allowed, out
             if state[1] == DONE:
                 assert allowed == list(eos)
@@ -104,3 +107,13 @@ def test_a_resumed_guided_request_goes_on_from_its_output(make_engine, prompts, 
 def test_unknown_guides_are_refused():
     with pytest.raises(InvalidRequest):
         SamplingParams(guide="yaml")
+
+
+def test_the_sampler_keeps_only_allowed_tokens_even_past_the_tokenizers_ids(tokenizer):
+    table, eos = tokenizer.token_bytes_table(), (tokenizer.eos_token_id,)
+    seq = Sequence("s", [5], SamplingParams(temperature=0.0, guide="json_object"), tenant="t",
+                   lane="standard", salt="t", arrival_time=0.0)
+    seq.guide = GuideState(JsonGuide(table, eos), table)
+    logits = torch.zeros(1, len(table) + 7)  # a model may pad its vocabulary past the tokenizer's
+    logits[0, -1], logits[0, 0], logits[0, 128] = 50.0, 40.0, 1.0  # padding, "<pad>", "{"
+    assert Sampler(0)(logits, [seq], eos).token_ids == [128]

@@ -188,10 +188,16 @@ class JsonGuide:
                 children = node[0]
             if node is not None:
                 node[1].append(token_id)
-        self.allowed = lru_cache(maxsize=8192)(self._allowed)
+        self.num_tokens = len(table)
+        # Masks, not id lists: a large vocabulary's string states allow nearly every token.
+        self.allowed = lru_cache(maxsize=512)(self._allowed)
+
+    def allowed_ids(self, state) -> list[int]:
+        return self.allowed(state).nonzero().flatten().tolist()
 
     def _allowed(self, state) -> torch.Tensor:
-        """The ids that may come next in `state` (EOS only where the document may end)."""
+        """Which ids may come next in `state`, as a mask over the tokenizer's ids (EOS only
+        where the document may end)."""
         step = self.grammar.step
         ids: list[int] = list(self.eos_token_ids) if self.grammar.is_done(state) else []
         todo = [(self.trie, state)]
@@ -203,7 +209,9 @@ class JsonGuide:
                     ids.extend(ending)
                     if grandchildren:
                         todo.append((grandchildren, nxt))
-        return torch.tensor(sorted(ids), dtype=torch.long)
+        mask = torch.zeros(max(self.num_tokens, max(ids, default=0) + 1), dtype=torch.bool)
+        mask[ids] = True
+        return mask
 
     def advance(self, state, data: bytes):
         for byte in data:
@@ -224,7 +232,8 @@ class GuideState:
             self.advance(token_id)
 
     def allowed(self) -> torch.Tensor | None:
-        """None: unconstrained (a token outside the grammar was forced in, e.g. a stop id)."""
+        """A mask over the tokenizer's ids; None: unconstrained (a token outside the grammar
+        was forced in, e.g. a stop id)."""
         return None if self.state is None else self.guide.allowed(self.state)
 
     def advance(self, token_id: int) -> None:

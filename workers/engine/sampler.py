@@ -114,11 +114,13 @@ def _guide(logits: torch.Tensor, unsuppressed: torch.Tensor, seqs: list[Sequence
         return logits
     logits = logits.clone()
     for i in rows:
-        allowed = seqs[i].guide.allowed()
-        if allowed is None or not len(allowed):
+        allowed = seqs[i].guide.allowed()  # a mask over the tokenizer's ids
+        if allowed is None or not allowed.any():
             continue
+        n = min(len(allowed), logits.shape[1])  # the model's rows may pad the vocabulary
+        keep = allowed[:n]
         row = torch.full_like(logits[i], float("-inf"))
-        row[allowed] = unsuppressed[i, allowed]
+        row[:n][keep] = unsuppressed[i, :n][keep]
         logits[i] = row
     return logits
 
