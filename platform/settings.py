@@ -406,6 +406,17 @@ FAIRLANE_RETRY_BACKOFF_SECONDS = float(os.environ.get("FAIRLANE_RETRY_BACKOFF_SE
 # max_tokens sent to a remote backend when the request sets none and the backend's context
 # length is not configured (the budget reserves for it, so it is never left open-ended).
 FAIRLANE_DEFAULT_MAX_TOKENS = env_int("FAIRLANE_DEFAULT_MAX_TOKENS", 4096)
+# Images in chat requests: what one counts for a budget hold (and when a provider reports no
+# usage): above GPT-4o's 1,105 and Claude's ~1,600 at their largest; raise it for models that
+# bill images as many more tokens (gpt-4o-mini: up to ~37,000).
+FAIRLANE_IMAGE_WORST_TOKENS = env_int("FAIRLANE_IMAGE_WORST_TOKENS", 2500)
+# Anthropic takes images as bytes: an http(s) image is fetched by the API process, within
+# these limits (Anthropic's own is 5 MB), and never from private, loopback or link-local
+# addresses unless FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE is set (tests; a trusted network).
+FAIRLANE_IMAGE_MAX_BYTES = env_int("FAIRLANE_IMAGE_MAX_BYTES", 5 * 1024 * 1024)
+FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS = float(
+    os.environ.get("FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS", "10"))
+FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE = env_bool("FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE", False)
 # How long a request waits in a scarce backend's lease queue before falling through.
 FAIRLANE_LEASE_WAIT_SECONDS = float(os.environ.get("FAIRLANE_LEASE_WAIT_SECONDS", "5"))
 # How long the registry read by the router is reused before it is read again (seconds).

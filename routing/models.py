@@ -43,6 +43,12 @@ class Health(models.TextChoices):
     OFFLINE = "offline"  # probes fail: not routed to until one succeeds
 
 
+def _supports(feature: str) -> models.BooleanField:
+    return models.BooleanField(null=True, blank=True, default=None,
+                               help_text=f"Serves {feature}. Empty: the default (the backend "
+                                         "kind's, or for a model its backend's).")
+
+
 def _price() -> models.BigIntegerField:
     return models.BigIntegerField(default=0, validators=[MinValueValidator(0),
                                                          MaxValueValidator(MAX_MICROCENTS)])
@@ -66,6 +72,12 @@ class Backend(models.Model):
     continuous_batching = models.BooleanField(default=False)
     paged_kv = models.BooleanField(default=False)
     zone = models.CharField(max_length=64, blank=True, default="")
+    # What chat requests may use: by default openai, openrouter and anthropic have all three,
+    # openai_compatible (vLLM) JSON modes, fairlane none; local has JSON mode (json_object) by
+    # its own guided decoding, whatever these say (routing.backends.base).
+    supports_tools = _supports("tools (function calling)")
+    supports_json_schema = _supports("response_format json_object / json_schema")
+    supports_vision = _supports("image inputs")
     # Energy: millijoules per generated token, and the zone's grid carbon intensity.
     energy_mj_per_token = models.PositiveIntegerField(default=0)
     carbon_g_per_kwh = models.PositiveIntegerField(default=0)
@@ -128,6 +140,10 @@ class BackendModel(models.Model):
     price_input_per_mtok = _price()
     price_output_per_mtok = _price()
     price_cached_per_mtok = _price()
+    # Where this model differs from its backend (e.g. a text-only model on a vision backend).
+    supports_tools = _supports("tools (function calling)")
+    supports_json_schema = _supports("response_format json_object / json_schema")
+    supports_vision = _supports("image inputs")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["backend", "model"],

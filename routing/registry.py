@@ -20,7 +20,8 @@ from routing.models import AgentRouting, Backend, BackendKind, BackendModel, Pol
 logger = logging.getLogger(__name__)
 SETTABLE = {"base_url", "credential_ref", "context_length", "hidden_states", "accelerator",
             "max_concurrency", "continuous_batching", "paged_kv", "zone", "energy_mj_per_token",
-            "carbon_g_per_kwh", "lease_seconds", "queue_depth", "timeout_seconds", "is_enabled"}
+            "carbon_g_per_kwh", "lease_seconds", "queue_depth", "timeout_seconds", "is_enabled",
+            "supports_tools", "supports_json_schema", "supports_vision"}
 
 
 def backend_register(*, name: str, kind: str, credential: str | None = None,
@@ -77,9 +78,14 @@ async def backend_error_noted(name: str, detail: str) -> None:
 
 def backend_model_set(*, backend: Backend, model: str, upstream_name: str = "",
                       price_input_per_mtok: int = 0, price_output_per_mtok: int = 0,
-                      price_cached_per_mtok: int = 0) -> BackendModel:
+                      price_cached_per_mtok: int = 0, supports_tools: bool | None = None,
+                      supports_json_schema: bool | None = None,
+                      supports_vision: bool | None = None) -> BackendModel:
+    """A model the backend serves; `supports_*` None: as its backend."""
     row = BackendModel.objects.filter(backend=backend, model=model).first() or BackendModel(
         backend=backend, model=model)
+    row.supports_tools, row.supports_json_schema = supports_tools, supports_json_schema
+    row.supports_vision = supports_vision
     row.upstream_name = upstream_name
     row.price_input_per_mtok = price_input_per_mtok
     row.price_output_per_mtok = price_output_per_mtok

@@ -5,14 +5,18 @@ the provider's usage where it reported it, counted here where it did not."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
+
+from django.conf import settings
 
 from routing.backends import Call, Route, UpstreamError, backend_embed, backend_stream
 from routing.backends.base import estimate_tokens
 from routing.errors import CLIENT_MESSAGES, MID_STREAM, SURFACED
 from routing.registry import backend_error_noted
+from routing.wire.messages import message_images, message_text
 from tenants.models import UsageRecord
 from workers.events import (
     Embedding, Event, Failed, Finish, RemoteEvent, Reported, Tokens, TokenUsage,
@@ -122,10 +126,17 @@ def _usage(reported: Reported | None, call: Call, tokens: list[Tokens]) -> Token
         if prompts and isinstance(prompts[0], int):
             prompts = [prompts]
         prompt = sum(len(p) if isinstance(p, list) else estimate_tokens(p) for p in prompts)
-        prompt += sum(estimate_tokens(m["content"]) + 4 for m in call.messages)
+        prompt += sum(estimate_tokens(message_text(m)) + 4 for m in call.messages)
+        # Tools and schemas as their JSON; images at their worst case (never zero).
+        prompt += estimate_tokens(json.dumps([call.tool_use.tools,
+                                              call.tool_use.response_format])) if (
+            call.tool_use.tools or call.tool_use.response_format) else 0
+        prompt += settings.FAIRLANE_IMAGE_WORST_TOKENS * sum(
+            len(message_images(m)) for m in call.messages)
         cached = 0
     if not completion and tokens:
-        text = "".join(e.text for e in tokens)
+        text = "".join(e.text + "".join((c.name or "") + c.arguments for c in e.tool_calls)
+                       for e in tokens)
         completion = max(len(tokens), estimate_tokens(text))
     return TokenUsage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
 

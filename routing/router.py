@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 
-from routing.backends.base import BackendSpec, Route
+from routing.backends.base import BackendSpec, Route, features_resolve
 from routing.breaker import breakers
 from routing.models import KIND_ORDER, AgentRouting, Backend, BackendModel, Health, Policy
 from workers.models import ServedModel
@@ -78,7 +78,7 @@ def registry_load() -> Registry:
                          price_cached_per_mtok=row.price_cached_per_mtok)
         registry.routes.setdefault(row.model, []).append(
             Route(backend=spec, model=row.model, upstream=row.upstream_name or row.model,
-                  info=info))
+                  info=info, model_features=features_resolve(spec.features, row)))
     for row in AgentRouting.objects.all():
         registry.agents[str(row.agent_id)] = AgentPlan(
             chain=tuple(row.chain or ()), policy=row.policy, cascade=tuple(row.cascade or ()),
@@ -126,10 +126,13 @@ class Need:
     tenant: str = ""
     prefix: str = ""  # the prompt's beginning, for KV affinity
     max_tokens_set: bool = True  # False: max_tokens is a default, fitted to each backend
+    features: frozenset[str] = frozenset()  # ChatRequest.features (backends.base.FEATURES)
 
 
 def route_supports(route: Route, need: Need) -> bool:
     spec = route.backend
+    if not need.features <= route.features:
+        return False
     if spec.is_local:
         return True
     same_tokenizer = spec.kind == "fairlane"  # another Fairlane serves our models' tokenizers
@@ -196,6 +199,7 @@ class Plan:
     agent: AgentPlan
     blocked_for: float = 0.0  # when every candidate is open/cooling: seconds until one is not
     unsupported: bool = False  # the model exists but no backend can serve this request
+    missing: str | None = None  # a feature the request needs that none of them has
 
 
 def route_plan(*, registry: Registry, agent_id: str, model: str, need: Need,
@@ -212,7 +216,8 @@ def route_plan(*, registry: Registry, agent_id: str, model: str, need: Need,
     capable = [r for r in routes if route_supports(r, need)]
     usable = [r for r in capable if r.backend.health != Health.OFFLINE
               and breakers.available(r.backend.name)]
-    plan = Plan(routes=usable, agent=agent, unsupported=bool(routes) and not capable)
+    plan = Plan(routes=usable, agent=agent, unsupported=bool(routes) and not capable,
+                missing=feature_missing(routes, need) if routes and not capable else None)
     if capable and not usable:
         waits = [breakers.blocked_for(r.backend.name) for r in capable]
         plan.blocked_for = min((w for w in waits if w > 0), default=0.0)
@@ -225,6 +230,12 @@ def route_plan(*, registry: Registry, agent_id: str, model: str, need: Need,
         usable.sort(key=key)
     usable.sort(key=lambda r: _health_rank(r.backend))  # stable: live, never probed, stale
     return plan
+
+
+def feature_missing(routes: list[Route], need: Need) -> str | None:
+    """A feature the request needs that none of these routes has, if any (for its 400)."""
+    return next((f for f in sorted(need.features)
+                 if not any(f in r.features for r in routes)), None)
 
 
 def model_names(registry: Registry) -> list[str]:

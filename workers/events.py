@@ -4,8 +4,8 @@ a small set of frozen types, matched on by type, never by a key.
 
 One run's events come in this order:
   Accepted                    the engine took every sequence
-  Tokens                      repeated; per choice
-  Finish                      per choice: stop | length | abort
+  Tokens                      repeated; per choice (a remote model's tool calls too)
+  Finish                      per choice: stop | length | abort | tool_calls
   Embedding                   embedding requests, per input
   Failed                      something failed
   Done                        always last; the ledger row exists
@@ -26,6 +26,17 @@ class Accepted:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of one tool call, as OpenAI streams it: the first piece of call `index` has
+    its id and function name, later ones only more of its JSON arguments."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Tokens:
     """New output of one choice. A remote backend's text carries no token ids; its
     log-probabilities may come already in OpenAI's chat shape (`entries`)."""
@@ -36,12 +47,13 @@ class Tokens:
     logprobs: tuple[float, ...] | None = None
     top_logprobs: tuple[dict[str, float], ...] | None = None  # per token: {str(id): logprob}
     entries: tuple[dict, ...] | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Finish:
     choice: int
-    reason: str  # stop | length | abort
+    reason: str  # stop | length | abort | tool_calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +122,9 @@ def event_to_dict(event: Event) -> dict:
                     else list(event.top_logprobs)}
             if event.entries is not None:
                 wire["entries"] = list(event.entries)
+            if event.tool_calls:
+                wire["tool_calls"] = [{"index": c.index, "id": c.id, "name": c.name,
+                                       "arguments": c.arguments} for c in event.tool_calls]
             return wire
         case Finish():
             return {"type": "finish", "choice": event.choice, "reason": event.reason}
@@ -145,7 +160,8 @@ def event_from_dict(wire: dict) -> Event:
                       token_ids=tuple(wire.get("token_ids") or ()),
                       logprobs=_tuple(wire.get("logprobs")),
                       top_logprobs=_tuple(wire.get("top_logprobs")),
-                      entries=_tuple(wire.get("entries")))
+                      entries=_tuple(wire.get("entries")),
+                      tool_calls=tuple(ToolCallDelta(**c) for c in wire.get("tool_calls") or ()))
     if kind == "finish":
         return Finish(choice=wire["choice"], reason=wire["reason"])
     if kind == "embedding":

@@ -69,4 +69,6 @@ class GenerationJob:
         if done:
             sampling["max_tokens"] -= done
             sampling["min_tokens"] = max(sampling.get("min_tokens", 0) - done, 0)
+            if sampling.get("guide"):  # JSON mode goes on from what was already streamed
+                sampling["guide_prefix"] = list(self.resumed[index])
         return SamplingParams(**sampling)

@@ -1,45 +1,29 @@
 """Anthropic's Messages API: `system` apart from the turns, `max_tokens` required, and a stream
 of named events (message_start, content_block_delta, message_delta, message_stop, ping,
 error). Usage comes in two parts: input (and cache-read) tokens in message_start, output tokens
-in message_delta."""
+in message_delta. The request is translated in anthropic_request.py; a `tool_use` block comes
+back as an OpenAI tool call (its `input_json_delta` pieces as the call's argument pieces), the
+forced JSON tool's input as content, and `stop_reason: tool_use` as `tool_calls`."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import httpx
 
+from routing.backends.anthropic_request import request_body
 from routing.backends.base import (
     BackendSpec, Call, UpstreamError, error_for_status, retry_after_parse,
 )
-from workers.events import Finish, RemoteEvent, Reported, Tokens
+from workers.events import Finish, RemoteEvent, Reported, Tokens, ToolCallDelta
 
 VERSION = "2023-06-01"
 
 
 def headers(secret: str) -> dict[str, str]:
     return {"x-api-key": secret, "anthropic-version": VERSION}
-
-
-def request_body(call: Call) -> dict:
-    s = call.sampling
-    system = "\n\n".join(m["content"] for m in call.messages
-                         if m["role"] in {"system", "developer"})
-    turns = [{"role": m["role"], "content": m["content"]} for m in call.messages
-             if m["role"] in {"user", "assistant"}]
-    body: dict = {"model": call.upstream, "max_tokens": call.max_tokens, "messages": turns,
-                  "stream": True, "temperature": min(s.temperature, 1.0)}
-    if system:
-        body["system"] = system
-    if s.top_p < 1.0:
-        body["top_p"] = s.top_p
-    if s.top_k > 0:
-        body["top_k"] = s.top_k
-    if s.stop:
-        body["stop_sequences"] = list(s.stop)
-    return body
 
 
 async def _raise_for_status(response: httpx.Response) -> None:
@@ -57,10 +41,64 @@ async def _raise_for_status(response: httpx.Response) -> None:
     raise error_for_status(status, message, retry_after_parse(response.headers))
 
 
+@dataclass
+class _Blocks:
+    """The answer's content blocks so far: which are tool calls (block index -> call index),
+    which the forced JSON tool's (its input is the content), which have had input."""
+
+    json_tool: str | None
+    calls: dict[int, int] = field(default_factory=dict)
+    json_blocks: set[int] = field(default_factory=set)
+    with_input: set[int] = field(default_factory=set)
+
+    def start(self, index: int, block: dict) -> Tokens | None:
+        if block.get("type") != "tool_use":
+            return None
+        if block.get("name") == self.json_tool:
+            self.json_blocks.add(index)
+            return None
+        call = self.calls[index] = len(self.calls)
+        return Tokens(choice=0, text="", tool_calls=(ToolCallDelta(
+            index=call, id=block.get("id") or "", name=block.get("name") or ""),))
+
+    def delta(self, index: int, delta: dict) -> Tokens | None:
+        kind = delta.get("type")
+        if kind == "text_delta" and delta.get("text"):
+            return Tokens(choice=0, text=delta.get("text"))
+        piece = delta.get("partial_json") if kind == "input_json_delta" else None
+        if not piece:
+            return None
+        self.with_input.add(index)
+        if index in self.json_blocks:
+            return Tokens(choice=0, text=piece)
+        if index in self.calls:
+            return Tokens(choice=0, text="", tool_calls=(
+                ToolCallDelta(index=self.calls[index], arguments=piece),))
+        return None
+
+    def stop(self, index: int) -> Tokens | None:
+        """A tool that takes no arguments streams no input: its arguments are `{}`."""
+        if index in self.with_input:
+            return None
+        if index in self.json_blocks:
+            return Tokens(choice=0, text="{}")
+        if index in self.calls:
+            return Tokens(choice=0, text="", tool_calls=(
+                ToolCallDelta(index=self.calls[index], arguments="{}"),))
+        return None
+
+    def finish_reason(self, stop_reason: str) -> str:
+        if stop_reason == "max_tokens":
+            return "length"
+        return "tool_calls" if stop_reason == "tool_use" and self.calls else "stop"
+
+
 async def anthropic_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call,
                            secret: str, timeout: httpx.Timeout) -> AsyncIterator[RemoteEvent]:
+    body = await request_body(call)
+    blocks = _Blocks(json_tool=call.tool_use.schema_name)
     async with client.stream("POST", spec.base_url.rstrip("/") + "/v1/messages",
-                             json=request_body(call), headers=headers(secret),
+                             json=body, headers=headers(secret),
                              timeout=timeout) as response:
         await _raise_for_status(response)
         usage = Reported()
@@ -83,10 +121,14 @@ async def anthropic_stream(client: httpx.AsyncClient, spec: BackendSpec, call: C
                     int(u.get("input_tokens") or 0) + cached
                     + int(u.get("cache_creation_input_tokens") or 0)))
                 yield usage  # the prompt's count, should the stream be cut later
-            elif name == "content_block_delta":
-                delta = data.get("delta") or {}
-                if delta.get("type") == "text_delta" and delta.get("text"):
-                    yield Tokens(choice=0, text=delta["text"])
+            elif name in {"content_block_start", "content_block_delta", "content_block_stop"}:
+                index = data.get("index", 0)
+                event = (blocks.start(index, data.get("content_block") or {})
+                         if name == "content_block_start" else
+                         blocks.delta(index, data.get("delta") or {})
+                         if name == "content_block_delta" else blocks.stop(index))
+                if event is not None:
+                    yield event
             elif name == "message_delta":
                 reason = (data.get("delta") or {}).get("stop_reason")
                 usage = replace(usage, completion_tokens=int(
@@ -95,8 +137,7 @@ async def anthropic_stream(client: httpx.AsyncClient, spec: BackendSpec, call: C
                     raise UpstreamError("content_filtered",
                                         "The provider declined to answer (refusal).")
                 if reason:
-                    yield Finish(choice=0,
-                                 reason="length" if reason == "max_tokens" else "stop")
+                    yield Finish(choice=0, reason=blocks.finish_reason(reason))
             elif name == "error":
                 error = data.get("error") or {}
                 code = "rate_limited" if error.get("type") == "rate_limit_error" else \

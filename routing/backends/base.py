@@ -15,7 +15,31 @@ import time
 from dataclasses import dataclass, field
 
 from routing.wire.parse import Sampling
+from routing.wire.tools import ToolUse
 from workers.registry import ModelInfo
+
+# What a chat request may need beyond text (ChatRequest.features), and who has it unless the
+# operator says otherwise (Backend.supports_*, per model BackendModel.supports_*). vLLM
+# serves JSON schemas out of the box; tool parsing and images depend on its flags and model.
+FEATURES = ("tools", "json_object", "json_schema", "vision")
+KIND_FEATURES = {"openai": frozenset(FEATURES), "openrouter": frozenset(FEATURES),
+                 "anthropic": frozenset(FEATURES),
+                 "openai_compatible": frozenset({"json_object", "json_schema"})}
+# Our engine: JSON mode, schemas and tool calls by guided decoding (workers/engine/guide.py,
+# routing/services/local_tools.py); images not yet.
+LOCAL_FEATURES = frozenset({"tools", "json_object", "json_schema"})
+FLAGS = {"tools": ("tools",), "json_schema": ("json_object", "json_schema"),
+         "vision": ("vision",)}  # supports_<flag> -> the features it turns on or off
+
+
+def features_resolve(default: frozenset[str], row) -> frozenset[str]:
+    """`default` changed by the row's `supports_<flag>` flags (None: unchanged)."""
+    features = set(default)
+    for flag, named in FLAGS.items():
+        value = getattr(row, f"supports_{flag}", None)
+        if value is not None:
+            (features.update if value else features.difference_update)(named)
+    return frozenset(features)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +65,25 @@ class BackendSpec:
     timeout_seconds: float = 60.0
     health: str = "unknown"
     probe_p95_ms: float = 0.0
+    supports_tools: bool | None = None  # None: the kind's default (KIND_FEATURES)
+    supports_json_schema: bool | None = None
+    supports_vision: bool | None = None
 
     @property
     def is_local(self) -> bool:
         return self.kind == "local"
 
+    @property
+    def features(self) -> frozenset[str]:
+        if self.is_local:
+            return LOCAL_FEATURES
+        return features_resolve(KIND_FEATURES.get(self.kind, frozenset()), self)
+
     def capabilities(self) -> dict:
         return {"context_length": self.context_length, "hidden_states": self.hidden_states,
                 "accelerator": self.accelerator, "max_concurrency": self.max_concurrency,
                 "continuous_batching": self.continuous_batching, "paged_kv": self.paged_kv,
-                "zone": self.zone}
+                "zone": self.zone, "features": sorted(self.features)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +94,11 @@ class Route:
     model: str
     upstream: str
     info: ModelInfo
+    model_features: frozenset[str] | None = None  # None: the backend's
+
+    @property
+    def features(self) -> frozenset[str]:
+        return self.backend.features if self.model_features is None else self.model_features
 
     @property
     def is_paid(self) -> bool:
@@ -84,6 +122,7 @@ class Call:
     # The tenant's prefix-cache salt, hashed (never the tenant id in clear): remote engines
     # that honour it (vLLM, another Fairlane) never share cached prompts between tenants.
     cache_salt: str = ""
+    tool_use: ToolUse = field(default_factory=ToolUse)  # chat: tools and response_format
 
 
 class UpstreamError(Exception):

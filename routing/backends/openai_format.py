@@ -3,11 +3,15 @@
 remote Fairlane engines (our own /v1 API, which also serves embeddings: hidden states).
 
 Every call is streamed upstream with `stream_options.include_usage`, so usage comes from the
-provider's final chunk; a non-streaming client gets the collected answer."""
+provider's final chunk; a non-streaming client gets the collected answer. Tools,
+tool_choice, parallel_tool_calls, response_format and image parts are forwarded as the client
+sent them (parsed and checked in routing/wire/); streamed tool calls come back as
+ToolCallDelta pieces in OpenAI's shape: a call's id and name once, then its arguments."""
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import AsyncIterator
 
 import httpx
@@ -15,9 +19,10 @@ import httpx
 from routing.backends.base import (
     BackendSpec, Call, UpstreamError, error_for_status, retry_after_parse,
 )
-from workers.events import Finish, RemoteEvent, Reported, Tokens
+from workers.events import Finish, RemoteEvent, Reported, Tokens, ToolCallDelta
 
 OPENAI_KINDS = {"openai", "openai_compatible", "openrouter", "fairlane"}
+FINISH_REASONS = {"length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls"}
 
 
 def headers(secret: str) -> dict[str, str]:
@@ -53,6 +58,12 @@ def request_body(spec: BackendSpec, call: Call) -> tuple[str, dict]:
         body["logit_bias"] = {str(k): v for k, v in s.logit_bias}
     if call.kind == "chat":
         body["messages"] = call.messages
+        use = call.tool_use
+        for name, value in (("tools", list(use.tools) or None), ("tool_choice", use.tool_choice),
+                            ("parallel_tool_calls", use.parallel_tool_calls),
+                            ("response_format", use.response_format)):
+            if value is not None:
+                body[name] = value
         if call.wants_logprobs:
             body["logprobs"] = True
             if s.logprobs:
@@ -79,16 +90,38 @@ async def _raise_for_status(response: httpx.Response) -> None:
     raise error_for_status(response.status_code, message, retry_after_parse(response.headers))
 
 
-def _token_event(choice: dict, kind: str) -> Tokens | None:
+def _tool_calls(choice: dict, seen: dict[tuple[int, int], str]) -> tuple[ToolCallDelta, ...]:
+    """A chunk's tool-call pieces, as OpenAI streams them whatever the server did: the id and
+    name on a call's first piece only (one is made up for a server that sent no id)."""
+    pieces = []
+    for position, call in enumerate((choice.get("delta") or {}).get("tool_calls") or ()):
+        function = call.get("function") or {}
+        index = call.get("index", position)
+        key = (choice.get("index", 0), index)
+        arguments = function.get("arguments") or ""
+        if key in seen:
+            pieces.append(ToolCallDelta(index=index, arguments=arguments))
+            continue
+        seen[key] = call.get("id") or f"call_{secrets.token_hex(12)}"
+        pieces.append(ToolCallDelta(index=index, arguments=arguments, id=seen[key],
+                                    name=function.get("name") or ""))
+    return tuple(pieces)
+
+
+def _token_event(choice: dict, kind: str,
+                 seen: dict[tuple[int, int], str]) -> Tokens | None:
     index = choice.get("index", 0)
     text = (choice.get("delta") or {}).get("content") if kind == "chat" else choice.get("text")
     logprobs = choice.get("logprobs")
-    if not text and not logprobs:
+    calls = _tool_calls(choice, seen) if kind == "chat" else ()
+    if not text and not logprobs and not calls:
         return None
+    if calls:
+        return Tokens(choice=index, text=text or "", tool_calls=calls)
     if kind == "chat" and logprobs and logprobs.get("content"):
         entries = tuple(logprobs["content"])
         return Tokens(choice=index, text=text or "", entries=entries,
-                      logprobs=tuple(entry["logprob"] for entry in entries))
+                      logprobs=tuple(entry.get("logprob") for entry in entries))
     if kind == "completion" and logprobs and logprobs.get("token_logprobs"):
         return Tokens(choice=index, text=text or "",
                       logprobs=tuple(logprobs["token_logprobs"]))
@@ -110,7 +143,7 @@ async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call
     async with client.stream("POST", spec.base_url.rstrip("/") + path, json=body,
                              headers=headers(secret), timeout=timeout) as response:
         await _raise_for_status(response)
-        is_done = False
+        is_done, seen = False, {}
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
                 continue  # blank lines, `event:` and comments such as OpenRouter's keep-alive
@@ -126,7 +159,7 @@ async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call
                 error = chunk["error"]
                 raise UpstreamError("backend_unavailable", str(error.get("message", error)))
             for choice in chunk.get("choices") or ():
-                event = _token_event(choice, call.kind)
+                event = _token_event(choice, call.kind, seen)
                 if event is not None:
                     yield event
                 reason = choice.get("finish_reason")
@@ -135,7 +168,7 @@ async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call
                                         "The provider's content filter stopped the answer.")
                 if reason:
                     yield Finish(choice=choice.get("index", 0),
-                                 reason="length" if reason == "length" else "stop")
+                                 reason=FINISH_REASONS.get(reason, "stop"))
             if chunk.get("usage"):
                 yield usage_event(chunk["usage"])
         if not is_done:

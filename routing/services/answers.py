@@ -86,7 +86,7 @@ async def started_chunks(started: Started) -> AsyncIterator[Rendered]:
         match event:
             # Tokens that end mid-character carry no text yet; skip them unless their
             # logprobs were asked for (the text follows with the next token).
-            case Tokens() if event.text or fmt.wants_logprobs:
+            case Tokens() if event.text or event.tool_calls or fmt.wants_logprobs:
                 yield Chunk(fmt.token_chunk(event, usage_too))
             case Tokens():
                 fmt.choices[event.choice].token_ids += event.token_ids

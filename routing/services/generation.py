@@ -18,18 +18,30 @@ from routing.ratelimit import Admitted, limiter_get, scopes_for
 from routing.router import Need, registry_get
 from routing.services.answers import Started
 from routing.services.cascade import cascade_run
+from routing.services.local_tools import (
+    local_guide, local_messages, tool_call_events, tools_active,
+)
 from routing.services.prepare import (
     Routed, chat_prompt, completion_prompts, prompt_texts, tenant_cache_salt,
     worst_prompt_tokens,
 )
 from routing.sync import db_call
 from routing.wire import parse
+from routing.wire.messages import message_text
+from routing.wire.tools import ToolUse
 from routing.wire.render import ChatFormat, CompletionFormat
 from tenants.errors import ApplicationError, InvalidRequest
 from workers.generation import GenerationJob
 from workers.registry import model_tokenizer, usage_cost
 
 logger = logging.getLogger(__name__)
+# What a request needing a feature no backend of its model has is told, and its param.
+FEATURE_NAMES = {"tools": "tools (function calling)",
+                 "json_object": "response_format json_object (JSON mode)",
+                 "json_schema": "response_format json_schema (structured outputs)",
+                 "vision": "image inputs"}
+FEATURE_PARAMS = {"tools": "tools", "json_object": "response_format",
+                  "json_schema": "response_format", "vision": "messages"}
 
 
 class _Generation(Routed):
@@ -44,11 +56,17 @@ class _Generation(Routed):
         routes = self.routes
         self.tokenizer, self.token_prompts, self.local_max = None, None, 0
         self.brownout = ""
+        self.tool_use = request.tool_use if kind == "chat" else ToolUse()
+        features = request.features if kind == "chat" else frozenset()
+        if self.local is not None and not features <= self.local.features:
+            self.local = None  # tools, JSON schemas, images: not for our engine (yet)
+        self.guide = local_guide(self.tool_use)
         if self.local is not None:
             self._local_prepare(remote_too=len(routes) > 1)
         token_ids = kind == "completion" and (len(request.prompts) > 1 or any(
             isinstance(p, list) for p in request.prompts))
-        self.remote_prompt_tokens = worst_prompt_tokens(self.messages, self.prompt)
+        self.remote_prompt_tokens = worst_prompt_tokens(self.messages, self.prompt,
+                                                        self.tool_use)
         self.num_prompts = len(self.token_prompts) if self.token_prompts else 1
         remote = [r for r in routes if not r.backend.is_local]
         worst_max = max([self.local_max] + [self._remote_max(r) for r in remote])
@@ -58,14 +76,19 @@ class _Generation(Routed):
                          n=self.sampling.n, token_prompts=token_ids,
                          logit_bias=bool(self.sampling.logit_bias),
                          logprobs=self.sampling.logprobs is not None,
-                         tenant=str(caller.tenant.pk),
-                         prefix=("".join(m["content"] for m in self.messages)
+                         tenant=str(caller.tenant.pk), features=features,
+                         prefix=("".join(message_text(m) for m in self.messages)
                                  or str(self.prompt))[:512])
         self.first_plan = plan = self.plan()
+        if plan.missing:
+            raise InvalidRequest(f"No backend serving '{request.model}' supports "
+                                 f"{FEATURE_NAMES[plan.missing]}.",
+                                 param=FEATURE_PARAMS[plan.missing])
         if plan.unsupported:
             raise InvalidRequest(f"No backend serving '{request.model}' supports this request "
                                  "(token-id or batched prompts, logit_bias and completion "
-                                 "logprobs need the model's own tokenizer).")
+                                 "logprobs need the model's own tokenizer; tools, JSON mode "
+                                 "and images backends that support them all).")
         self._jobs: dict[str, GenerationJob] = {}
         self.walk: Attempt | None = None  # set by the admission, its first route prepared
 
@@ -74,7 +97,8 @@ class _Generation(Routed):
         tokenizer = model_tokenizer(info)
         try:
             if self.kind == "chat":
-                prompts = [chat_prompt(tokenizer, request.messages)]
+                prompts = [chat_prompt(tokenizer, local_messages(request.messages,
+                                                                 self.tool_use))]
             else:
                 prompts = completion_prompts(info, tokenizer, request.prompts, "prompt")
         except InvalidRequest:
@@ -115,16 +139,20 @@ class _Generation(Routed):
             self._jobs[route.backend.name] = GenerationJob(
                 request_id=self.request_id, kind="generate", model=route.info.to_dict(),
                 prompts=self.token_prompts if route.backend.is_local else [],
-                n=self.sampling.n, sampling=engine_sampling(self.sampling, self.max_tokens(route)),
+                n=self.sampling.n, sampling=self._engine_sampling(route),
                 tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk),
                 lane=self.lane, weight=caller.tenant.weight,
                 cache_salt=self.request.cache_salt)
         return self._jobs[route.backend.name]
 
+    def _engine_sampling(self, route: Route) -> dict:
+        return {**engine_sampling(self.sampling, self.max_tokens(route)), **self.guide}
+
     def call(self, route: Route) -> Call:
         return Call(kind=self.kind, upstream=route.upstream, sampling=self.sampling,
                     max_tokens=self.max_tokens(route), messages=self.messages,
                     prompt=self.prompt, wants_logprobs=self.sampling.logprobs is not None,
+                    tool_use=self.tool_use,
                     cache_salt=tenant_cache_salt(tenant_id=self.caller.tenant.pk,
                                                  salt=self.request.cache_salt))
 
@@ -164,7 +192,10 @@ class _Generation(Routed):
                          for p in request.prompts]
                 echo = [texts[i // sampling.n] for i in range(num_choices)]
             formatter = CompletionFormat(prompt_texts=echo, **common)
-        return Started(job=served.job, format=formatter, events=served.events,
+        events = served.events
+        if is_local and tools_active(self.tool_use):  # calls come as text from our engine
+            events = tool_call_events(events, self.tool_use)
+        return Started(job=served.job, format=formatter, events=events,
                        stream=request.stream, include_usage=request.include_usage,
                        admitted=admitted, brownout=self.brownout if is_local else "",
                        backend=served.route.backend.name)

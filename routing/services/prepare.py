@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import math
 import uuid
 
@@ -16,6 +17,8 @@ from routing.admission import Caller
 from routing.backends import Route
 from routing.attempts import Attempt
 from routing.router import Need, Plan, registry_get, route_plan
+from routing.wire.messages import message_images, message_text
+from routing.wire.tools import ToolUse
 from tenants.errors import BackendUnavailable, InvalidRequest, ModelNotFound
 from workers.modes import mode_get
 from workers.registry import ModelInfo, model_vocab_size
@@ -101,14 +104,25 @@ def prompt_texts(kind: str, request) -> tuple[list[dict], str | list]:
     return [], prompts[0] if len(prompts) == 1 else prompts
 
 
-def worst_prompt_tokens(messages: list[dict], prompt: str | list) -> int:
+def worst_prompt_tokens(messages: list[dict], prompt: str | list,
+                        tool_use: ToolUse | None = None) -> int:
     """No tokenizer at hand (a remote-only model): every token is at least one byte, plus the
-    chat format's few tokens per message; token ids count as themselves."""
+    chat format's few tokens per message; token ids count as themselves. Tool definitions
+    and schemas count as their JSON's bytes, each image as FAIRLANE_IMAGE_WORST_TOKENS."""
     prompts = prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) \
         else [prompt]
     tokens = sum(len(p) if isinstance(p, list) else len(p.encode()) for p in prompts)
-    return tokens + len("".join(m["content"] for m in messages).encode()) \
-        + 8 * (len(messages) + 1)
+    return (tokens + len("".join(message_text(m) for m in messages).encode())
+            + 8 * (len(messages) + 1) + tool_use_tokens(tool_use)
+            + settings.FAIRLANE_IMAGE_WORST_TOKENS * sum(len(message_images(m))
+                                                          for m in messages))
+
+
+def tool_use_tokens(tool_use: ToolUse | None) -> int:
+    """Tool definitions and a response schema: their JSON's bytes (a byte a token at worst)."""
+    if tool_use is None or not (tool_use.tools or tool_use.response_format):
+        return 0
+    return len(json.dumps([tool_use.tools, tool_use.response_format]).encode())
 
 
 def model_hosted(model: str) -> bool:

@@ -2,8 +2,9 @@
 
 Like OpenAI's own API, an argument we do not recognise is a 400 (silently ignoring a
 parameter would return something the client did not ask for), and so is a recognised one set
-to a value we cannot honour (tools, JSON mode, audio). Every refusal names the
-parameter in `param`.
+to a value we cannot honour (audio, predictions). Every refusal names the parameter in
+`param`. Chat messages are parsed in messages.py, tools and response formats in tools.py; a
+request that needs what no backend of its model supports is refused by the router.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from routing.wire import fields
+from routing.wire.messages import message_images, messages_parse
+from routing.wire.tools import ToolUse, tool_use_parse
 from tenants.errors import InvalidRequest
 
 MAX_N = 16
@@ -20,7 +23,6 @@ MAX_TOP_LOGPROBS = 20
 MAX_LEGACY_LOGPROBS = 5
 MAX_SEED = 2**63 - 1
 MAX_BATCH_INPUTS = 256
-CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +48,25 @@ class Sampling:
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     model: str
-    messages: list[dict[str, str]]
+    messages: list[dict]  # see routing/wire/messages.py
     sampling: Sampling
     stream: bool
     include_usage: bool
     cache_salt: str = ""  # vLLM's: separates prefix caches further within the caller's tenant
+    tool_use: ToolUse = ToolUse()
+
+    @property
+    def features(self) -> frozenset[str]:
+        """What a backend must support to serve it (router.FEATURES)."""
+        use, needs = self.tool_use, set()
+        if use.tools or any(m.get("tool_calls") or m.get("role") == "tool"
+                            for m in self.messages):
+            needs.add("tools")
+        if use.response_format is not None:
+            needs.add(use.response_format.get("type"))  # json_object | json_schema
+        if any(message_images(m) for m in self.messages):
+            needs.add("vision")
+        return frozenset(needs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,56 +190,12 @@ CHAT_KNOWN = COMMON | {"messages", "max_tokens", "max_completion_tokens", "logpr
                        "prediction", "audio", "web_search_options"}
 
 
-def _message_text(content: Any, index: int) -> str:
-    param = f"messages[{index}].content"
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
-                    part.get("text"), str):
-                raise InvalidRequest("Only text content parts are supported.", param=param)
-            parts.append(part["text"])
-        return "".join(parts)
-    raise InvalidRequest("Message content must be a string or an array of text parts.",
-                         param=param)
-
-
-def _messages(body: dict) -> list[dict[str, str]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("'messages' must be a non-empty array.", param="messages")
-    parsed = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise InvalidRequest("Each message must be an object.", param=f"messages[{i}]")
-        role = message.get("role")
-        if role not in CHAT_ROLES:
-            raise InvalidRequest(f"Invalid role {role!r}; use one of {sorted(CHAT_ROLES)}.",
-                                 param=f"messages[{i}].role")
-        if message.get("tool_calls") or message.get("function_call"):
-            raise InvalidRequest("Tool calls are not supported by this server.",
-                                 param=f"messages[{i}].tool_calls")
-        if "content" not in message or message["content"] is None:
-            raise InvalidRequest("Message content is required.", param=f"messages[{i}].content")
-        parsed.append({"role": role, "content": _message_text(message["content"], i)})
-    return parsed
-
-
 def chat_request_parse(body: Any) -> ChatRequest:
     body = fields.json_object(body)
     fields.reject_unknown(body, CHAT_KNOWN)
     model = fields.string(body, "model", required=True)
-    messages = _messages(body)
-    if body.get("tools") or body.get("functions"):
-        raise InvalidRequest("Tools and function calling are not supported by this server.",
-                             param="tools" if body.get("tools") else "functions")
-    fields.unsupported_unless(body, "tool_choice", ["none", "auto"])
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise InvalidRequest("Only response_format {'type': 'text'} is supported.",
-                             param="response_format")
+    messages = messages_parse(body)
+    tool_use = tool_use_parse(body)
     fields.unsupported_unless(body, "modalities", [["text"]])
     for name in ("audio", "prediction", "web_search_options", "reasoning_effort"):
         fields.unsupported_unless(body, name, [])
@@ -240,7 +212,7 @@ def chat_request_parse(body: Any) -> ChatRequest:
     return ChatRequest(model=model, messages=messages,
                        sampling=_sampling(body, max_tokens=max_tokens, logprobs=logprobs),
                        stream=stream, include_usage=include_usage,
-                       cache_salt=_cache_salt(body))
+                       cache_salt=_cache_salt(body), tool_use=tool_use)
 
 
 # --- completions -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tenants.errors import ApplicationError
-from workers.events import Finish, Tokens, TokenUsage
+from workers.events import Finish, Tokens, TokenUsage, ToolCallDelta
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -79,6 +79,30 @@ class Choice:
     token_ids: list[int] = field(default_factory=list)
     logprob_entries: list[dict] = field(default_factory=list)
     finish_reason: str | None = None
+    tool_calls: dict[int, dict] = field(default_factory=dict)  # by the call's index
+
+    def tool_call_absorb(self, delta: ToolCallDelta) -> None:
+        call = self.tool_calls.setdefault(delta.index, {
+            "id": delta.id or "", "type": "function",
+            "function": {"name": delta.name or "", "arguments": ""}})
+        call["function"]["arguments"] += delta.arguments
+
+    def message(self) -> dict:
+        """The whole answer: with tool calls and no text, its content is null (as OpenAI's)."""
+        message = {"role": "assistant", "content": self.text or (None if self.tool_calls
+                                                                  else ""),
+                   "refusal": None, "annotations": []}
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return message
+
+
+def tool_call_delta(delta: ToolCallDelta) -> dict:
+    """OpenAI's streamed shape: a call's first piece names it, later ones add arguments."""
+    if delta.id is None:
+        return {"index": delta.index, "function": {"arguments": delta.arguments}}
+    return {"index": delta.index, "id": delta.id, "type": "function",
+            "function": {"name": delta.name or "", "arguments": delta.arguments}}
 
 
 def _finish_reason(reason: str | None) -> str | None:
@@ -122,7 +146,12 @@ class ChatFormat:
             entries = _chat_logprob_entries(self.tokenizer, event)
             choice.logprob_entries += entries
             logprobs = {"content": entries, "refusal": None}
-        return self._chunk([{"index": event.choice, "delta": {"content": event.text},
+        delta = {"content": event.text} if event.text or not event.tool_calls else {}
+        if event.tool_calls:
+            for call in event.tool_calls:
+                choice.tool_call_absorb(call)
+            delta["tool_calls"] = [tool_call_delta(call) for call in event.tool_calls]
+        return self._chunk([{"index": event.choice, "delta": delta,
                              "logprobs": logprobs, "finish_reason": None}],
                            include_usage=include_usage)
 
@@ -146,8 +175,7 @@ class ChatFormat:
     def response(self, usage: TokenUsage) -> dict:
         return {"id": self.id, "object": self.object, "created": self.created,
                 "model": self.model, "system_fingerprint": None, "service_tier": None,
-                "choices": [{"index": i, "message": {"role": "assistant", "content": c.text,
-                                                     "refusal": None, "annotations": []},
+                "choices": [{"index": i, "message": c.message(),
                              "logprobs": {"content": c.logprob_entries, "refusal": None}
                              if self.wants_logprobs else None,
                              "finish_reason": c.finish_reason or "stop"}

@@ -96,7 +96,9 @@ def test_a_bad_key_raises_authentication_error(embedded_server, key):
 
 @pytest.mark.parametrize("kwargs,param", [
     ({"temperature": 5}, "temperature"), ({"max_tokens": 0}, "max_tokens"),
-    ({"n": 100}, "n"), ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"n": 100}, "n"),
+    ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]},
+     "tools[0].function.name"),
     ({"extra_body": {"frobnicate": True}}, "frobnicate"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
 ])

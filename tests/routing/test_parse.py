@@ -69,7 +69,7 @@ def test_neutral_values_of_unsupported_features_are_accepted():
     ({"model": "m", "messages": MSG, "logit_bias": {"x": 1}}, "logit_bias"),
     ({"model": "m", "messages": MSG, "logit_bias": {"5": 101}}, "logit_bias"),
     ({"model": "m", "messages": MSG, "logit_bias": {"5": True}}, "logit_bias"),
-    ({"model": "m", "messages": MSG, "response_format": {"type": "json_object"}},
+    ({"model": "m", "messages": MSG, "response_format": {"type": "xml"}},
      "response_format"),
     ({"model": "m", "messages": MSG, "functions": [{"name": "f"}]}, "functions"),
     ({"model": "m", "messages": MSG, "bogus": 1}, "bogus"),

@@ -24,6 +24,7 @@ from workers.engine.policy import FairSharePolicy, SchedulingPolicy
 from workers.engine.requests import POOLINGS, prompt_token_ids, request_check
 from workers.engine.runner import ModelRunner, StepResult
 from workers.engine.options import quantization_apply, speculation_kv_bytes_per_block, speculator_build
+from workers.engine.guide import guide_start
 from workers.engine.sampler import Sampler
 from workers.engine.scheduler import ScheduledBatch, Scheduler
 from workers.engine.spec.speculator import Proposer, SpecStats
@@ -141,6 +142,8 @@ class LLMEngine(BlockingHelpers):
         )
         if self.tokenizer is not None and seq.params.is_detokenized and not is_embedding:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.token_ids)
+        if seq.params.guide and not is_embedding:
+            seq.guide = guide_start(self.tokenizer, self.eos_token_ids, seq.params)
         return seq
 
     def add_sequence(self, seq: Sequence) -> None:
@@ -211,6 +214,8 @@ class LLMEngine(BlockingHelpers):
     def _token_append(self, seq: Sequence, token_id: int, logprob: float | None, top: dict | None):
         """Append one token (with its logprobs); the reason it ends the sequence, if it does."""
         seq.token_ids.append(token_id)
+        if seq.guide is not None:
+            seq.guide.advance(token_id)
         if seq.first_token_time is None:
             seq.first_token_time = time.perf_counter()
         if logprob is not None:

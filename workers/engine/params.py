@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from workers.engine.errors import InvalidRequest
 
 MAX_LOGPROBS = 20
+GUIDES = (None, "json_object", "json_schema")
 MAX_STOP_STRINGS = 16
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
 
@@ -43,6 +44,12 @@ class SamplingParams:
     is_detokenized: bool = True
     # False opts this request out of speculative decoding (where its model speculates).
     is_speculative: bool = True
+    # "json_object": only tokens that keep the output a JSON object (guide.py); "json_schema":
+    # a document of `guide_schema` (JSON text; schema_guide.py). Such a request does not
+    # speculate. `guide_prefix`: output it already has (a resumed request).
+    guide: str | None = None
+    guide_schema: str = ""
+    guide_prefix: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _as_tuple(self.stop, "stop"))
@@ -71,6 +78,9 @@ class SamplingParams:
             raise InvalidRequest("stop strings must be non-empty strings", param="stop")
         for token_id in self.stop_token_ids:
             _check_int(token_id, "stop_token_ids", low=0)
+        if self.guide not in GUIDES:
+            raise InvalidRequest(f"guide must be one of {GUIDES}", param="response_format")
+        object.__setattr__(self, "guide_prefix", _as_tuple(self.guide_prefix, "guide_prefix"))
 
     @property
     def is_greedy(self) -> bool:

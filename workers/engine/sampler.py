@@ -32,7 +32,7 @@ class Sampler:
         logits = logits.float().cpu()  # [num_seqs, vocab]
         raw = logits
         logits = _penalize(logits, seqs)
-        logits = self._suppress_stops(logits, seqs, eos_token_ids)
+        logits = _guide(self._suppress_stops(logits, seqs, eos_token_ids), logits, seqs)
         token_ids = logits.argmax(dim=-1)
         random_rows = [i for i, s in enumerate(seqs) if not s.params.is_greedy]
         if random_rows:
@@ -104,6 +104,25 @@ class Sampler:
         for row, n in enumerate(wanted):
             top.append(dict(zip(indices[row, :n].tolist(), values[row, :n].tolist())) if n else None)
         return chosen, top
+
+
+def _guide(logits: torch.Tensor, unsuppressed: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Guided rows (JSON mode) keep only the tokens their grammar allows; the grammar decides
+    when EOS may come, over min_tokens."""
+    rows = [i for i, s in enumerate(seqs) if s.guide is not None]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    for i in rows:
+        allowed = seqs[i].guide.allowed()  # a mask over the tokenizer's ids
+        if allowed is None or not allowed.any():
+            continue
+        n = min(len(allowed), logits.shape[1])  # the model's rows may pad the vocabulary
+        keep = allowed[:n]
+        row = torch.full_like(logits[i], float("-inf"))
+        row[:n][keep] = unsuppressed[i, :n][keep]
+        logits[i] = row
+    return logits
 
 
 def _penalize(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

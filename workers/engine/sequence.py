@@ -39,6 +39,7 @@ class Sequence:
         "is_hidden_states_returned", "hidden_sum", "hidden_last", "first_token_time",
         "finish_time", "detokenizer", "text", "num_text_emitted", "logprobs", "top_logprobs",
         "spec_token_ids", "spec_draft_probs", "draft_num_computed", "spec_acceptance", "spec_paused_until",
+        "guide",
     )
 
     def __init__(
@@ -94,6 +95,7 @@ class Sequence:
         self.draft_num_computed = 0
         self.spec_acceptance = 1.0
         self.spec_paused_until = 0
+        self.guide = None  # JSON mode: a guide.GuideState, set by the engine
 
     @property
     def num_tokens(self) -> int:

@@ -9,6 +9,7 @@ A plain secret can be given with --credential-stdin (read from standard input, s
 encrypted; never pass secrets as arguments, they land in shell history and `ps`).
 """
 
+import argparse
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
@@ -49,12 +50,15 @@ class Command(BaseCommand):
         parser.add_argument("--carbon-g-per-kwh", type=int)
         parser.add_argument("--hidden-states", action="store_true", default=None)
         parser.add_argument("--timeout-seconds", type=float)
+        for feature in ("tools", "json-schema", "vision"):  # unset: the kind's default
+            parser.add_argument(f"--supports-{feature}", action=argparse.BooleanOptionalAction)
 
     def handle(self, *args, name, kind, credential_stdin, model, **options):
         fields = {k: v for k, v in options.items()
                   if k in {"base_url", "credential_ref", "context_length", "max_concurrency",
                            "lease_seconds", "queue_depth", "zone", "energy_mj_per_token",
-                           "carbon_g_per_kwh", "hidden_states", "timeout_seconds"}
+                           "carbon_g_per_kwh", "hidden_states", "timeout_seconds",
+                           "supports_tools", "supports_json_schema", "supports_vision"}
                   and v not in (None, "")}
         credential = sys.stdin.readline().strip() if credential_stdin else None
         try:

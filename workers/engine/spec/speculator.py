@@ -72,7 +72,7 @@ class Speculator:
 
     def _is_speculating(self, seq: Sequence, num_running: int) -> bool:
         params = seq.params
-        if not params.is_speculative or params.has_penalties or seq.is_embedding or seq.num_output_tokens < params.min_tokens:
+        if not params.is_speculative or params.has_penalties or params.guide or seq.is_embedding or seq.num_output_tokens < params.min_tokens:
             return False
         if params.seed is not None and not params.is_greedy:
             # A seeded sampled request speculates or not by its model's config alone, never by

@@ -1,0 +1,157 @@
+"""Tool calling on our own engine, whatever the model's chat template knows of tools.
+
+The tools are described in the system turn, with the one way to call them: an answer that is
+only `{"name": <tool>, "arguments": {...}}`. Past calls and results are written into the
+turns as text the template can render. With tool_choice `required` or a named function the
+answer is guided (workers/engine/schema_guide.py) to be such a call, of a tool offered and
+with arguments of its schema; with `auto` an answer that turns out to be such a call is one,
+anything else is text (an answer opening with "{" is held back until it is known which). One
+call per answer: `parallel_tool_calls` has nothing more to give here.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator
+
+from routing.wire.tools import ToolUse
+from workers.events import Done, Event, Failed, Finish, Tokens, ToolCallDelta
+
+PREAMBLE = ("You can call tools. To call one, answer with only a JSON object "
+            '{"name": <the tool\'s name>, "arguments": <its arguments>} and nothing else. '
+            "The tools:\n")
+ANY_OBJECT = {"type": "object"}
+
+
+def tools_active(use: ToolUse) -> bool:
+    return bool(use.tools) and use.tool_choice != "none"
+
+
+def _call_text(calls: list[dict]) -> str:
+    lines = []
+    for call in calls:
+        function = call.get("function")
+        try:
+            arguments = json.loads(function.get("arguments"))
+        except ValueError:
+            arguments = function.get("arguments")
+        lines.append(json.dumps({"name": function.get("name"), "arguments": arguments}))
+    return "\n".join(lines)
+
+
+def local_messages(messages: list[dict], use: ToolUse) -> list[dict]:
+    """The turns as the chat template gets them: unchanged without tools; else every content a
+    string, the tools described in the (first) system turn."""
+    if not tools_active(use) and not any(m.get("tool_calls") or m.get("role") == "tool"
+                                         for m in messages):
+        return messages
+    turns = []
+    for message in messages:
+        content = message.get("content") or ""
+        if message.get("tool_calls"):
+            content = "\n".join(filter(None, [content, _call_text(message.get("tool_calls"))]))
+        turns.append({"role": message.get("role"), "content": content})
+    if tools_active(use):
+        described = [{k: v for k, v in t.get("function").items() if k != "strict"}
+                     for t in use.tools]
+        preamble = PREAMBLE + json.dumps(described)
+        if turns and turns[0].get("role") in {"system", "developer"}:
+            turns[0] = {**turns[0], "content": turns[0].get("content") + "\n\n" + preamble}
+        else:
+            turns.insert(0, {"role": "system", "content": preamble})
+    return turns
+
+
+def _call_schema(tool: dict) -> dict:
+    function = tool.get("function")
+    return {"type": "object", "required": ["name", "arguments"], "properties": {
+        "name": {"const": function.get("name")},
+        "arguments": function.get("parameters") or ANY_OBJECT}}
+
+
+def _answer_schema(use: ToolUse) -> dict | None:
+    if use.response_format is None:
+        return None
+    if use.response_format.get("type") == "json_object":
+        return ANY_OBJECT
+    return use.response_format.get("json_schema").get("schema") or {}
+
+
+def local_guide(use: ToolUse) -> dict:
+    """What our engine's guide is told (SamplingParams keywords): the answer's format; with
+    tools, a call for `required` or a named function, a call or the answer's format for
+    `auto` with a response_format, nothing for `auto` alone (the model decides)."""
+    answer = _answer_schema(use)
+    choice = use.tool_choice
+    if not tools_active(use):
+        if answer is None:
+            return {}
+        if answer is ANY_OBJECT:
+            return {"guide": "json_object"}
+        return {"guide": "json_schema", "guide_schema": json.dumps(answer)}
+    calls = [_call_schema(t) for t in use.tools]
+    if isinstance(choice, dict):
+        name = choice.get("function").get("name")
+        calls = [c for c, t in zip(calls, use.tools) if t.get("function").get("name") == name]
+    elif choice != "required":
+        if answer is None:
+            return {}
+        calls.append(answer)
+    return {"guide": "json_schema", "guide_schema": json.dumps({"anyOf": calls})}
+
+
+def _as_call(text: str, names: set[str]) -> ToolCallDelta | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if (not isinstance(value, dict) or set(value) != {"name", "arguments"}
+            or value.get("name") not in names or not isinstance(value.get("arguments"), dict)):
+        return None
+    return ToolCallDelta(index=0, id=f"call_{secrets.token_hex(12)}", name=value.get("name"),
+                         arguments=json.dumps(value.get("arguments")))
+
+
+async def tool_call_events(events: AsyncIterator[Event], use: ToolUse,
+                           ) -> AsyncIterator[Event]:
+    """The engine's events with answers that are tool calls turned into them."""
+    names = {t.get("function").get("name") for t in use.tools}
+    held: dict[int, list[Tokens]] = {}  # per choice: text held back while it may be a call
+    passing: set[int] = set()  # choices known to be text
+
+    def flush(choice: int) -> list[Event]:
+        pieces = held.pop(choice, [])
+        if not pieces:
+            return []
+        return [Tokens(choice=choice, text="".join(p.text for p in pieces),
+                       token_ids=tuple(t for p in pieces for t in p.token_ids))]
+
+    async for event in events:
+        match event:
+            case Tokens(choice=choice) if choice not in passing:
+                held.setdefault(choice, []).append(event)
+                text = "".join(p.text for p in held.get(choice)).lstrip()
+                if text and not text.startswith("{"):
+                    passing.add(choice)
+                    for flushed in flush(choice):
+                        yield flushed
+            case Finish(choice=choice) if choice in held:
+                pieces = held.pop(choice)
+                call = _as_call("".join(p.text for p in pieces), names)
+                if call is None:
+                    held[choice] = pieces
+                    for flushed in flush(choice):
+                        yield flushed
+                    yield event
+                else:
+                    yield Tokens(choice=choice, text="", tool_calls=(call,),
+                                 token_ids=tuple(t for p in pieces for t in p.token_ids))
+                    yield Finish(choice=choice, reason="tool_calls")
+            case Failed() | Done():
+                for choice in list(held):
+                    for flushed in flush(choice):
+                        yield flushed
+                yield event
+            case _:
+                yield event

@@ -1,0 +1,69 @@
+"""JSON mode on our own engine (guided decoding, workers/engine/guide.py) through the real /v1
+path: `response_format` json_object answers a JSON object, json_schema a document of the
+schema; a schema the engine cannot enforce is a 400."""
+
+import json
+
+import pytest
+
+from tests.routing.test_routing import chat, streamed
+from workers.engine.guide import START, json_step
+from workers.jobs import GenerationJob
+
+pytestmark = pytest.mark.django_db(transaction=True)
+BRACES = {"128": 100, "130": 100}  # the presets' byte tokens for "{" and "}" (5 + the byte)
+
+
+@pytest.fixture
+def embedded(settings):
+    settings.FAIRLANE_ENGINE_MODE = "embedded"
+
+
+def is_json_prefix(text: str) -> bool:
+    state = START
+    for byte in text.encode():
+        state = json_step(state, byte)
+        if state is None:
+            return False
+    return True
+
+
+async def test_json_mode_on_the_local_engine_answers_an_object(embedded, key, budget):
+    response = await chat(key, model="tiny", max_tokens=10, temperature=0, logit_bias=BRACES,
+                          response_format={"type": "json_object"})
+    assert response.status_code == 200, response.content
+    [choice] = json.loads(response.content)["choices"]
+    assert choice["message"]["content"] == "{}" and choice["finish_reason"] == "stop"
+
+    payloads = await streamed(await chat(key, model="tiny", max_tokens=24, temperature=1.0,
+                                         seed=7, stream=True,
+                                         response_format={"type": "json_object"}))
+    text = "".join(p["choices"][0]["delta"].get("content") or "" for p in payloads
+                   if isinstance(p, dict) and p.get("choices"))
+    assert text.lstrip().startswith("{") and is_json_prefix(text), text
+
+
+async def test_a_json_schema_on_the_local_engine_is_followed(embedded, key, budget):
+    # Blanks are capped, so this schema's documents are short: greedy decoding must end one.
+    schema = {"type": "object", "required": ["ok"], "properties": {"ok": {"type": "boolean"}}}
+    response = await chat(key, model="tiny", max_tokens=120, temperature=0, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": schema}})
+    assert response.status_code == 200, response.content
+    [choice] = json.loads(response.content)["choices"]
+    assert choice["finish_reason"] == "stop"
+    assert isinstance(json.loads(choice["message"]["content"])["ok"], bool)
+
+
+async def test_a_schema_the_engine_cannot_enforce_is_a_400(embedded, key, budget):
+    response = await chat(key, model="tiny", response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"allOf": [{}]}}})
+    assert response.status_code == 400, response.content
+    error = json.loads(response.content)["error"]
+    assert error["param"] == "response_format" and "allOf" in error["message"]
+
+
+def test_a_resumed_json_mode_job_replays_its_output_into_the_guide():
+    job = GenerationJob(request_id="r", kind="generate", model={}, prompts=[[1]],
+                        sampling={"max_tokens": 10, "guide": "json_object"}, resumed={0: [128]})
+    params = job.choice_params(0)
+    assert params.guide_prefix == (128,) and params.max_tokens == 9

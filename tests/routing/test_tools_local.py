@@ -1,0 +1,114 @@
+"""Tool calling on our own engine (routing/services/local_tools.py): the tools described to
+the model, past calls written as text its template renders, `required` and named choices
+guided to a call of an offered tool with arguments of its schema, `auto` answers that are
+calls turned into them; through the real /v1 path, streamed and not."""
+
+import json
+
+import jsonschema
+import pytest
+
+from routing.services.local_tools import local_guide, local_messages, tool_call_events
+from routing.wire.parse import chat_request_parse
+from tests.routing.test_routing import chat, streamed
+from tests.routing.test_tools_parse import WEATHER
+from workers.events import Done, Finish, Tokens, TokenUsage
+
+pytestmark = pytest.mark.django_db(transaction=True)
+FLAG = {"type": "function", "function": {"name": "set_flag", "parameters": {
+    "type": "object", "required": ["on"], "properties": {"on": {"type": "boolean"}},
+    "additionalProperties": False}}}
+
+
+def use_of(**body):
+    return chat_request_parse({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                               **body}).tool_use
+
+
+def test_the_tools_are_described_and_past_calls_written_as_text():
+    history = [{"role": "system", "content": "Be brief."},
+               {"role": "user", "content": "weather?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "rain"}]
+    turns = local_messages(history, use_of(tools=[WEATHER]))
+    assert turns[0]["content"].startswith("Be brief.\n\nYou can call tools.")
+    assert '"name": "get_weather"' in turns[0]["content"]
+    assert turns[2] == {"role": "assistant",
+                        "content": '{"name": "get_weather", "arguments": {"city": "Oslo"}}'}
+    assert turns[3] == {"role": "tool", "content": "rain"}
+    plain = [{"role": "user", "content": "hi"}]
+    assert local_messages(plain, use_of()) is plain
+
+
+def test_the_guide_follows_tool_choice():
+    assert local_guide(use_of(tools=[WEATHER])) == {}  # auto: the model decides
+    named = json.loads(local_guide(use_of(tools=[WEATHER, FLAG], tool_choice={
+        "type": "function", "function": {"name": "set_flag"}}))["guide_schema"])
+    assert [o["properties"]["name"] for o in named["anyOf"]] == [{"const": "set_flag"}]
+    required = json.loads(local_guide(use_of(tools=[WEATHER, FLAG], tool_choice="required"))[
+        "guide_schema"])
+    assert len(required["anyOf"]) == 2
+    both = json.loads(local_guide(use_of(tools=[FLAG], response_format={
+        "type": "json_object"}))["guide_schema"])
+    assert both["anyOf"][-1] == {"type": "object"}
+    assert local_guide(use_of(response_format={"type": "json_object"})) == {
+        "guide": "json_object"}
+
+
+async def run(events, **body):
+    async def source():
+        for event in events:
+            yield event
+    return [e async for e in tool_call_events(source(), use_of(**body))]
+
+
+async def test_answers_that_are_calls_become_calls_and_the_rest_stays_text():
+    call = [Tokens(choice=0, text='{"name": "set_flag", ', token_ids=(1, 2)),
+            Tokens(choice=0, text='"arguments": {"on": true}}', token_ids=(3,)),
+            Finish(choice=0, reason="stop"), Done(status="ok", usage=TokenUsage())]
+    out = await run(call, tools=[FLAG])
+    assert out[0].tool_calls[0].name == "set_flag" and out[0].token_ids == (1, 2, 3)
+    assert json.loads(out[0].tool_calls[0].arguments) == {"on": True}
+    assert out[1] == Finish(choice=0, reason="tool_calls") and isinstance(out[2], Done)
+    text = [Tokens(choice=0, text="Sure", token_ids=(1,)), Tokens(choice=0, text="!"),
+            Finish(choice=0, reason="stop")]
+    assert await run(text, tools=[FLAG]) == text  # streamed on at once
+    unknown = [Tokens(choice=0, text='{"name": "rm", "arguments": {}}'),
+               Finish(choice=0, reason="length")]
+    assert [e.text for e in (await run(unknown, tools=[FLAG]))[:1]] == [unknown[0].text]
+
+
+@pytest.fixture
+def embedded(settings):
+    settings.FAIRLANE_ENGINE_MODE = "embedded"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_named_tool_on_the_local_engine_is_called_with_valid_arguments(
+        embedded, key, budget, stream):
+    # Blanks are capped, so a call of this tool is short: greedy decoding must finish one.
+    response = await chat(key, model="tiny", max_tokens=200, temperature=0, stream=stream,
+                          tools=[WEATHER, FLAG], tool_choice={
+                              "type": "function", "function": {"name": "set_flag"}})
+    assert response.status_code == 200
+    if stream:
+        deltas = [p["choices"][0] for p in await streamed(response)
+                  if isinstance(p, dict) and p.get("choices")]
+        [call] = [d["delta"]["tool_calls"][0] for d in deltas if "tool_calls" in d["delta"]]
+        assert call["index"] == 0 and call["type"] == "function"
+        function, reason = call["function"], deltas[-1]["finish_reason"]
+    else:
+        [choice] = json.loads(response.content)["choices"]
+        [call] = choice["message"]["tool_calls"]
+        function, reason = call["function"], choice["finish_reason"]
+        assert choice["message"]["content"] is None and call["id"].startswith("call_")
+    assert function["name"] == "set_flag" and reason == "tool_calls"
+    jsonschema.validate(json.loads(function["arguments"]), FLAG["function"]["parameters"])
+
+
+async def test_auto_on_the_local_engine_answers_text_when_it_is_no_call(embedded, key, budget):
+    response = await chat(key, model="tiny", max_tokens=8, temperature=0, tools=[FLAG])
+    [choice] = json.loads(response.content)["choices"]
+    assert "tool_calls" not in choice["message"] and choice["finish_reason"] in {"stop", "length"}
