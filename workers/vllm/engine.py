@@ -132,6 +132,7 @@ class VllmEngine:
         if self._loop.is_running():
             asyncio.run_coroutine_threadsafe(self._abort_all(), self._loop).result(30)
         self._stopping.set()
+        logger.info("stopping vLLM for %s", self.model)
         for thread in self._threads:
             if thread.name.startswith("vllm-supervisor"):
                 thread.join(timeout=60)

@@ -149,7 +149,8 @@ class VllmServer:
         for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=wait)
+                code = self.proc.wait(timeout=wait)
+                logger.info("vLLM for %s stopped (exit code %s)", self.model, code)
                 return
             except ProcessLookupError:
                 return
