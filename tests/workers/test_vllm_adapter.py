@@ -13,7 +13,7 @@ from workers.engine import SamplingParams
 from workers.models import ServedModel
 from workers.registry import model_register
 from workers.vllm import VllmEngine, VllmStartFailed
-from workers.vllm.engine import Progress, request_body
+from workers.vllm.wire import Progress, request_body
 from workers.vllm.server import VllmServer, child_environment, metrics_parse
 
 METRICS = """\
