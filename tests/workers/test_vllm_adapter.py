@@ -136,3 +136,28 @@ def test_the_admin_lists_and_filters_models_by_runtime(client, make_user):
     listing = client.get("/admin/workers/servedmodel/?runtime__exact=vllm").content.decode()
     assert "on-vllm" in listing and "ours" not in listing
     assert "vLLM (a managed `vllm serve` child of the worker)" in listing
+
+
+@pytest.mark.django_db
+def test_the_model_is_verified_before_its_child_is_started(settings, tmp_path):
+    """A directory that fails verification never reaches vLLM; a verified one does."""
+    import shutil
+
+    from workers.host import EngineHost, ModelLoadFailed
+    from workers.models import ModelVerification
+    from workers.registry import ModelInfo, model_dir
+
+    marker = tmp_path / "started"
+    settings.FAIRLANE_VLLM_COMMAND = f"{sys.executable} -c \"open('{marker}', 'w')\""
+    settings.FAIRLANE_MODEL_SIGNATURES = "require"
+    unsigned = tmp_path / "unsigned"
+    shutil.copytree(model_dir("preset:tiny"), unsigned,
+                    ignore=shutil.ignore_patterns("fairlane-manifest.*"))
+    ServedModel.objects.create(name="u", source=str(unsigned), runtime="vllm")
+    with pytest.raises(ModelLoadFailed) as refused:
+        EngineHost().load(ModelInfo(name="u", source=str(unsigned), runtime="vllm"))
+    assert "unsigned" in str(refused.value.cause) and not marker.exists()
+    assert ModelVerification.objects.get(model__name="u").status == "refused"
+    with pytest.raises(ModelLoadFailed) as exited:  # verified: the command runs (and exits)
+        EngineHost().load(ModelInfo(name="t", source="preset:tiny", runtime="vllm"))
+    assert isinstance(exited.value.cause, VllmStartFailed) and marker.exists()
