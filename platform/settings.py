@@ -344,6 +344,15 @@ FAIRLANE_ENGINE_THREADS = env_int("FAIRLANE_ENGINE_THREADS", 0) or None
 # Cap on any model's context (0: the checkpoint's own).
 FAIRLANE_MAX_MODEL_LEN = env_int("FAIRLANE_MAX_MODEL_LEN", 0) or None
 FAIRLANE_HEARTBEAT_SECONDS = env_int("FAIRLANE_HEARTBEAT_SECONDS", 2)
+# --- models on vLLM (runtime "vllm": a `vllm serve` child process of the worker) -------------
+# The command (split like a shell would); the model directory and our flags are appended.
+FAIRLANE_VLLM_COMMAND = os.environ.get("FAIRLANE_VLLM_COMMAND") or "vllm serve"
+# Further flags for every vLLM child (e.g. "--gpu-memory-utilization 0.85 --tensor-parallel-size 2").
+FAIRLANE_VLLM_ARGS = os.environ.get("FAIRLANE_VLLM_ARGS", "")
+# How long a child may take to answer /health after it is started (loading, compiling).
+FAIRLANE_VLLM_START_TIMEOUT_SECONDS = env_int("FAIRLANE_VLLM_START_TIMEOUT_SECONDS", 900)
+# How often a running child's /health and /metrics are read.
+FAIRLANE_VLLM_HEALTH_SECONDS = float(os.environ.get("FAIRLANE_VLLM_HEALTH_SECONDS", "2"))
 # --- fair queue -----------------------------------------------------------------------------
 # A taken request's lease; the worker's heartbeat renews it. Lapsed: the worker died, and the
 # request goes back to the head of its tenant's queue.

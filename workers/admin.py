@@ -41,10 +41,10 @@ class ModelVerificationInline(admin.TabularInline):
 
 @admin.register(ServedModel)
 class ServedModelAdmin(admin.ModelAdmin):
-    list_display = ["name", "source", "is_enabled", "verification", "license",
+    list_display = ["name", "source", "runtime", "is_enabled", "verification", "license",
                     "price_input_per_mtok", "price_output_per_mtok", "price_cached_per_mtok",
                     "created_at"]
-    list_filter = ["is_enabled", "verifications__status"]
+    list_filter = ["is_enabled", "runtime", "verifications__status"]
     search_fields = ["name", "source"]
     readonly_fields = ["manifest_digest", "signer", "origin", "license"]
     inlines = [ModelVerificationInline]

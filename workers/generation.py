@@ -273,7 +273,9 @@ def _absorb_quietly(run: GenerationRun, index: int, item) -> None:
 def _engine_weight_set(engine: AsyncEngine, tenant: str, weight: int) -> None:
     """The engine orders its waiting sequences by lane, then the tenant's virtual token
     counter divided by its weight: tell its policy the weight (a dict write, thread-safe)."""
-    weights = getattr(engine.engine.policy, "tenant_weights", None)
+    # A vLLM child has no such policy: the fair queue alone orders what it is given.
+    weights = getattr(getattr(getattr(engine, "engine", None), "policy", None),
+                      "tenant_weights", None)
     if weights is not None:
         weights[tenant] = float(weight)
 

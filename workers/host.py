@@ -1,6 +1,7 @@
-"""The engines this process hosts: one AsyncEngine per model, all requests on a model sharing
-its continuous batches. The embedded mode hosts them in the ASGI process, a GPU worker in its
-Celery process."""
+"""The engines this process hosts: one per model, all requests on a model sharing its continuous
+batches: our AsyncEngine, or for a model whose runtime is vLLM a managed `vllm serve` child
+behind the same interface (workers/vllm/). The embedded mode hosts them in the ASGI process, a
+GPU worker in its Celery process."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ from django.conf import settings
 
 from workers.artifacts.load import artifact_verify_for_load
 from workers.engine import AsyncEngine, EngineConfig
-from workers.registry import ModelInfo, model_dir, model_engine_options
+from workers.registry import ModelInfo, model_context_length, model_dir, model_engine_options
+from workers.vllm import VllmCrashed, VllmEngine, VllmStartFailed
 
 logger = logging.getLogger(__name__)
 
 
 # A model that failed to load is tried again after 1, 2, 4 ... up to this many seconds.
 LOAD_RETRY_MAX_SECONDS = 60.0
+# A vLLM child that crashes again within this long of its last crash backs off further.
+CRASH_MEMORY_SECONDS = 300.0
 LOAD_FAILED_MESSAGE = "The model could not be loaded on its worker; retry later."
 
 
@@ -32,6 +36,9 @@ class ModelLoadFailed(Exception):
         self.model, self.cause, self.retry_in = model, cause, retry_in
 
 
+Engine = AsyncEngine | VllmEngine  # the same interface: submit, abort, stats, shutdown
+
+
 @dataclass
 class _Failure:
     cause: BaseException
@@ -41,13 +48,16 @@ class _Failure:
 
 class EngineHost:
     def __init__(self) -> None:
-        self._engines: dict[str, AsyncEngine] = {}
-        self._lock = threading.Lock()
+        self._engines: dict[str, Engine] = {}
+        self._lock = threading.Lock()  # the dicts; never held while a model loads
+        self._loading: dict[str, threading.Lock] = {}  # one load of a model at a time
         self._failures: dict[str, _Failure] = {}
+        self._crashes: dict[str, tuple[int, float]] = {}  # model -> (crashes in a row, when)
 
-    def load(self, info: ModelInfo) -> AsyncEngine:
-        """`engine()`, remembering failures: a model that failed to load raises ModelLoadFailed
-        at once until its backoff ends, then is tried again (1 s, doubling, up to a minute)."""
+    def load(self, info: ModelInfo) -> Engine:
+        """`engine()`, remembering failures: a model that failed to load (or whose vLLM child
+        crashed) raises ModelLoadFailed at once until its backoff ends, then is tried again
+        (1 s, doubling, up to a minute)."""
         failure = self._failures.get(info.name)
         if failure is not None and time.monotonic() < failure.retry_at:
             raise ModelLoadFailed(info.name, failure.cause, failure.retry_at - time.monotonic())
@@ -55,14 +65,25 @@ class EngineHost:
             engine = self.engine(info)
         except Exception as exc:
             attempts = failure.attempts + 1 if failure else 1
+            if isinstance(exc, VllmCrashed):  # restarts that keep crashing back off too
+                attempts = self._crash_count(info.name)
             delay = min(2.0 ** (attempts - 1), LOAD_RETRY_MAX_SECONDS)
             self._failures[info.name] = _Failure(exc, attempts, time.monotonic() + delay)
             logger.error("model %s failed to load (attempt %d); retrying in %.0f s", info.name,
-                         attempts, delay, exc_info=not isinstance(exc, ModelLoadFailed))
+                         attempts, delay, exc_info=not isinstance(exc, ModelLoadFailed | VllmCrashed
+                                                                  | VllmStartFailed))
             raise ModelLoadFailed(info.name, exc, delay) from exc
         if self._failures.pop(info.name, None) is not None:
             logger.info("model %s loaded after earlier failures", info.name)
         return engine
+
+    def _crash_count(self, model: str) -> int:
+        """Crashes of a model's vLLM child in a row: one that ran a while starts again at 1."""
+        count, last = self._crashes.get(model, (0, 0.0))
+        now = time.monotonic()
+        count = count + 1 if now - last < CRASH_MEMORY_SECONDS else 1
+        self._crashes[model] = (count, now)
+        return count
 
     def failed(self) -> dict[str, dict]:
         """Models whose last load failed, for the heartbeat: why, attempts, seconds to retry."""
@@ -71,29 +92,51 @@ class EngineHost:
                        "attempts": f.attempts, "retry_in": round(max(f.retry_at - now, 0), 1)}
                 for name, f in list(self._failures.items())}
 
-    def engine(self, info: ModelInfo) -> AsyncEngine:
-        """The running engine for a model, loaded on first use."""
+    def engine(self, info: ModelInfo) -> Engine:
+        """The running engine for a model, loaded on first use. A vLLM child that crashed
+        raises its VllmCrashed once (so `load` backs off), then is started again."""
         with self._lock:
             engine = self._engines.get(info.name)
-            if engine is None or not engine.is_running:
-                path = model_dir(info.source)
-                artifact_verify_for_load(model=info.name, path=path)  # raises ModelRefused
-                options = model_engine_options(info)
-                if info.speculative_draft:  # the draft's weights are loaded too: same check
-                    artifact_verify_for_load(model=info.name, path=model_dir(info.speculative_draft))
-                config = EngineConfig(
-                    model=str(path),
-                    device=settings.FAIRLANE_ENGINE_DEVICE,
-                    kv_cache_memory_bytes=settings.FAIRLANE_ENGINE_KV_CACHE_MB << 20,
-                    max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS,
-                    max_model_len=settings.FAIRLANE_MAX_MODEL_LEN,
-                    num_threads=settings.FAIRLANE_ENGINE_THREADS,
-                    **options,
-                )
-                logger.info("loading model %s from %s", info.name, config.model)
-                engine = AsyncEngine.from_config(config).start()
+            if engine is not None and engine.is_running:
+                return engine
+            loading = self._loading.setdefault(info.name, threading.Lock())
+        with loading:
+            with self._lock:
+                engine = self._engines.get(info.name)
+                if engine is not None and engine.is_running:
+                    return engine
+                self._engines.pop(info.name, None)
+            if engine is not None:
+                engine.shutdown()
+                if getattr(engine, "crash", None) is not None:
+                    raise engine.crash
+            engine = self._start(info)
+            with self._lock:
                 self._engines[info.name] = engine
             return engine
+
+    def _start(self, info: ModelInfo) -> Engine:
+        """Check the model's files, then start its engine (or its vLLM child)."""
+        path = model_dir(info.source)
+        artifact_verify_for_load(model=info.name, path=path)  # raises ModelRefused
+        if info.runtime == "vllm":
+            logger.info("starting vLLM for model %s from %s", info.name, path)
+            return VllmEngine(model=info.name, path=path, max_model_len=model_context_length(info),
+                              max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS).start()
+        options = model_engine_options(info)
+        if info.speculative_draft:  # the draft's weights are loaded too: same check
+            artifact_verify_for_load(model=info.name, path=model_dir(info.speculative_draft))
+        config = EngineConfig(
+            model=str(path),
+            device=settings.FAIRLANE_ENGINE_DEVICE,
+            kv_cache_memory_bytes=settings.FAIRLANE_ENGINE_KV_CACHE_MB << 20,
+            max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS,
+            max_model_len=settings.FAIRLANE_MAX_MODEL_LEN,
+            num_threads=settings.FAIRLANE_ENGINE_THREADS,
+            **options,
+        )
+        logger.info("loading model %s from %s", info.name, config.model)
+        return AsyncEngine.from_config(config).start()
 
     def hosted(self) -> list[str]:
         with self._lock:
@@ -103,8 +146,7 @@ class EngineHost:
         """Per model: the engine's load and counters, and what it can do."""
         with self._lock:
             engines = dict(self._engines)
-        return {name: {**engine.stats(), **_capabilities(engine)}
-                for name, engine in engines.items() if engine.is_running}
+        return {name: _figures(engine) for name, engine in engines.items() if engine.is_running}
 
     def shutdown(self) -> None:
         with self._lock:
@@ -113,9 +155,11 @@ class EngineHost:
             engine.shutdown()
 
 
-def _capabilities(engine: AsyncEngine) -> dict:
+def _figures(engine: Engine) -> dict:
+    if isinstance(engine, VllmEngine):
+        return engine.stats()  # vLLM's own /metrics, and its capabilities
     core = engine.engine
-    return {"max_model_len": core.max_model_len, "device": str(core.device),
+    return {**engine.stats(), "max_model_len": core.max_model_len, "device": str(core.device),
             "dtype": str(core.dtype).removeprefix("torch."), "max_num_seqs": core.config.max_num_seqs,
             "paged_kv": True, "continuous_batching": True, "prefix_caching":
             core.config.is_prefix_caching_enabled, "hidden_states": True}

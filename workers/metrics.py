@@ -21,6 +21,7 @@ GAUGES = {
     "num_waiting": "sequences waiting to be scheduled",
     "prefix_hit_rate": "share of prompt tokens served from the prefix cache",
     "batch_seqs_mean": "mean sequences per engine step",
+    "kv_cache_usage": "share of the KV cache in use (models on vLLM: its kv_cache_usage_perc)",
     # Speculative decoding, with vLLM's definitions.
     "spec_decode_mean_acceptance_length": "1 + accepted draft tokens / drafts",
     "spec_decode_draft_acceptance_rate": "accepted draft tokens / draft tokens",

@@ -23,6 +23,14 @@ class ServedModel(models.Model):
     price_cached_per_mtok = models.BigIntegerField(
         default=0, validators=[MinValueValidator(0)])
     is_enabled = models.BooleanField(default=True)
+
+    class Runtime(models.TextChoices):
+        ENGINE = "engine", "Fairlane engine"
+        VLLM = "vllm", "vLLM (a managed `vllm serve` child of the worker)"
+
+    # What runs the model on a worker: our engine in the worker's process, or vLLM as a child
+    # process of the worker (workers/vllm/). Requests reach either through the same fair queue.
+    runtime = models.CharField(max_length=8, choices=Runtime.choices, default=Runtime.ENGINE)
     # Provenance, from the signed manifest when the model was registered (model_register).
     manifest_digest = models.CharField(max_length=80, blank=True, default="")
     signer = models.CharField(max_length=80, blank=True, default="",
@@ -61,5 +69,9 @@ class ServedModel(models.Model):
                 raise ValidationError({field: "Price is out of range."})
         if self.speculative_method == "draft" and not self.speculative_draft:
             raise ValidationError({"speculative_draft": "The draft method needs a draft model."})
+        if self.runtime == self.Runtime.VLLM and (self.quantization or self.speculative_method):
+            raise ValidationError({"runtime": "Quantization and speculative decoding are our "
+                                              "engine's options; give vLLM its own in "
+                                              "FAIRLANE_VLLM_ARGS."})
         if self.speculative_draft and self.speculative_method != "draft":
             raise ValidationError({"speculative_draft": "A draft model is used by the draft method only."})

@@ -12,17 +12,17 @@ from concurrent.futures import ThreadPoolExecutor
 from django.conf import settings
 
 from tenants.models import UsageRecord
-from workers.engine import AsyncEngine
 from workers.fairqueue import FairQueue, Taken
 from workers.events import Done, Event, Tokens, TokenUsage
 from workers.generation import LostOwnership, generation_run_blocking
 from workers.jobs import GenerationJob
-from workers.host import ModelLoadFailed, host_get
+from workers.host import Engine, ModelLoadFailed, host_get
 from workers.registry import ModelInfo
 from workers.settlement import generation_settle
 from workers.transport import (
     RedisStreamEmit, is_cancel_requested, load_failed_event, queue_for, redis_sync,
 )
+from workers.vllm import VllmEngine
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +97,10 @@ def _hosted_elsewhere(model: str) -> bool:
     return hosted
 
 
-def engine_free_slots(engine: AsyncEngine) -> int:
+def engine_free_slots(engine: Engine) -> int:
     """Sequences the engine can take now: free slots, or none when its KV blocks run low."""
+    if isinstance(engine, VllmEngine):
+        return engine.free_slots()
     stats = engine.stats()
     if stats["kv_blocks_free"] <= stats["kv_blocks_total"] * 0.05:
         return 0

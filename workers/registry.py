@@ -36,6 +36,7 @@ class ModelInfo:
     speculative_method: str = ""
     speculative_tokens: int = 4
     speculative_draft: str = ""
+    runtime: str = "engine"  # "engine" (ours) or "vllm" (a managed `vllm serve` child)
 
     @classmethod
     def of(cls, row: ServedModel) -> ModelInfo:
@@ -45,7 +46,7 @@ class ModelInfo:
                    price_cached_per_mtok=row.price_cached_per_mtok,
                    quantization=row.quantization, quantization_group_size=row.quantization_group_size,
                    speculative_method=row.speculative_method, speculative_tokens=row.speculative_tokens,
-                   speculative_draft=row.speculative_draft)
+                   speculative_draft=row.speculative_draft, runtime=row.runtime)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -113,10 +114,12 @@ def model_register(*, name: str, source: str, description: str = "",
                    price_input_per_mtok: int = 0, price_output_per_mtok: int = 0,
                    price_cached_per_mtok: int = 0, quantization: str = "",
                    quantization_group_size: int = 128, speculative_method: str = "",
-                   speculative_tokens: int = 4, speculative_draft: str = "") -> ServedModel:
+                   speculative_tokens: int = 4, speculative_draft: str = "",
+                   runtime: str = ServedModel.Runtime.ENGINE) -> ServedModel:
     """Add a model to the registry, or update the one with that name, with the provenance of
-    its signed manifest (refused if a worker would refuse to load it), and its engine options:
-    quantization at load (int8 / int4) and speculative decoding (ngram / draft)."""
+    its signed manifest (refused if a worker would refuse to load it), its runtime (our engine
+    or vLLM) and our engine's options: quantization at load (int8 / int4) and speculative
+    decoding (ngram / draft)."""
     model_source_check(source)
     if speculative_draft:
         model_source_check(speculative_draft, param="speculative_draft")
@@ -128,6 +131,7 @@ def model_register(*, name: str, source: str, description: str = "",
     row.quantization, row.quantization_group_size = quantization, quantization_group_size
     row.speculative_method, row.speculative_tokens = speculative_method, speculative_tokens
     row.speculative_draft = speculative_draft
+    row.runtime = runtime
     for field, value in artifact_provenance(path=model_dir(source)).items():
         setattr(row, field, value)
     return save_validated(row, unique_param="name")

@@ -113,6 +113,8 @@ def worker_start(sender=None, **kwargs) -> None:
     if sender is None or not _consumes_gpu_queue(sender):
         return
     for info in worker_models():
+        if info.runtime == "vllm":  # its pull thread starts the child: a start can take
+            continue                # minutes, and the other models need not wait for it
         try:
             host_get().load(info)
         except ModelLoadFailed:  # logged (refusals counted); the other models still load,

@@ -10,10 +10,17 @@ for tests and benchmarks without a GPU.
   `vllm:request_success_total` (label `model_name`);
 - `GET /health` (200 with an empty body) and `GET /v1/models`;
 - a stream stops generating when its client disconnects (counted as `aborted`);
-- errors in vLLM's shape: `{"error": {"message", "type", "param", "code"}}`.
+- errors in vLLM's shape: `{"error": {"message", "type", "param", "code"}}`;
+- `return_token_ids` (each chunk's `token_ids`), and with `--enable-prompt-tokens-details` a
+  prefix cache per `cache_salt` (whole blocks of 16 tokens shared with an earlier prompt of the
+  same salt count as `cached_tokens`; a different salt shares nothing), counted in
+  `vllm:prefix_cache_queries_total` / `_hits_total`.
 
-Replies are deterministic: token i is "t{i} ", min(max_tokens, reply_tokens) of them; the prompt
-counts one token per whitespace-separated word.
+Replies are deterministic: token i is "t{i} " (token id 100 + i), min(max_tokens, reply_tokens)
+of them; the prompt counts one token per whitespace-separated word (or its token ids).
+
+As a process (`serve`, the command a worker runs as FAIRLANE_VLLM_COMMAND in tests), `--record
+FILE` appends one JSON line per request when it starts running (`t`, its `body`).
 
     with FakeVllm("llama", reply_tokens=8) as fake:   # fake.url is the base URL (no /v1)
         ...
@@ -37,15 +44,19 @@ from routing.bench.fakes import _encode, _read_body, _send_json, _watch_disconne
 class FakeVllm:
     def __init__(self, model: str = "fake-model", *, reply_tokens: int = 8,
                  token_delay: float = 0.0, max_num_seqs: int = 4, max_model_len: int = 2048,
-                 api_key: str = "", host: str = "127.0.0.1", port: int = 0) -> None:
+                 api_key: str = "", host: str = "127.0.0.1", port: int = 0,
+                 prompt_tokens_details: bool = False, record: str = "") -> None:
         self.model, self.reply_tokens, self.token_delay = model, reply_tokens, token_delay
         self.max_num_seqs, self.max_model_len, self.api_key = max_num_seqs, max_model_len, api_key
         self.host, self.port = host, port
+        self.prompt_tokens_details, self.record = prompt_tokens_details, record
         self.url = ""
+        self._cached: dict[str, set[tuple]] = {}  # salt -> block-aligned prefixes it has seen
         self.requests: list[dict] = []
         self.cache_salts: list[str] = []
         self.stats = {"running": 0, "waiting": 0, "prompt_tokens": 0, "generation_tokens": 0,
-                      "finished": 0, "aborted": 0, "refused": 0}
+                      "finished": 0, "aborted": 0, "refused": 0, "cache_queries": 0,
+                      "cache_hits": 0}
         self._slots: asyncio.Semaphore | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -116,6 +127,8 @@ class FakeVllm:
             ("vllm:kv_cache_usage_perc", "gauge", s["running"] / self.max_num_seqs),
             ("vllm:prompt_tokens_total", "counter", s["prompt_tokens"]),
             ("vllm:generation_tokens_total", "counter", s["generation_tokens"]),
+            ("vllm:prefix_cache_queries_total", "counter", s["cache_queries"]),
+            ("vllm:prefix_cache_hits_total", "counter", s["cache_hits"]),
         ]
         text = "".join(f"# TYPE {name} {kind}\n{name}{label} {float(value)}\n"
                        for name, kind, value in lines)
@@ -164,6 +177,9 @@ class FakeVllm:
             async with self._slots:
                 self.stats["waiting"] -= 1
                 self.stats["running"] += 1
+                if self.record:
+                    with open(self.record, "a") as out:
+                        out.write(json.dumps({"t": time.time(), "body": body}) + "\n")
                 try:
                     await self._answer(path, body, gone, send)
                 finally:
@@ -174,13 +190,16 @@ class FakeVllm:
     async def _answer(self, path: str, body: dict, gone: asyncio.Event, send) -> None:
         chat = path.endswith("chat/completions")
         prompt = _prompt_tokens(body)
+        cached = self._cache(body)
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
         tokens = [f"t{i} " for i in range(min(limit or self.reply_tokens, self.reply_tokens))]
         reason = "length" if limit is not None and limit < self.reply_tokens else "stop"
         self.stats["prompt_tokens"] += prompt
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         usage = {"prompt_tokens": prompt, "completion_tokens": len(tokens),
-                 "total_tokens": prompt + len(tokens), "prompt_tokens_details": None}
+                 "total_tokens": prompt + len(tokens),
+                 "prompt_tokens_details": {"cached_tokens": cached}
+                 if self.prompt_tokens_details else None}
         if not body.get("stream"):
             for _ in tokens:
                 await asyncio.sleep(self.token_delay)
@@ -196,11 +215,29 @@ class FakeVllm:
                 "usage": usage})
         await self._stream(chat, body, ident, tokens, reason, usage, gone, send)
 
+    def _cache(self, body: dict) -> int:
+        """Prompt tokens found in this salt's cache (whole blocks); the prompt is cached then."""
+        prompt = body.get("prompt")
+        tokens = list(prompt) if isinstance(prompt, list) else (
+            [w for m in body.get("messages") or [] if isinstance(m, dict)
+             for w in str(m.get("content", "")).split()] if "messages" in body
+            else str(prompt or "").split())
+        seen = self._cached.setdefault(body.get("cache_salt") or "", set())
+        blocks = [tuple(tokens[:end]) for end in range(BLOCK, len(tokens) + 1, BLOCK)]
+        hits = sum(BLOCK for prefix in blocks if prefix in seen)
+        seen.update(blocks)
+        self.stats["cache_queries"] += len(tokens)
+        self.stats["cache_hits"] += hits
+        return hits
+
     async def _stream(self, chat, body, ident, tokens, reason, usage, gone, send) -> None:
         base = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": self.model}
 
-        def chunk(content: str | None, finish: str | None = None, role: bool = False) -> bytes:
+        ids = body.get("return_token_ids")
+
+        def chunk(content: str | None, finish: str | None = None, role: bool = False,
+                  token_id: int | None = None) -> bytes:
             if chat:
                 delta = {"role": "assistant", "content": ""} if role else (
                     {"content": content} if content is not None else {})
@@ -208,6 +245,8 @@ class FakeVllm:
             else:
                 choice = {"index": 0, "text": content or "", "logprobs": None,
                           "finish_reason": finish}
+            if ids:
+                choice["token_ids"] = [] if token_id is None else [token_id]
             return f"data: {json.dumps({**base, 'choices': [choice]})}\n\n".encode()
 
         await send({"type": "http.response.start", "status": 200, "headers": _encode({
@@ -215,13 +254,14 @@ class FakeVllm:
         out = [chunk(None, role=True)] if chat else []
         for body_part in out:
             await send({"type": "http.response.body", "body": body_part, "more_body": True})
-        for token in tokens:
+        for index, token in enumerate(tokens):
             await asyncio.sleep(self.token_delay)
             if gone.is_set():  # the client went away: abort, as vLLM does
                 self.stats["aborted"] += 1
                 return
             self.stats["generation_tokens"] += 1
-            await send({"type": "http.response.body", "body": chunk(token), "more_body": True})
+            await send({"type": "http.response.body", "body": chunk(token, token_id=100 + index),
+                        "more_body": True})
         await send({"type": "http.response.body", "body": chunk("", reason), "more_body": True})
         if (body.get("stream_options") or {}).get("include_usage"):
             final = {**base, "choices": [], "usage": usage}
@@ -229,6 +269,9 @@ class FakeVllm:
                         "body": f"data: {json.dumps(final)}\n\n".encode(), "more_body": True})
         self.stats["finished"] += 1
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+BLOCK = 16  # tokens per cached block
 
 
 def _prompt_tokens(body: dict) -> int:
@@ -256,11 +299,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-key", default="")
     parser.add_argument("--reply-tokens", type=int, default=8)
     parser.add_argument("--token-delay", type=float, default=0.0)
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true")
+    parser.add_argument("--record", default="")
     args, _ = parser.parse_known_args(argv)  # vLLM's other flags are accepted and ignored
     fake = FakeVllm(args.served_model_name or args.model, reply_tokens=args.reply_tokens,
                     token_delay=args.token_delay, max_num_seqs=args.max_num_seqs,
                     max_model_len=args.max_model_len, api_key=args.api_key, host=args.host,
-                    port=args.port).start()
+                    port=args.port, prompt_tokens_details=args.enable_prompt_tokens_details,
+                    record=args.record).start()
     print(f"fake vLLM serving {fake.model} on {fake.url}", flush=True)
     try:
         while fake._thread.is_alive():

@@ -5,13 +5,10 @@ model now."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import math
 import uuid
 
-from django.conf import settings
 
 from routing.admission import Caller
 from routing.backends import Route
@@ -20,6 +17,7 @@ from routing.router import Need, Plan, registry_get, route_plan
 from routing.wire.messages import message_images, message_text
 from routing.wire.tools import ToolUse
 from tenants.errors import BackendUnavailable, InvalidRequest, ModelNotFound
+from tenants.services.tenancy import tenant_cache_salt  # noqa: F401  (routing's name for it)
 from workers.modes import mode_get
 from workers.registry import ModelInfo, model_vocab_size
 
@@ -62,16 +60,6 @@ class Routed:
         return Attempt(request_id=self.request_id, tenant=caller.tenant, agent=caller.agent,
                        api_key=caller.api_key, job_for=self.job, call_for=self.call,
                        cost_for=self.cost, local_ready=self.local_ready)
-
-
-def tenant_cache_salt(*, tenant_id: int, salt: str = "") -> str:
-    """The prefix-cache salt a remote engine is sent for a tenant (and the client's own
-    `cache_salt`, if any): a keyed hash, stable per tenant, that never names it. Every
-    tenant reaches a remote Fairlane under our one key; this keeps their cached prompts apart
-    there, and on vLLM."""
-    key = hashlib.sha256(b"fairlane-cache-salt:" + settings.SECRET_KEY.encode()).digest()
-    message = f"{tenant_id}\x00{salt}".encode()
-    return hmac.new(key, message, hashlib.sha256).hexdigest()[:32]
 
 
 def chat_prompt(tokenizer, messages: list[dict]) -> list[int]:

@@ -1,5 +1,9 @@
 """Tenants, their members and their agents."""
 
+import hashlib
+import hmac
+
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
@@ -116,3 +120,13 @@ def agent_deactivate(*, agent: Agent) -> Agent:
     """Agents are deactivated, not deleted: the ledger keeps pointing at them. Their keys are
     revoked at once."""
     return agent_update(agent=agent, is_active=False)
+
+
+def tenant_cache_salt(*, tenant_id: int, salt: str = "") -> str:
+    """The prefix-cache salt a remote engine or a vLLM child is sent for a tenant (and the
+    client's own `cache_salt`, if any): a keyed hash, stable per tenant, that never names it.
+    Every tenant reaches a remote Fairlane under our one key; this keeps their cached prompts
+    apart there, and on vLLM (a remote one, or a worker's own child)."""
+    key = hashlib.sha256(b"fairlane-cache-salt:" + settings.SECRET_KEY.encode()).digest()
+    message = f"{tenant_id}\x00{salt}".encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()[:32]

@@ -18,6 +18,9 @@ class Command(BaseCommand):
         for kind in ("input", "output", "cached"):
             parser.add_argument(f"--price-{kind}", type=int, default=0,
                                 help=f"{kind} tokens: micro-cents per million (10_000_000 = $0.10)")
+        parser.add_argument("--runtime", choices=["engine", "vllm"], default="engine",
+                            help="engine: our engine; vllm: a `vllm serve` child of each worker "
+                                 "hosting it (FAIRLANE_VLLM_COMMAND)")
         parser.add_argument("--quantization", choices=["int8", "int4"], default="",
                             help="weight-only quantization of the linear layers at load")
         parser.add_argument("--quantization-group-size", type=int, choices=[32, 64, 128], default=128,
@@ -30,7 +33,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, name, source, description, price_input, price_output, price_cached,
                quantization, quantization_group_size, speculative_method, speculative_tokens,
-               speculative_draft, **options):
+               speculative_draft, runtime, **options):
         try:
             row = model_register(name=name, source=source, description=description,
                                  price_input_per_mtok=price_input,
@@ -40,10 +43,11 @@ class Command(BaseCommand):
                                  quantization_group_size=quantization_group_size,
                                  speculative_method=speculative_method,
                                  speculative_tokens=speculative_tokens,
-                                 speculative_draft=speculative_draft)
+                                 speculative_draft=speculative_draft, runtime=runtime)
         except InvalidRequest as exc:
             raise CommandError(exc.message) from None
-        self.stdout.write(f"registered {row.name} -> {row.source}")
+        self.stdout.write(f"registered {row.name} -> {row.source}"
+                          + (" (runtime vllm)" if row.runtime == "vllm" else ""))
         if row.quantization:
             self.stdout.write(f"  quantization {row.quantization}"
                               + (f" (groups of {row.quantization_group_size})" if row.quantization == "int4" else ""))
