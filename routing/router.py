@@ -66,8 +66,11 @@ def registry_load() -> Registry:
         registry.backends[local.name] = local
     if local is not None:
         for row in ServedModel.objects.filter(is_enabled=True):
+            # A vLLM child gets no guides (workers/vllm): no tools or JSON modes there.
+            features = frozenset() if row.runtime == ServedModel.Runtime.VLLM else None
             registry.routes.setdefault(row.name, []).append(
-                Route(backend=local, model=row.name, upstream=row.name, info=ModelInfo.of(row)))
+                Route(backend=local, model=row.name, upstream=row.name, info=ModelInfo.of(row),
+                      model_features=features))
     for row in BackendModel.objects.filter(backend__is_enabled=True).select_related("backend"):
         spec = registry.backends[row.backend.name]
         if spec.is_local:

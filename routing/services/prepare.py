@@ -9,6 +9,8 @@ import json
 import math
 import uuid
 
+from django.conf import settings
+
 
 from routing.admission import Caller
 from routing.backends import Route

@@ -112,3 +112,21 @@ async def test_auto_on_the_local_engine_answers_text_when_it_is_no_call(embedded
     response = await chat(key, model="tiny", max_tokens=8, temperature=0, tools=[FLAG])
     [choice] = json.loads(response.content)["choices"]
     assert "tool_calls" not in choice["message"] and choice["finish_reason"] in {"stop", "length"}
+
+
+async def test_a_model_hosted_on_vllm_refuses_tools_and_json_modes_it_would_not_guide(
+        embedded, key, budget):
+    """Our vLLM runtime sends no guides to its child (workers/vllm): a tools or JSON request
+    for a model hosted there is a 400 naming the parameter, before anything runs."""
+    from asgiref.sync import sync_to_async
+
+    from workers.registry import model_register
+
+    await sync_to_async(model_register)(name="on-vllm", source="preset:tiny", runtime="vllm")
+    response = await chat(key, model="on-vllm", max_tokens=8, tools=[FLAG])
+    assert response.status_code == 400
+    assert json.loads(response.content)["error"]["param"] == "tools"
+    response = await chat(key, model="on-vllm", max_tokens=8,
+                          response_format={"type": "json_object"})
+    assert response.status_code == 400
+    assert json.loads(response.content)["error"]["param"] == "response_format"
