@@ -3,13 +3,14 @@ per backend); the agent's cascade is in cascade.py."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
 from django.conf import settings
 
 from routing.admission import Caller, engine_sampling, max_tokens_resolve
-from routing.attempts import Attempt
+from routing.attempts import Attempt, attempt_release
 from routing.backends import Call, Route
 from routing.dispatch import Served, route_first_prepare, routes_walk
 from routing.metrics import request_arrived
@@ -33,6 +34,7 @@ from routing.wire.render import ChatFormat, CompletionFormat
 from tenants.errors import ApplicationError, InvalidRequest
 from workers.generation import GenerationJob
 from workers.registry import model_tokenizer, usage_cost
+from workers.settlement import settlement_track
 
 logger = logging.getLogger(__name__)
 # What a request needing a feature no backend of its model has is told, and its param.
@@ -97,8 +99,10 @@ class _Generation(Routed):
         tokenizer = model_tokenizer(info)
         try:
             if self.kind == "chat":
-                prompts = [chat_prompt(tokenizer, local_messages(request.messages,
-                                                                 self.tool_use))]
+                native = tools_active(self.tool_use) and tokenizer.template_has_tools
+                prompts = [chat_prompt(
+                    tokenizer, local_messages(request.messages, self.tool_use, native=native),
+                    tools=self.tool_use.tools if native else None)]
             else:
                 prompts = completion_prompts(info, tokenizer, request.prompts, "prompt")
         except InvalidRequest:
@@ -215,14 +219,38 @@ def _admit_generation(caller: Caller, kind: str, request) -> tuple[_Generation, 
 async def _start(caller: Caller, kind: str, request,
                  admission: tuple[_Generation, Admitted] | None = None,
                  ) -> tuple[_Generation, Served, Admitted]:
-    generation, admitted = admission or await db_call(_admit_generation)(
-        caller, kind, request)
+    generation, admitted = admission or await _admission(_admit_generation, caller, kind,
+                                                         request)
     try:
         served = await routes_walk(generation.walk, generation.plan, generation.first_plan)
     except BaseException:
         limiter_get().release(admitted, tokens_used=0)
         raise
     return generation, served, admitted
+
+
+async def _admission(admit, *args):
+    """Run an admission hop. A client that leaves meanwhile cancels the request, not the hop:
+    what the hop still takes (rate-limit slots, the first route's budget hold) is given back
+    when it ends, rather than held until it expires."""
+    hop = asyncio.ensure_future(db_call(admit)(*args))
+    try:
+        return await asyncio.shield(hop)
+    except asyncio.CancelledError:
+        hop.add_done_callback(_abandoned)
+        raise
+
+
+def _abandoned(hop: asyncio.Future) -> None:
+    if hop.cancelled() or hop.exception() is not None or isinstance(hop.result(), _Cascade):
+        return
+    settlement_track(db_call(_give_back)(*hop.result()))
+
+
+def _give_back(generation: _Generation, admitted: Admitted) -> None:
+    limiter_get().release(admitted, tokens_used=0)
+    if generation.walk is not None:
+        attempt_release(generation.walk)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +275,7 @@ async def generation_start(*, caller: Caller, kind: str, body) -> Started:
     request_arrived()  # the start of its time to first token (routing/metrics.py)
     request = (parse.chat_request_parse(body) if kind == "chat"
                else parse.completion_request_parse(body))
-    match await db_call(_admit_or_tiers)(caller, kind, request):
+    match await _admission(_admit_or_tiers, caller, kind, request):
         case _Cascade(tiers=tiers, threshold=threshold):
             return await cascade_run(caller, kind, request, tiers, threshold, start=_start)
         case admission:

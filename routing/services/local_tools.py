@@ -1,7 +1,8 @@
 """Tool calling on our own engine, whatever the model's chat template knows of tools.
 
-The tools are described in the system turn, with the one way to call them: an answer that is
-only `{"name": <tool>, "arguments": {...}}`. Past calls and results are written into the
+A template that renders tools (Hugging Face's `tools` variable) gets them, and the past calls
+and results as they are. For any other, the tools are described in the system turn, with the
+one way to call them: an answer that is only `{"name": <tool>, "arguments": {...}}`. Past calls and results are written into the
 turns as text the template can render. With tool_choice `required` or a named function the
 answer is guided (workers/engine/schema_guide.py) to be such a call, of a tool offered and
 with arguments of its schema; with `auto` an answer that turns out to be such a call is one,
@@ -40,11 +41,13 @@ def _call_text(calls: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def local_messages(messages: list[dict], use: ToolUse) -> list[dict]:
-    """The turns as the chat template gets them: unchanged without tools; else every content a
-    string, the tools described in the (first) system turn."""
-    if not tools_active(use) and not any(m.get("tool_calls") or m.get("role") == "tool"
-                                         for m in messages):
+def local_messages(messages: list[dict], use: ToolUse, *, native: bool = False) -> list[dict]:
+    """The turns as the chat template gets them: unchanged without tools, or when the template
+    renders tools itself (`native`: it gets the tools, the calls and the results as they are);
+    else every content a string, the tools described in the (first) system turn."""
+    if native or (not tools_active(use) and not any(m.get("tool_calls")
+                                                    or m.get("role") == "tool"
+                                                    for m in messages)):
         return messages
     turns = []
     for message in messages:

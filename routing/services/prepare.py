@@ -64,12 +64,12 @@ class Routed:
                        cost_for=self.cost, local_ready=self.local_ready)
 
 
-def chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
+def chat_prompt(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
     if not tokenizer.chat_template:
         raise InvalidRequest("This model has no chat template; use /v1/completions.",
                              param="model")
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
     except Exception as exc:  # a template that refuses these messages (e.g. role order)
         raise InvalidRequest(f"The model's chat template rejected the messages: {exc}",
                              param="messages") from None

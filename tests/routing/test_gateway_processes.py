@@ -118,3 +118,39 @@ def test_a_revoked_key_and_a_lowered_budget_reach_every_process_at_once(paid, te
         for server in servers:
             server.stop()
     assert paid.stats["ok"] == 6
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_request_cancelled_during_its_admission_gives_its_hold_back(tenant, agent, paid):
+    """The client leaves while the admission's hop (rate limits, the first route's budget hold)
+    runs in its thread: the hop finishes, and what it took is given back at once, not when
+    the hold expires 15 minutes later."""
+    from asgiref.sync import sync_to_async
+
+    from routing.admission import caller_authenticate
+    from routing.services.generation import generation_start
+
+    await sync_to_async(budget_create)(tenant=tenant, agent=agent, limit_microcents=100 * COST)
+    _, key = await sync_to_async(api_key_create)(tenant=tenant, agent=agent,
+                                                 scopes=[Scope.INFERENCE])
+    caller = await sync_to_async(caller_authenticate)(authorization=f"Bearer {key}")
+    body = {"model": "paid-model", "max_tokens": MAX_TOKENS,
+            "messages": [{"role": "user", "content": "leaving"}]}
+    task = asyncio.ensure_future(generation_start(caller=caller, kind="chat", body=body))
+    await asyncio.sleep(0)  # the request is in its admission hop now
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    def reservations():
+        return sorted(Reservation.objects.values_list("status", flat=True))
+
+    for _ in range(100):
+        found = await sync_to_async(reservations)()
+        if found and Reservation.Status.HELD not in found:
+            break
+        await asyncio.sleep(0.05)
+    assert found == [Reservation.Status.RELEASED]  # it was held, then given back
+    window = await sync_to_async(BudgetWindow.objects.get)(budget__agent=agent)
+    assert window.reserved_microcents == 0 and window.spent_microcents == 0
+    assert paid.stats["ok"] == 0

@@ -42,6 +42,37 @@ def test_the_tools_are_described_and_past_calls_written_as_text():
     assert local_messages(plain, use_of()) is plain
 
 
+# A template that renders tools and calls itself, as Hugging Face's tool-use templates do.
+TOOLS_TEMPLATE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>"
+    "{% endif %}{% for m in messages %}<{{ m.role }}>"
+    "{% if m.tool_calls is defined and m.tool_calls %}{% for c in m.tool_calls %}<call {{ c.function.name }}>"
+    "{{ c.function.arguments }}</call>{% endfor %}{% else %}{{ m.content }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def test_a_template_that_renders_tools_gets_them_and_the_calls_as_they_are(tmp_path):
+    from routing.services.prepare import chat_prompt
+    from workers.engine.tokenizer import Tokenizer, byte_tokenizer_write
+
+    byte_tokenizer_write(tmp_path, model_max_length=512)
+    tokenizer = Tokenizer(tmp_path)
+    assert not tokenizer.template_has_tools  # the presets' ChatML: described as text
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    assert tokenizer.template_has_tools
+    history = [{"role": "user", "content": "weather?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "rain"}]
+    use = use_of(tools=[WEATHER, FLAG])
+    turns = local_messages(history, use, native=True)
+    assert turns is history  # no preamble, calls and results untouched
+    text = tokenizer.decode(chat_prompt(tokenizer, turns, tools=use.tools))
+    assert text == ("<tools>get_weather;set_flag;</tools><user>weather?"
+                    '<assistant><call get_weather>{"city": "Oslo"}</call><tool>rain<assistant>')
+
+
 def test_the_guide_follows_tool_choice():
     assert local_guide(use_of(tools=[WEATHER])) == {}  # auto: the model decides
     named = json.loads(local_guide(use_of(tools=[WEATHER, FLAG], tool_choice={

@@ -96,8 +96,15 @@ class Tokenizer:
             self._bytes_table = _bytes_table(self._tokenizer)
         return self._bytes_table
 
-    def apply_chat_template(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
-        """Render chat messages with the checkpoint's Jinja template (Jinja2 ships with torch)."""
+    @property
+    def template_has_tools(self) -> bool:
+        """Whether the chat template renders tools itself (Hugging Face's `tools` variable)."""
+        return bool(self.chat_template) and "tools" in self.chat_template
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        """Render chat messages with the checkpoint's Jinja template (Jinja2 ships with torch),
+        with `tools` (OpenAI's function definitions) for templates that render them."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template")
         import jinja2
@@ -105,6 +112,7 @@ class Tokenizer:
         env = jinja2.Environment(undefined=jinja2.StrictUndefined)
         return env.from_string(self.chat_template).render(
             messages=messages,
+            tools=tools,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.config.get("bos_token") or "",
             eos_token=self.config.get("eos_token") or "",
