@@ -1,0 +1,13 @@
+"""The constrained-decoding benchmark stays runnable and compares like with like."""
+
+from workers.engine.bench.guide import run
+
+
+def test_the_guide_bench_measures_free_guided_and_mixed_batches(tmp_path, capsys):
+    figures = run(["--preset", "tiny", "--models-dir", str(tmp_path), "--requests", "4",
+                   "--max-tokens", "6", "--repeat", "1", "--threads", "1"])
+    rows = figures["results"]
+    assert set(rows) == {"free", "json_object", "json_schema", "mixed (half free, half schema)"}
+    assert rows["free"]["x_free"] == 1.0 and rows["free"]["tokens"] == 4 * 6  # ignore_eos
+    assert all(0 < row["tokens"] <= 4 * 6 and row["tok_s"] > 0 for row in rows.values())
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"bench": "engine-guide"')
