@@ -22,20 +22,22 @@ from django.conf import settings
 logger = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 2.0
-_client: redis.Redis | None = None
+_client: tuple[str, redis.Redis] | None = None
 _client_lock = threading.Lock()
 
 
 def redis_client() -> redis.Redis | None:
-    """One client per process (its own connection pool); None without Redis."""
+    """One client per process (its own connection pool) for the REDIS_URL now set (a test that
+    points it elsewhere for a while gets its own); None without Redis."""
     global _client
-    if not settings.REDIS_URL:
+    url = settings.REDIS_URL
+    if not url:
         return None
     with _client_lock:
-        if _client is None:
-            _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2,
-                                           socket_connect_timeout=2)
-        return _client
+        if _client is None or _client[0] != url:
+            _client = (url, redis.Redis.from_url(url, socket_timeout=2,
+                                                 socket_connect_timeout=2))
+        return _client[1]
 
 
 class SharedCounts:
