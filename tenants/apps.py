@@ -10,9 +10,11 @@ class TenantsConfig(AppConfig):
     def ready(self) -> None:
         global _collector_registered
         from tenants import cache
-        from tenants.models import Agent, ApiKey, Budget, Tenant
+        from tenants.models import Agent, ApiKey, Budget, BudgetWindow, Tenant
 
-        cache.connect(ApiKey, Tenant, Agent, Budget)
+        # Windows too: a cached window row that was deleted must not be held against (their
+        # counters change by UPDATE, which sends no signal and needs none: never cached).
+        cache.connect(ApiKey, Tenant, Agent, Budget, BudgetWindow)
         if not _collector_registered:
             from prometheus_client import REGISTRY
 
