@@ -89,8 +89,8 @@ class _Generation(Routed):
         if plan.unsupported:
             raise InvalidRequest(f"No backend serving '{request.model}' supports this request "
                                  "(token-id or batched prompts, logit_bias and completion "
-                                 "logprobs need the model's own tokenizer; tools, JSON mode "
-                                 "and images backends that support them all).")
+                                 "logprobs need the model's own tokenizer; tools, JSON modes "
+                                 "and images need a backend that supports each).")
         self._jobs: dict[str, GenerationJob] = {}
         self.walk: Attempt | None = None  # set by the admission, its first route prepared
 
