@@ -293,7 +293,14 @@ class UsageRecord(models.Model):
     unbilled_microcents = models.BigIntegerField(default=0)
     latency_ms = models.PositiveIntegerField(default=0)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OK)
-    created_at = models.DateTimeField()
+    created_at = models.DateTimeField()  # when it was settled
+    # The W3C trace id the request carried (its `traceparent`) or was given: 32 hex digits.
+    trace_id = models.CharField(max_length=32, blank=True, default="")
+    # Which version of the served model answered (its manifest digest or version label).
+    model_version = models.CharField(max_length=100, blank=True, default="")
+    # The request's steps as they happened: {step: epoch seconds, ...} plus where it was
+    # queued and who took it (routing/trace.py documents the keys).
+    timeline = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -302,6 +309,8 @@ class UsageRecord(models.Model):
             models.Index(fields=["agent", "created_at"], name="usage_agent_time"),
             # Operators' figures across tenants (the ops dashboard: top spenders, per model).
             models.Index(fields=["created_at"], name="usage_time"),
+            models.Index(fields=["trace_id"], name="usage_trace",
+                         condition=~models.Q(trace_id="")),
         ]
 
     @property

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from contextlib import nullcontext
 
 from django.db import connection, transaction
+from psycopg.types.json import Jsonb
 
 from tenants.models import Reservation
 
@@ -54,8 +55,10 @@ class Settled:
 def settle(*, request_id: str, tenant_id: int, cost: int, usage, now) -> Settled:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT * FROM fairlane_budget_settle(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            "SELECT * FROM fairlane_budget_settle(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+            "%s, %s, %s)",
             [request_id, tenant_id, cost, usage.backend, usage.model, usage.prompt_tokens,
-             usage.completion_tokens, usage.cached_tokens, usage.latency_ms, usage.status, now])
+             usage.completion_tokens, usage.cached_tokens, usage.latency_ms, usage.status, now,
+             usage.trace_id, usage.model_version, Jsonb(usage.timeline or {})])
         outcome, charge, held, prior, usage_id, *rest = cursor.fetchone()
     return Settled(outcome, charge or 0, held or 0, prior or "", usage_id, *rest)

@@ -40,6 +40,9 @@ class Usage:
     cached_tokens: int = 0
     latency_ms: int = 0
     status: str = UsageRecord.Status.OK
+    trace_id: str = ""
+    model_version: str = ""
+    timeline: dict | None = None  # {step: epoch seconds, ...}: routing/trace.py
 
 
 def _charge_within_limits(*, reservation: Reservation, cost: int) -> int:
@@ -93,7 +96,8 @@ def _row(tenant: Tenant, usage: Usage, cost: int, charge: int, now: datetime) ->
                 prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                 cached_tokens=usage.cached_tokens, cost_microcents=charge,
                 unbilled_microcents=cost - charge, latency_ms=usage.latency_ms,
-                status=usage.status, created_at=now)
+                status=usage.status, created_at=now, trace_id=usage.trace_id,
+                model_version=usage.model_version, timeline=usage.timeline or {})
 
 
 def _settle_sql(*, tenant: Tenant, request_id: str, cost: int, usage: Usage,
