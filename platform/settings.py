@@ -168,6 +168,8 @@ CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or REDIS_URL or 
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Workers log through LOGGING below (each line with its request's trace id), not Celery's own.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_BEAT_SCHEDULE = {
     "budget-reservations-expire": {
@@ -307,6 +309,12 @@ FAIRLANE_ALERT_DELIVERY_ATTEMPTS = env_int("FAIRLANE_ALERT_DELIVERY_ATTEMPTS", 8
 FAIRLANE_ALERT_SWEEP_SECONDS = float(os.environ.get("FAIRLANE_ALERT_SWEEP_SECONDS", "60"))
 # How often the ops dashboard's live panels refresh themselves.
 FAIRLANE_OPS_POLL_SECONDS = env_int("FAIRLANE_OPS_POLL_SECONDS", 5)
+# Traces: every request carries a W3C trace id (its `traceparent`, or a new one) into its logs,
+# job and ledger row. "otlp" also sends OpenTelemetry spans over OTLP/HTTP to
+# OTEL_EXPORTER_OTLP_ENDPOINT (the SDK's own variables apply); "off" sends nothing.
+FAIRLANE_TRACING = os.environ.get("FAIRLANE_TRACING", "off")
+if FAIRLANE_TRACING not in ("off", "otlp"):
+    raise ImproperlyConfigured("FAIRLANE_TRACING must be 'off' or 'otlp'")
 
 # --- serving ----------------------------------------------------------------------------------
 # embedded: engines run in the API process (a thread pool); distributed: on GPU workers that
@@ -441,7 +449,11 @@ LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Each line names the request it is about: its trace id and request id ("-" outside one).
+    "filters": {"trace": {"()": "workers.trace.TraceLogFilter"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s "
+                                       "[trace=%(trace_id)s request=%(request_id)s] %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
+                             "filters": ["trace"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
 }

@@ -30,6 +30,7 @@ from tenants.errors import (
 )
 from workers.engine import EngineError
 from workers.outbox import TRANSIENT
+from workers.trace import Span, span_start, trace_enter
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +44,23 @@ def openai_view(method: str):
         async def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
             started = time.perf_counter()
             drain.install()
+            # The request's span, under the caller's trace when it sent one; current for the
+            # rest of this request's task (the view, then its stream).
+            span = span_start(f"{method} {request.path}", kind="server",
+                              parent=request.headers.get("traceparent"))
+            trace_enter(span.trace, received=time.time())
             response = await _handle(view, method, request, *args, **kwargs)
             API_REQUESTS.labels(view.__name__, response.status_code).inc()
             API_RESPONSE_START.labels(view.__name__).observe(time.perf_counter() - started)
+            response["x-fairlane-trace-id"] = span.trace.trace_id
+            span.set(**{"http.response.status_code": response.status_code,
+                        "fairlane.request_id": response.get("x-request-id")})
+            if response.status_code >= 500:
+                span.fail(f"HTTP {response.status_code}")
+            if response.streaming:
+                response.streaming_content = _span_ending(response.streaming_content, span)
+            else:
+                span.end()
             return response
 
         return wrapper
@@ -73,6 +88,14 @@ async def _handle(view, method: str, request: HttpRequest, *args, **kwargs) -> H
         logger.warning("%s %s: the database did not answer", request.method, request.path,
                        exc_info=True)
         return error_response(ServiceUnavailable(retry_after=2))
+
+
+async def _span_ending(chunks, span: Span):
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        span.end()
 
 
 def _json_body(request: HttpRequest):

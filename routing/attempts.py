@@ -38,6 +38,7 @@ class Attempt:
     # The first route, prepared (budget held) in the admission's hop: (route, "" or why it
     # was refused, or the exception preparing it raised), taken by the walk's first try.
     prepared: tuple[Route, str | BaseException] | None = None
+    held_at: float = 0.0  # when the budget was first held (epoch seconds): its "admitted"
 
 
 def attempt_hold(attempt: Attempt, amount: int) -> None:
@@ -52,6 +53,7 @@ def attempt_hold(attempt: Attempt, amount: int) -> None:
             attempt.maybe_reserved = True
             raise
         holds.add(attempt.request_id)  # renewed for as long as the request runs
+        attempt.held_at = time.time()
     elif amount != attempt.reserved:
         budget_reserve_adjust(tenant=attempt.tenant, request_id=attempt.request_id,
                               amount_microcents=amount)

@@ -170,7 +170,8 @@ async def _try_route(attempt: Attempt, route: Route, has_next: bool) -> Served |
         if spec.is_local:
             served = await _local(attempt, route)
         else:
-            job = attempt.job_for(route)
+            job = _admitted(attempt, route)
+            job.timeline.update(taken=time.time(), backend=name)
             served = Served(route=route, job=job, events=await remote_start(
                 route, attempt.call_for(route), job, started, attempt.reserved or 0))
     except UpstreamError as exc:
@@ -261,12 +262,19 @@ async def _guarded(events: AsyncIterator[Event], route: Route, request_id: str,
             await asyncio.to_thread(leases_get().release, name, request_id)
 
 
+def _admitted(attempt: Attempt, route: Route) -> GenerationJob:
+    """The route's job, its timeline saying when its budget was held."""
+    job = attempt.job_for(route)
+    job.timeline["admitted"] = attempt.held_at or time.time()
+    return job
+
+
 async def _local(attempt: Attempt, route: Route) -> Served:
     """The local engine: a refusal before `accepted` has already been settled by the run (the
     engine refused the input), so it is the client's answer, not a reason to fall through;
     the local engine is skipped earlier instead when its queue is full or no worker is up. A
     retryable error (the model failed to load; nothing ran or was settled) falls through."""
-    job = attempt.job_for(route)
+    job = _admitted(attempt, route)
     events = mode_get().dispatcher.events(job)
     match await anext(events):
         case Failed(retryable=True) as failed:  # nothing ran (its model failed to load)

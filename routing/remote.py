@@ -24,6 +24,7 @@ from workers.events import (
 from workers.jobs import GenerationJob
 from workers.settlement import generation_settle, settlement_track
 from workers.registry import usage_cost
+from workers.trace import Span, span_start
 
 logger = logging.getLogger(__name__)
 
@@ -37,24 +38,30 @@ async def remote_start(route: Route, call: Call, job: GenerationJob, started: fl
         return _embedding_events(job, route, call, result, started)
     stream = backend_stream(route, call)
     head: list[RemoteEvent] = []
+    span = span_start("fairlane.upstream", parent=job.trace, kind="client",
+                      backend=route.backend.name, model=route.upstream)
     try:
         async for event in stream:  # nothing is sent to the client before the first token
             head.append(event)
             if isinstance(event, Tokens | Finish):
+                job.timeline.setdefault("first_token", time.time())
                 break
         else:
             raise UpstreamError("backend_unavailable", "the backend answered nothing")
-    except BaseException:
+    except BaseException as exc:
         await stream.aclose()
+        span.fail(getattr(exc, "message", type(exc).__name__))
+        span.end()
         raise
-    return _remote_events(job, route, call, stream, head, started, reserved)
+    return _remote_events(job, route, call, stream, head, started, reserved, span)
 
 
 async def _remote_events(job: GenerationJob, route: Route, call: Call,
                          stream: AsyncIterator[RemoteEvent], head: list[RemoteEvent],
-                         started: float, reserved: int) -> AsyncIterator[Event]:
+                         started: float, reserved: int, span: Span) -> AsyncIterator[Event]:
     """A remote answer as the engine's events, settled once at the end (also when the client
     leaves or the stream is cut: what was streamed is charged)."""
+    timeline = job.timeline
     usage: Reported | None = None
     tokens: list[Tokens] = []
     status, tail = UsageRecord.Status.OK, []
@@ -73,6 +80,8 @@ async def _remote_events(job: GenerationJob, route: Route, call: Call,
                     continue
                 case Tokens():
                     tokens.append(event)
+                    timeline["last_token"] = now = time.time()
+                    timeline.setdefault("first_token", now)
             yield event
     except UpstreamError as exc:
         logger.warning("request %s: %s failed mid-stream: %s", job.request_id,
@@ -87,6 +96,9 @@ async def _remote_events(job: GenerationJob, route: Route, call: Call,
         raise
     finally:
         await stream.aclose()
+        if status == UsageRecord.Status.ERROR:
+            span.fail("the stream failed")
+        span.end()
         counted = _usage(usage, call, tokens)
         # A reported cost counts once the provider reported the completion it is for.
         cost_usd = usage.cost_usd if usage is not None and usage.completion_tokens else None

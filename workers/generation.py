@@ -22,6 +22,7 @@ from workers.events import Accepted, Embedding, Event, Failed, Finish, Tokens, T
 from workers.fairqueue.local import local_queue
 from workers.jobs import GenerationJob
 from workers.settlement import Emit, generation_settle, settlement_track
+from workers.trace import span_start
 
 logger = logging.getLogger(__name__)
 Sink = Callable[[RequestOutput | BaseException], None]
@@ -74,11 +75,22 @@ class GenerationRun:
     def __enter__(self) -> GenerationRun:
         with _running_lock:
             _running[self.job.request_id] = self
+        self.span = span_start("fairlane.generate", parent=self.job.trace, kind="consumer",
+                               request_id=self.job.request_id, model=self.info.name,
+                               backend=self.backend, lane=self.job.lane)
         return self
 
     def __exit__(self, *exc: object) -> None:
         with _running_lock:
             _running.pop(self.job.request_id, None)
+        timeline = self.job.timeline
+        self.span.set(prompt_tokens=sum(len(p) for p in self.job.prompts),
+                      completion_tokens=sum(self.num_output_tokens.values()),
+                      ttft_ms=int((timeline["first_token"] - timeline["taken"]) * 1000)
+                      if "first_token" in timeline and "taken" in timeline else None)
+        if self.error is not None:
+            self.span.fail(self.error.message)
+        self.span.end()
 
     def submit(self, sink_for: Callable[[int], Sink]) -> None:
         """Hand every choice's sequence to the engine; its outputs go to `sink_for(index)`."""
@@ -121,6 +133,9 @@ class GenerationRun:
             events.append(Embedding(index=index, b64=_b64(item.embedding)))
         elif item.new_token_ids or item.new_text:
             events.append(_token_event(index, item))
+            timeline = self.job.timeline
+            timeline["last_token"] = now = time.time()
+            timeline.setdefault("first_token", now)
         if item.finished:
             self.remaining -= 1
             if item.finish_reason == "abort":
@@ -210,6 +225,7 @@ async def generation_run_async(job: GenerationJob, engine: AsyncEngine, *,
     waiting = False
     with run:
         try:
+            job.timeline["queued"] = time.time()
             run.submit(lambda index: lambda item: loop.call_soon_threadsafe(
                 inbox.put_nowait, (index, item)))
             local_queue.enter(**where)  # admission counts it until its first output
@@ -221,6 +237,7 @@ async def generation_run_async(job: GenerationJob, engine: AsyncEngine, *,
                 if waiting:
                     waiting = False
                     local_queue.leave(**where, started=True)
+                    job.timeline.update(taken=time.time(), worker=backend)
                 for event in run.absorb(*item):
                     yield event
         except Exception as exc:

@@ -8,6 +8,17 @@ from dataclasses import asdict, dataclass, field
 from workers.engine import SamplingParams
 from workers.events import Event, Finish, Tokens
 from workers.registry import ModelInfo
+from workers.trace import trace_current
+
+
+def _traceparent() -> str:
+    current = trace_current()
+    return current.trace.traceparent if current is not None and current.trace else ""
+
+
+def _timeline() -> dict:
+    current = trace_current()
+    return {"received": current.received} if current is not None and current.received else {}
 
 
 @dataclass(slots=True)
@@ -30,6 +41,10 @@ class GenerationJob:
     # the choices that already finished.
     resumed: dict[int, list[int]] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
+    # The request's trace (the API span's `traceparent`) and its timeline so far (step: epoch
+    # seconds; workers/trace.py): a job made while serving a request takes both from it.
+    trace: str = field(default_factory=_traceparent)
+    timeline: dict = field(default_factory=_timeline)
 
     def to_dict(self) -> dict:
         return asdict(self)

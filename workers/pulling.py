@@ -19,6 +19,7 @@ from workers.jobs import GenerationJob
 from workers.host import Engine, ModelLoadFailed, host_get
 from workers.registry import ModelInfo
 from workers.settlement import generation_settle
+from workers.trace import trace_bind, trace_parse
 from workers.transport import (
     RedisStreamEmit, is_cancel_requested, load_failed_event, queue_for, redis_sync,
 )
@@ -53,6 +54,15 @@ def run_taken(queue: FairQueue, taken: Taken, *, worker_id: str) -> None:
     worker died resumes after the tokens that worker streamed; one that finished but was not
     acknowledged is only acknowledged."""
     job = GenerationJob.from_dict(taken.payload)
+    job.timeline.update(taken=time.time(), worker=worker_id, lane=taken.lane,
+                        position=taken.position)
+    with trace_bind(trace_parse(job.trace), request_id=job.request_id):
+        logger.info("taken: %s, %s lane, position %d, waited %d ms", job.model["name"],
+                    taken.lane, taken.position, taken.waited_ms)
+        _run_taken(queue, taken, job, worker_id=worker_id)
+
+
+def _run_taken(queue: FairQueue, taken: Taken, job: GenerationJob, *, worker_id: str) -> None:
     client = queue.client
     emit = ChargingEmit(RedisStreamEmit(client, job.request_id, owner=worker_id), queue, taken)
     backend = f"worker:{worker_id}"

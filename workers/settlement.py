@@ -14,6 +14,7 @@ from workers.events import Done, Event, Failed, Tokens, TokenUsage
 from workers.jobs import GenerationJob
 from workers.outbox import Settlement, settle_durably
 from workers.registry import usage_cost
+from workers.trace import span_start, trace_id_of
 
 Emit = Callable[[Event], None]
 
@@ -46,13 +47,17 @@ def generation_settle(job: GenerationJob, usage: TokenUsage, *, status: str, bac
     cost = cost_microcents if cost_microcents is not None else usage_cost(
         info, prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
         cached_tokens=usage.cached_tokens)
+    span = span_start("fairlane.settle", parent=job.trace, request_id=job.request_id,
+                      cost_microcents=cost, status=status)
     settle_durably(Settlement(
         request_id=job.request_id, tenant_id=job.tenant_id, cost_microcents=cost, at=time.time(),
         usage=asdict(Usage(backend=backend, model=info.name,
                            prompt_tokens=usage.prompt_tokens,
                            completion_tokens=usage.completion_tokens,
                            cached_tokens=usage.cached_tokens, latency_ms=latency_ms,
-                           status=status))))
+                           status=status, trace_id=trace_id_of(job.trace),
+                           timeline=job.timeline))))
+    span.end()
     emit(Done(status=status, usage=usage, cost_microcents=cost))
 
 

@@ -220,6 +220,7 @@ class QueueDispatcher:
     def _enqueue(self, queue: FairQueue, job: GenerationJob) -> None:
         # An earlier round of this request's walk may have left events (a refusal): start clean.
         self.sync_client.delete(stream_key(job.request_id))
+        job.timeline["queued"] = time.time()
         queue.enqueue(id=job.request_id, tenant=str(job.tenant_id), lane=job.lane,
                       weight=job.weight, cost=sum(len(p) for p in job.prompts),
                       payload=job.to_dict())

@@ -22,6 +22,7 @@ from tenants.errors import BackendUnavailable, InvalidRequest, ModelNotFound
 from tenants.services.tenancy import tenant_cache_salt  # noqa: F401  (routing's name for it)
 from workers.modes import mode_get
 from workers.registry import ModelInfo, model_vocab_size
+from workers.trace import trace_current
 
 
 class Routed:
@@ -33,6 +34,9 @@ class Routed:
     def __init__(self, caller: Caller, model: str) -> None:
         self.caller, self.model = caller, model
         self.request_id = uuid.uuid4().hex
+        current = trace_current()
+        if current is not None:  # its logs name it from now on
+            current.request_id = self.request_id
         self.lane = caller.agent.lane or caller.tenant.default_lane
         routes = registry_get().routes.get(model)
         if not routes or not caller.agent.may_use_model(model):

@@ -36,6 +36,7 @@ class Taken:
     tenant: str
     lane: str
     waited_ms: int
+    position: int = 0  # its place in the lane when it was queued (1: first)
 
 
 def _now_ms() -> int:
@@ -73,10 +74,10 @@ class FairQueue:
                           1 if realtime_only else len(LANES))
         if not reply:
             return None
-        id_, payload, tenant, lane, waited = (v.decode() if isinstance(v, bytes) else v
-                                              for v in reply)
+        id_, payload, tenant, lane, waited, position = (
+            v.decode() if isinstance(v, bytes) else v for v in reply)
         return Taken(id=id_, payload=json.loads(payload), tenant=tenant, lane=lane,
-                     waited_ms=int(float(waited)))
+                     waited_ms=int(float(waited)), position=int(position))
 
     def charge(self, *, tenant: str, lane: str, tokens: int) -> float:
         """Charge generated tokens to the tenant's counter."""

@@ -92,9 +92,10 @@ for _ = 1, 16 do
     redis.call('INCR', second)
     redis.call('EXPIRE', second, 120)
     local enq = tonumber(redis.call('HGET', p .. 'meta:' .. id, 'enq') or now)
+    local pos = redis.call('HGET', p .. 'meta:' .. id, 'pos') or '0'
     redis.call('ZADD', p .. 'leases', now + lease_ms, id)
     redis.call('HSET', p .. 'holder', id, worker)
-    return {id, redis.call('GET', p .. 'job:' .. id), tenant, lane, tostring(now - enq)}
+    return {id, redis.call('GET', p .. 'job:' .. id), tenant, lane, tostring(now - enq), pos}
   end
 end
 return nil

@@ -7,7 +7,8 @@ redis.call('SET', p .. 'job:' .. id, payload)
 redis.call('HSET', p .. 'meta:' .. id, 'tenant', tenant, 'lane', lane, 'cost', cost, 'enq', now)
 redis.call('HSET', p .. 'weight', tenant, weight)
 redis.call('RPUSH', p .. 'q:' .. lane .. ':' .. tenant, id)
-redis.call('HINCRBY', p .. 'depth', lane, 1)
+local depth = redis.call('HINCRBY', p .. 'depth', lane, 1)
+redis.call('HSET', p .. 'meta:' .. id, 'pos', depth)  -- its place in the lane when queued
 redis.call('HINCRBY', p .. 'tdepth:' .. lane, tenant, 1)
 if not redis.call('ZSCORE', p .. 'active:' .. lane, tenant) then
   local counter = tonumber(redis.call('HGET', p .. 'vtc:' .. lane, tenant) or '0')
@@ -20,4 +21,4 @@ if not redis.call('ZSCORE', p .. 'active:' .. lane, tenant) then
 end
 redis.call('LPUSH', p .. 'bell', 1)
 redis.call('LTRIM', p .. 'bell', 0, 63)
-return tonumber(redis.call('HGET', p .. 'depth', lane))
+return depth
