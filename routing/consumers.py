@@ -3,13 +3,14 @@ told apart by client-chosen ids.
 
 Client frames (JSON text):
   {"type": "auth", "api_key": "fl-..."}     unless the handshake sent Authorization: Bearer
-  {"type": "chat.completions", "id": "a1", "body": {...same body as POST /v1/chat/completions}}
+  {"type": "chat.completions", "id": "a1", "body": {...same body as POST /v1/chat/completions},
+   "traceparent": "00-..." (optional; else the handshake's traceparent header, else a new trace)}
   {"type": "completions", "id": "b1", "body": {...same body as POST /v1/completions}}
   {"type": "cancel", "id": "a1"}
 Server frames:
   {"type": "auth.ok", "tenant": ..., "agent": ...}
   {"type": "chunk", "id": "a1", "data": <the SSE chunk object>}
-  {"type": "done", "id": "a1", "usage": {...}}
+  {"type": "done", "id": "a1", "usage": {...}, "trace_id": "<32 hex>"}
   {"type": "error", "id": "a1" | null, "error": {"message", "type", "code", "param"}}
 A bad frame gets an error frame and the socket stays open; failed authentication closes it
 with code 4001 after the error frame.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -34,6 +36,7 @@ from tenants.errors import (
     ApplicationError, AuthenticationFailed, InvalidRequest, RateLimited, error_body_for,
 )
 from workers.outbox import TRANSIENT
+from workers.trace import span_start, trace_current, trace_enter
 
 logger = logging.getLogger(__name__)
 
@@ -126,11 +129,18 @@ class CompletionConsumer(AsyncWebsocketConsumer):
         body = frame.get("body")
         if isinstance(body, dict):
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        task = asyncio.create_task(self._run(frame_id, KINDS[kind], body))
+        # The request's trace: the frame's own `traceparent`, else the handshake's.
+        parent = frame.get("traceparent")
+        if not isinstance(parent, str):
+            parent = dict(self.scope.get("headers", [])).get(b"traceparent", b"").decode(
+                "latin-1")
+        task = asyncio.create_task(self._run(frame_id, KINDS[kind], body, parent))
         self.runs[frame_id] = task
         task.add_done_callback(lambda _t, i=frame_id: self.runs.pop(i, None))
 
-    async def _run(self, frame_id: str, kind: str, body) -> None:
+    async def _run(self, frame_id: str, kind: str, body, traceparent: str) -> None:
+        span = span_start(f"WS {kind}", kind="server", parent=traceparent, frame=frame_id)
+        trace_enter(span.trace, received=time.time())  # this task is the request's own
         try:
             async with drain.watch():  # a shutdown's deadline cuts it cleanly
                 await self._stream(frame_id, kind, body)
@@ -145,6 +155,8 @@ class CompletionConsumer(AsyncWebsocketConsumer):
         except Exception:  # a consumer task is a process boundary: log, tell the client
             logger.exception("websocket request %s failed", frame_id)
             await self._send_error(frame_id, ApplicationError())
+        finally:
+            span.end()
 
     async def _stream(self, frame_id: str, kind: str, body) -> None:
         started = await services.generation_start(caller=self.caller, kind=kind, body=body)
@@ -153,7 +165,9 @@ class CompletionConsumer(AsyncWebsocketConsumer):
                 case Chunk(body=chunk):
                     await self._send({"type": "chunk", "id": frame_id, "data": chunk})
                 case UsageChunk(body=chunk):
-                    await self._send({"type": "done", "id": frame_id, "usage": chunk["usage"]})
+                    current = trace_current()
+                    await self._send({"type": "done", "id": frame_id, "usage": chunk["usage"],
+                                      "trace_id": current.trace.trace_id})
                 case ErrorChunk(error=error):
                     await self._send_error(frame_id, error)
 

@@ -225,7 +225,7 @@ async def generation_run_async(job: GenerationJob, engine: AsyncEngine, *,
     waiting = False
     with run:
         try:
-            job.timeline["queued"] = time.time()
+            job.timeline.update(queued=time.time(), lane=job.lane)
             run.submit(lambda index: lambda item: loop.call_soon_threadsafe(
                 inbox.put_nowait, (index, item)))
             local_queue.enter(**where)  # admission counts it until its first output

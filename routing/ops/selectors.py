@@ -15,7 +15,7 @@ from routing.metrics import ATTEMPTS_BY_MINUTE, SEP
 from routing.models import Backend
 from routing.ops.processes import processes_breakers
 from routing.overload import Load, brownout_level
-from tenants.models import AlertEvent, BudgetWindow, Tenant, UsageRecord
+from tenants.models import AlertEvent, BudgetWindow, Reservation, Tenant, UsageRecord
 from workers import selectors as pool
 
 ERRORS = ("failed", "rate_limited")
@@ -140,3 +140,60 @@ def alerts_recent(*, limit: int = 30) -> list[AlertEvent]:
 
 def tenant_by_slug(*, slug: str) -> Tenant | None:
     return Tenant.objects.filter(slug=slug).first()
+
+
+# A request's timeline (workers/trace.py has its keys), in the order the steps happen.
+TIMELINE_STEPS = [("received", "received by the API"), ("admitted", "admitted (budget held)"),
+                  ("queued", "queued"), ("taken", "taken"), ("first_token", "first token"),
+                  ("last_token", "last token")]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    name: str
+    label: str
+    at: datetime
+    since_previous_ms: float | None  # None for the first
+    since_start_ms: float
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLookup:
+    records: list[UsageRecord]  # settled: by request id (one) or by trace id (its requests)
+    in_flight: Reservation | None  # admitted, not settled yet
+
+
+def request_lookup(*, query: str) -> RequestLookup:
+    """A request by its `x-request-id`, or the requests of a trace id, across tenants (staff
+    only: the ops dashboard)."""
+    query = query.strip().lower()[:64]
+    if not query:
+        return RequestLookup([], None)
+    records = list(UsageRecord.objects.select_related("tenant", "agent")
+                   .filter(Q(request_id=query) | Q(trace_id=query)).order_by("created_at")[:50])
+    in_flight = None
+    if not records:
+        in_flight = (Reservation.objects.select_related("tenant", "agent")
+                     .filter(request_id=query, status=Reservation.Status.HELD).first())
+    return RequestLookup(records, in_flight)
+
+
+def request_timeline(record: UsageRecord) -> list[Step]:
+    """The steps of a settled request with the time each took; the settlement last."""
+    line = record.timeline or {}
+    points = [(name, label, line[name]) for name, label in TIMELINE_STEPS
+              if isinstance(line.get(name), int | float)]
+    points.append(("settled", "settled (ledger row)", record.created_at.timestamp()))
+    details = {"queued": f"{line.get('lane', '')} lane, position {line['position']}"
+               if line.get("position") else line.get("lane", ""),
+               "taken": f"by worker {line['worker']}" if line.get("worker")
+               else f"sent to backend {line['backend']}" if line.get("backend") else ""}
+    steps, start, previous = [], points[0][2], None
+    for name, label, at in points:
+        steps.append(Step(name=name, label=label,
+                          at=datetime.fromtimestamp(at, tz=timezone.get_current_timezone()),
+                          since_previous_ms=None if previous is None else (at - previous) * 1000,
+                          since_start_ms=(at - start) * 1000, detail=details.get(name, "")))
+        previous = at
+    return steps

@@ -10,6 +10,7 @@ urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("panels/<slug:name>/", views.panel, name="panel"),
     path("tenants/<slug:slug>/", views.tenant, name="tenant"),
+    path("requests/", views.request_lookup, name="requests"),
     path("alerts/", views.alert_settings, name="alerts"),
     path("alerts/destinations/", views.alert_destination_add, name="alert_destination_add"),
     path("alerts/destinations/<uuid:destination_id>/remove/", views.alert_destination_remove,

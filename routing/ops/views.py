@@ -91,6 +91,16 @@ def tenant(request, slug: str):
         destinations=tenant_selectors.alert_destination_list(tenant=found), section="tenant"))
 
 
+@staff_page()
+def request_lookup(request):
+    """A request's timeline by its x-request-id (or the requests of a trace id)."""
+    query = request.GET.get("q", "")
+    found = selectors.request_lookup(query=query)
+    return render(request, "ops/request.html", _context(
+        query=query.strip(), in_flight=found.in_flight, section="requests",
+        requests=[(r, selectors.request_timeline(r)) for r in found.records]))
+
+
 def _alerts_page(request, form=None, status=200):
     return render(request, "ops/alerts.html", _context(
         destinations=tenant_selectors.alert_destination_list(tenant=None),

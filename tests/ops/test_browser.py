@@ -150,6 +150,20 @@ def test_an_operator_sees_the_figures_move_under_load(live, acme, make_user, pag
     expect(page.locator("tr[data-owner=writer]")).to_be_visible()
     shot(page, "tenant")
 
+    # a request looked up by the x-request-id its client got: its steps, each timed
+    budget_update(budget=budget, limit_microcents=10**8)
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
+    request_id = raw.headers["x-request-id"]
+    page.get_by_role("link", name="Requests").click()
+    page.get_by_label("Request id").fill(request_id)
+    page.get_by_role("button", name="Look up").click()
+    found = page.locator(f"section[data-request='{request_id}']")
+    expect(found.locator("tr[data-step]")).to_have_count(7)
+    expect(found.locator("tr[data-step=taken]")).to_contain_text("by worker embedded")
+    expect(found).to_contain_text(raw.headers["x-fairlane-trace-id"])
+    shot(page, "request")
+
 
 def test_people_who_are_not_staff_are_refused(live, acme, make_user, page: Page):
     tenant, _, _ = acme

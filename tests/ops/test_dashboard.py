@@ -21,7 +21,8 @@ from workers.registry import model_get
 from workers.transport import queue_for, redis_sync
 
 pytestmark = pytest.mark.django_db
-PAGES = [("ops:dashboard", {}), ("ops:alerts", {}), ("ops:tenant", {"slug": "acme"})] + [
+PAGES = [("ops:dashboard", {}), ("ops:alerts", {}), ("ops:tenant", {"slug": "acme"}),
+         ("ops:requests", {})] + [
     ("ops:panel", {"name": name}) for name in ("backends", "queue", "workers", "spend",
                                                "alerts")]
 
@@ -182,3 +183,37 @@ def test_staff_set_the_platforms_destinations_and_see_a_webhook_secret_once(staf
     csrf.force_login(staff)
     assert csrf.post(reverse("ops:alert_destination_add"),
                      {"kind": "email", "target": "a@b.example"}).status_code == 403
+
+
+def test_a_request_is_looked_up_by_its_id_or_its_trace_with_each_steps_duration(
+        tenant, agent, other_tenant, other_agent, staff):
+    trace = uuid.uuid4().hex
+    t0 = timezone.now().timestamp() - 2
+    line = {"received": t0, "admitted": t0 + 0.004, "queued": t0 + 0.005, "lane": "realtime",
+            "position": 3, "taken": t0 + 0.250, "worker": "gpu-7", "first_token": t0 + 0.300,
+            "last_token": t0 + 1.300}
+    ids = []
+    for who, where in ((tenant, agent), (other_tenant, other_agent)):  # one trace, 2 tenants
+        request_id = uuid.uuid4().hex
+        budget_reserve(tenant=who, agent=where, amount_microcents=10, request_id=request_id)
+        budget_settle(tenant=who, request_id=request_id, cost_microcents=10,
+                      usage=Usage(backend="local", model="tiny", trace_id=trace, timeline=line))
+        ids.append(request_id)
+    client = signed_in(staff)
+    page = client.get(reverse("ops:requests"), {"q": ids[0]}).content.decode()
+    assert page.count('data-request="') == 1 and ids[0] in page and trace in page
+    steps = [s.split('"')[0] for s in page.split('data-step="')[1:]]
+    assert steps == ["received", "admitted", "queued", "taken", "first_token", "last_token",
+                     "settled"]
+    assert "realtime lane, position 3" in page and "by worker gpu-7" in page
+    assert "245.0 ms" in page and "1000.0 ms" in page  # queued -> taken; first -> last token
+    # The trace id finds both of its requests, whichever tenant they belong to.
+    page = client.get(reverse("ops:requests"), {"q": trace.upper()}).content.decode()
+    assert page.count('data-request="') == 2 and all(i in page for i in ids)
+    # Admitted and not settled yet: in flight, with what it holds.
+    held = uuid.uuid4().hex
+    budget_reserve(tenant=tenant, agent=agent, amount_microcents=77, request_id=held)
+    page = client.get(reverse("ops:requests"), {"q": held}).content.decode()
+    assert f'data-in-flight="{held}"' in page and "data-request=" not in page
+    page = client.get(reverse("ops:requests"), {"q": "nope"}).content.decode()
+    assert "No request or trace with that id." in page

@@ -10,6 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from django.contrib.auth.models import User
+from django.test import Client
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from routing.bench.fakes import FakeProvider
@@ -95,6 +97,12 @@ def test_a_callers_trace_reaches_the_worker_the_ledger_and_the_collector(traced,
     assert times == sorted(times), line
     assert times[-1] <= record.created_at.timestamp() + 0.001
     assert line["worker"] and line["lane"] == "standard" and line["position"] >= 1
+    # The ops dashboard shows it, step by step.
+    staff = User.objects.create_user("noc", is_staff=True)
+    client = Client()
+    client.force_login(staff)
+    page = client.get("/ops/requests/", {"q": request_id}).content.decode()
+    assert [s.split('"')[0] for s in page.split('data-step="')[1:]] == [*STEPS, "settled"]
     # The worker's log line about it names the trace and the request.
     wait_for(lambda: f"[trace={TRACE} request={request_id}]" in worker.output(),
              what="the worker's log line")
