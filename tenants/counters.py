@@ -127,3 +127,39 @@ class SharedCounts:
             keys = list(client.scan_iter(match=pattern, count=1000))
             if keys:
                 client.delete(*keys)
+
+
+class SharedHistograms:
+    """Histograms (per label values) that add up across processes and hosts, kept as
+    SharedCounts: per labels, the count in each bucket (not cumulative), the count and the sum
+    in microseconds. `families()` gives them cumulative, as Prometheus wants."""
+
+    SEP = "\x1f"
+
+    def __init__(self, key: str, buckets: tuple[float, ...]) -> None:
+        self.counts = SharedCounts(key)
+        self.buckets = tuple(sorted(buckets))
+
+    def observe(self, labels: tuple[str, ...], seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        prefix = self.SEP.join(labels) + self.SEP
+        le = next((str(b) for b in self.buckets if seconds <= b), "+Inf")
+        self.counts.add(prefix + le)
+        self.counts.add(prefix + "count")
+        self.counts.add(prefix + "sum_us", int(seconds * 1_000_000))
+
+    def families(self) -> dict[tuple[str, ...], tuple[list[tuple[str, int]], float]]:
+        """Per label values: the cumulative buckets [(le, count), ..., ("+Inf", count)] and the
+        sum in seconds."""
+        per: dict[tuple[str, ...], dict[str, int]] = collections.defaultdict(dict)
+        for field, amount in self.counts.totals().items():
+            *labels, name = field.split(self.SEP)
+            per[tuple(labels)][name] = amount
+        out = {}
+        for labels, values in per.items():
+            running, cumulative = 0, []
+            for bound in [str(b) for b in self.buckets] + ["+Inf"]:
+                running += values.get(bound, 0)
+                cumulative.append((bound, running))
+            out[labels] = (cumulative, values.get("sum_us", 0) / 1_000_000)
+        return out

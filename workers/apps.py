@@ -18,8 +18,10 @@ class WorkersConfig(AppConfig):
             from prometheus_client import REGISTRY
 
             from workers.metrics import EngineCollector, QueueCollector, VerifyCollector
+            from workers.request_times import RequestTimesCollector
 
             REGISTRY.register(EngineCollector())
+            REGISTRY.register(RequestTimesCollector())
             REGISTRY.register(QueueCollector())
             REGISTRY.register(VerifyCollector())
             _collector_registered = True

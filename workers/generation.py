@@ -21,6 +21,7 @@ from workers.engine import AsyncEngine, EngineError, RequestOutput
 from workers.events import Accepted, Embedding, Event, Failed, Finish, Tokens, TokenUsage
 from workers.fairqueue.local import local_queue
 from workers.jobs import GenerationJob
+from workers.request_times import request_times_observe
 from workers.settlement import Emit, generation_settle, settlement_track
 from workers.trace import span_start
 
@@ -84,6 +85,8 @@ class GenerationRun:
         with _running_lock:
             _running.pop(self.job.request_id, None)
         timeline = self.job.timeline
+        request_times_observe(timeline, model=self.info.name,
+                              output_tokens=sum(self.num_output_tokens.values()))
         self.span.set(prompt_tokens=sum(len(p) for p in self.job.prompts),
                       completion_tokens=sum(self.num_output_tokens.values()),
                       ttft_ms=int((timeline["first_token"] - timeline["taken"]) * 1000)
@@ -225,7 +228,9 @@ async def generation_run_async(job: GenerationJob, engine: AsyncEngine, *,
     waiting = False
     with run:
         try:
-            job.timeline.update(queued=time.time(), lane=job.lane)
+            # No fair queue here: the engine takes it at once (its own scheduler orders what
+            # it has by lane and tenant).
+            job.timeline.update(taken=time.time(), worker=backend, lane=job.lane)
             run.submit(lambda index: lambda item: loop.call_soon_threadsafe(
                 inbox.put_nowait, (index, item)))
             local_queue.enter(**where)  # admission counts it until its first output
@@ -237,7 +242,6 @@ async def generation_run_async(job: GenerationJob, engine: AsyncEngine, *,
                 if waiting:
                     waiting = False
                     local_queue.leave(**where, started=True)
-                    job.timeline.update(taken=time.time(), worker=backend)
                 for event in run.absorb(*item):
                     yield event
         except Exception as exc:

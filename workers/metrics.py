@@ -145,3 +145,4 @@ class VerifyCollector:
         except Exception:
             logger.exception("verify failure counts unavailable")
         yield family
+

@@ -159,3 +159,29 @@ def test_a_remote_backends_answer_has_its_timeline_and_span(traced, tenant):
                      and found, what="the upstream span")
     assert spans["fairlane.upstream"][0].parent_span_id == \
         spans["POST /v1/chat/completions"][0].span_id
+
+
+def _histogram_count(text: str, name: str, labels: str) -> int:
+    for line in text.splitlines():
+        if line.startswith(f"{name}_count{{") and labels in line:
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def test_engine_side_times_from_the_worker_add_up_in_the_apis_metrics(traced, key):
+    server = traced[0]
+    series = [("fairlane_engine_time_to_first_token_seconds", 'model="tiny"'),
+              ("fairlane_engine_time_per_output_token_seconds", 'model="tiny"'),
+              ("fairlane_queue_wait_seconds", 'lane="standard",model="tiny"')]
+
+    def counts() -> list[int]:
+        text = httpx.get(server.url + "/metrics").text
+        return [_histogram_count(text, name, labels) for name, labels in series]
+
+    before = counts()
+    for _ in range(3):
+        assert _chat(server, key).status_code == 200
+    # The worker flushes its observations to Redis every 2 s; the API's scrape reads them.
+    wait_for(lambda: counts() == [b + 3 for b in before], what="3 more of each")
+    text = httpx.get(server.url + "/metrics").text
+    assert 'fairlane_engine_time_to_first_token_seconds_bucket{le="+Inf",model="tiny"}' in text
