@@ -23,6 +23,7 @@ from tests.conftest import ROOT
 from workers.events import Tokens
 from workers.metrics import verify_failure_count
 from workers.registry import model_get
+from workers.request_times import request_times_observe
 from workers.transport import queue_for, redis_sync
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -112,6 +113,9 @@ def activity(tenant, agent, tiny, settings, django_capture_on_commit_callbacks, 
         timer.see(Tokens(choice=0, text="a", token_ids=(1,)))
     timer.done()
     verify_failure_count(model="tiny", reason="unsigned")
+    request_times_observe({"queued": 1.0, "lane": "standard", "taken": 1.2,
+                           "first_token": 1.25, "last_token": 1.45}, model="tiny",
+                          output_tokens=5)
     # The fair queue in Redis, two thirds full: a bulk request is shed (brownout).
     settings.FAIRLANE_ENGINE_MODE, settings.FAIRLANE_MAX_QUEUE_PER_LANE = "celery", 3
     queue = queue_for(redis_sync(), "tiny")
