@@ -9,6 +9,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from django.conf import settings
 
@@ -36,10 +37,11 @@ async def remote_start(route: Route, call: Call, job: GenerationJob, started: fl
     if call.kind == "embed":
         result = await backend_embed(route, call.inputs)
         return _embedding_events(job, route, call, result, started)
-    stream = backend_stream(route, call)
-    head: list[RemoteEvent] = []
     span = span_start("fairlane.upstream", parent=job.trace, kind="client",
                       backend=route.backend.name, model=route.upstream)
+    # A backend of our own continues the trace under this span (openai_format.call_headers).
+    stream = backend_stream(route, replace(call, traceparent=span.trace.traceparent))
+    head: list[RemoteEvent] = []
     try:
         async for event in stream:  # nothing is sent to the client before the first token
             head.append(event)

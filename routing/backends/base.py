@@ -123,6 +123,7 @@ class Call:
     # that honour it (vLLM, another Fairlane) never share cached prompts between tenants.
     cache_salt: str = ""
     tool_use: ToolUse = field(default_factory=ToolUse)  # chat: tools and response_format
+    traceparent: str = ""  # the request's trace, for backends of our own (workers/trace.py)
 
 
 class UpstreamError(Exception):

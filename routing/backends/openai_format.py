@@ -29,6 +29,15 @@ def headers(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"} if secret else {}
 
 
+def call_headers(spec: BackendSpec, call: Call, secret: str) -> dict[str, str]:
+    """A call's headers: the key, and for our own infrastructure (a remote Fairlane, a vLLM
+    server: both continue W3C traces) the request's `traceparent`; paid providers get none."""
+    sent = headers(secret)
+    if call.traceparent and spec.kind in {"fairlane", "openai_compatible"}:
+        sent["traceparent"] = call.traceparent
+    return sent
+
+
 def request_body(spec: BackendSpec, call: Call) -> tuple[str, dict]:
     s = call.sampling
     body: dict = {"model": call.upstream, "stream": True,
@@ -141,7 +150,8 @@ async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call
                         secret: str, timeout: httpx.Timeout) -> AsyncIterator[RemoteEvent]:
     path, body = request_body(spec, call)
     async with client.stream("POST", spec.base_url.rstrip("/") + path, json=body,
-                             headers=headers(secret), timeout=timeout) as response:
+                             headers=call_headers(spec, call, secret),
+                             timeout=timeout) as response:
         await _raise_for_status(response)
         is_done, seen = False, {}
         async for line in response.aiter_lines():

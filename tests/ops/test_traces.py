@@ -133,19 +133,23 @@ def test_a_request_without_a_trace_gets_one_and_a_malformed_one_is_replaced(trac
                  what="the streamed request's span")
 
 
-def test_a_remote_backends_answer_has_its_timeline_and_span(traced, tenant):
+@pytest.mark.parametrize("kind", ["openai_compatible", "openai"])
+def test_a_remote_backends_answer_has_its_timeline_and_span(traced, tenant, kind):
+    """A vLLM server (or a remote Fairlane) continues the trace under our upstream span; a
+    paid provider is sent no trace header."""
     server, _, collector = traced
     fake = FakeProvider("openai", reply_tokens=4).start()
     try:
-        backend = backend_register(name=f"paid-{uuid.uuid4().hex[:6]}", kind="openai",
+        backend = backend_register(name=f"remote-{uuid.uuid4().hex[:6]}", kind=kind,
                                    base_url=fake.url, credential=fake.api_key)
         backend_model_set(backend=backend, model="m", upstream_name="fake-model")
-        agent = agent_create(tenant=tenant, name="remote-bot")
+        agent = agent_create(tenant=tenant, name=f"remote-bot-{kind}")
         agent_routing_set(agent=agent, chain=[backend.name])
         key = api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])[1]
         trace = uuid.uuid4().hex
         response = _chat(server, key, model="m",
                          headers={"traceparent": f"00-{trace}-1111111111111111-01"})
+        sent = dict(fake.last_headers)
     finally:
         fake.stop()
     assert response.status_code == 200, response.text
@@ -157,8 +161,12 @@ def test_a_remote_backends_answer_has_its_timeline_and_span(traced, tenant):
     assert times == sorted(times), line
     spans = wait_for(lambda: (found := collector.of(trace)) and "fairlane.upstream" in found
                      and found, what="the upstream span")
-    assert spans["fairlane.upstream"][0].parent_span_id == \
-        spans["POST /v1/chat/completions"][0].span_id
+    upstream = spans["fairlane.upstream"][0]
+    assert upstream.parent_span_id == spans["POST /v1/chat/completions"][0].span_id
+    if kind == "openai":
+        assert "traceparent" not in sent
+    else:
+        assert sent["traceparent"] == f"00-{trace}-{upstream.span_id.hex()}-01"
 
 
 def _histogram_count(text: str, name: str, labels: str) -> int:
