@@ -17,9 +17,12 @@ class WorkersConfig(AppConfig):
         if not _collector_registered:
             from prometheus_client import REGISTRY
 
-            from workers.metrics import EngineCollector, QueueCollector, VerifyCollector
+            from workers.metrics import (
+                EngineCollector, QueueCollector, ReplicaCollector, VerifyCollector,
+            )
 
             REGISTRY.register(EngineCollector())
             REGISTRY.register(QueueCollector())
             REGISTRY.register(VerifyCollector())
+            REGISTRY.register(ReplicaCollector())
             _collector_registered = True
