@@ -35,7 +35,7 @@ from tenants.errors import ApplicationError, InvalidRequest
 from workers.generation import GenerationJob
 from workers.registry import model_tokenizer, usage_cost
 from workers.settlement import settlement_track
-from workers.versions import version_fingerprint, version_choose
+from workers.versions import version_choose, version_fingerprint
 
 logger = logging.getLogger(__name__)
 # What a request needing a feature no backend of its model has is told, and its param.

@@ -22,7 +22,7 @@ from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
 from tests.conftest import child_env, wait_for
 from tests.servers import AsgiServer, CeleryWorker
-from workers.models import ModelVersion
+from workers.models import ModelVersion, ServedModel
 from workers.registry import model_register
 from workers.transport import stream_key
 from workers.versions import version_rollback
@@ -147,6 +147,8 @@ def test_a_swap_a_canary_and_a_rollback_under_load_fail_nothing(inference_key):
             wait_for(lambda: hosted_versions() == [{"v2"}], 60, "v3 drained and unloaded")
             wait_for(lambda: len(load.since(rolled_at)) >= 20, 60, "requests after it")
             answers = load.stop()
+        ServedModel.objects.filter(name="tiny").update(is_enabled=False)
+        wait_for(lambda: hosted_versions() == [set()], 30, "the disabled model unloaded")
     finally:
         server.stop()
         worker.stop()
