@@ -31,6 +31,7 @@ from tenants.errors import (
 from workers.engine import EngineError
 from workers.outbox import TRANSIENT
 from workers.trace import Span, span_start, trace_enter
+from workers.versions import version_tag
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +134,8 @@ async def _answer(started: services.Started) -> HttpResponse:
         headers["x-fairlane-cascade"] = started.cascade
     if started.brownout:
         headers["x-fairlane-brownout"] = started.brownout
+    if version := version_tag(started.job.model):
+        headers["x-fairlane-model-version"] = version
     if started.stream:
         return StreamingHttpResponse(
             _sse(started), content_type="text/event-stream",

@@ -56,16 +56,21 @@ ROUTE_TTFT = Histogram("fairlane_route_first_token_seconds",
                        buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 
 # Time to first token and time per output token as the client sees them (from the request's
-# arrival at the API), by the model asked for and the backend that answered. vLLM's names.
+# arrival at the API), by the model asked for, the backend and the model's version (ours; ""
+# elsewhere) that answered. vLLM's names.
 TTFT = Histogram("fairlane_time_to_first_token_seconds",
                  "time from the request's arrival at the API to its first token",
-                 ["model", "backend"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5,
+                 ["model", "backend", "version"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5,
                                                 5, 7.5, 10, 20, 40, 80))
 TPOT = Histogram("fairlane_time_per_output_token_seconds",
                  "a request's mean time between output tokens after the first (inter-token "
-                 "latency)", ["model", "backend"],
+                 "latency)", ["model", "backend", "version"],
                  buckets=(0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
                           0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5))
+# How each version of a model fares (a canary against its primary): requests by how they ended.
+MODEL_REQUESTS = Counter("fairlane_model_requests_total",
+                         "requests answered, by model, backend, version and ledger status "
+                         "(ok, error, cancelled...)", ["model", "backend", "version", "status"])
 _arrived: contextvars.ContextVar[float | None] = contextvars.ContextVar("fairlane_arrived",
                                                                         default=None)
 
@@ -79,8 +84,9 @@ class TokenTimer:
     """Watches a request's events on their way to the client and, when they end, observes
     its time to first token and time per output token."""
 
-    def __init__(self, *, model: str, backend: str) -> None:
-        self.model, self.backend = model, backend or "unknown"
+    def __init__(self, *, model: str, backend: str, version: str = "") -> None:
+        self.model, self.backend, self.version = model, backend or "unknown", version
+        self.status = "error"  # unless its Done says otherwise
         self.started = _arrived.get() or time.monotonic()
         self.first: float | None = None
         self.last = 0.0
@@ -92,15 +98,18 @@ class TokenTimer:
                 self.last = time.monotonic()
                 if self.first is None:
                     self.first = self.last
-                    TTFT.labels(self.model, self.backend).observe(self.first - self.started)
+                    TTFT.labels(self.model, self.backend, self.version).observe(
+                        self.first - self.started)
                 # A remote chunk carries text, not token ids: about one token.
                 self.tokens += len(token_ids) or 1
-            case Done(usage=usage):
+            case Done(usage=usage, status=status):
                 self.tokens = usage.completion_tokens or self.tokens
+                self.status = status
 
     def done(self) -> None:
+        MODEL_REQUESTS.labels(self.model, self.backend, self.version, self.status).inc()
         if self.first is not None and self.tokens > 1:
-            TPOT.labels(self.model, self.backend).observe(
+            TPOT.labels(self.model, self.backend, self.version).observe(
                 (self.last - self.first) / (self.tokens - 1))
 
 

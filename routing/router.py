@@ -21,7 +21,7 @@ from django.utils import timezone
 from routing.backends.base import BackendSpec, Route, features_resolve
 from routing.breaker import breakers
 from routing.models import KIND_ORDER, AgentRouting, Backend, BackendModel, Health, Policy
-from workers.models import ServedModel
+from workers.models import ModelVersion, ServedModel
 from workers.registry import ModelInfo, usage_cost
 
 LOCAL_DEFAULT = BackendSpec(name="local", kind="local", health=Health.LIVE,
@@ -65,7 +65,7 @@ def registry_load() -> Registry:
         local = LOCAL_DEFAULT  # the platform's own engines serve without any registration
         registry.backends[local.name] = local
     if local is not None:
-        for row in ServedModel.objects.filter(is_enabled=True):
+        for row in ServedModel.objects.filter(is_enabled=True).prefetch_related("versions"):
             # A vLLM child gets no guides (workers/vllm): no tools or JSON modes there.
             features = frozenset() if row.runtime == ServedModel.Runtime.VLLM else None
             registry.routes.setdefault(row.name, []).append(
@@ -109,7 +109,7 @@ def registry_invalidate(*args, **kwargs) -> None:
     _registry = None
 
 
-for _model in (Backend, BackendModel, AgentRouting, ServedModel):
+for _model in (Backend, BackendModel, AgentRouting, ServedModel, ModelVersion):
     post_save.connect(registry_invalidate, sender=_model, dispatch_uid=f"routing-{_model.__name__}")
     post_delete.connect(registry_invalidate, sender=_model,
                         dispatch_uid=f"routing-del-{_model.__name__}")

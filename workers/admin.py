@@ -3,7 +3,7 @@ from django.contrib import admin
 
 from tenants.errors import InvalidRequest
 from workers.artifacts.load import artifact_provenance
-from workers.models import ModelVerification, ServedModel, TrustedKey
+from workers.models import ModelVerification, ModelVersion, ServedModel, TrustedKey
 from workers.registry import model_dir, model_source_check
 
 
@@ -13,6 +13,17 @@ class ServedModelForm(forms.ModelForm):
     class Meta:
         model = ServedModel
         exclude: list[str] = []
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for field in ("min_replicas", "max_replicas"):  # left out: the model's default
+            self.fields[field].required = False
+
+    def clean_min_replicas(self) -> int:
+        return self.cleaned_data.get("min_replicas") or ServedModel._meta.get_field("min_replicas").default
+
+    def clean_max_replicas(self) -> int:
+        return self.cleaned_data.get("max_replicas") or ServedModel._meta.get_field("max_replicas").default
 
     def clean(self):
         data = super().clean()
@@ -39,15 +50,30 @@ class ModelVerificationInline(admin.TabularInline):
         return False
 
 
+class ModelVersionInline(admin.TabularInline):
+    """The model's versions; they change through model_register --version, model_promote and
+    model_rollback, which keep one primary and the model's source pointing at it."""
+
+    model = ModelVersion
+    extra = 0
+    can_delete = False
+    fields = readonly_fields = ["label", "state", "weight", "source", "manifest_digest",
+                                "created_at", "primary_until"]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(ServedModel)
 class ServedModelAdmin(admin.ModelAdmin):
-    list_display = ["name", "source", "runtime", "is_enabled", "verification", "license",
+    list_display = ["name", "source", "runtime", "is_enabled", "verification", "versions_live",
+                    "min_replicas", "max_replicas", "license",
                     "price_input_per_mtok", "price_output_per_mtok", "price_cached_per_mtok",
                     "created_at"]
     list_filter = ["is_enabled", "runtime", "verifications__status"]
     search_fields = ["name", "source"]
     readonly_fields = ["manifest_digest", "signer", "origin", "license"]
-    inlines = [ModelVerificationInline]
+    inlines = [ModelVersionInline, ModelVerificationInline]
     form = ServedModelForm
 
     def save_model(self, request, obj, form, change) -> None:
@@ -55,8 +81,18 @@ class ServedModelAdmin(admin.ModelAdmin):
             setattr(obj, field, value)
         super().save_model(request, obj, form, change)
 
+    def get_inlines(self, request, obj):
+        return self.inlines if obj is not None else [ModelVerificationInline]
+
     def get_queryset(self, request):
-        return super().get_queryset(request).prefetch_related("verifications")
+        return super().get_queryset(request).prefetch_related("verifications", "versions")
+
+    @admin.display(description="versions")
+    def versions_live(self, obj: ServedModel) -> str:
+        """The versions taking traffic and their shares, e.g. "v2 95%, v3 5%"."""
+        from workers.versions import versions_split
+
+        return ", ".join(f"{label} {weight}%" for label, _, _, weight in versions_split(obj)) or "-"
 
     @admin.display(description="verification")
     def verification(self, obj: ServedModel) -> str:

@@ -17,11 +17,14 @@ class WorkersConfig(AppConfig):
         if not _collector_registered:
             from prometheus_client import REGISTRY
 
-            from workers.metrics import EngineCollector, QueueCollector, VerifyCollector
+            from workers.metrics import (
+                EngineCollector, QueueCollector, ReplicaCollector, VerifyCollector,
+            )
             from workers.request_times import RequestTimesCollector
 
             REGISTRY.register(EngineCollector())
             REGISTRY.register(RequestTimesCollector())
             REGISTRY.register(QueueCollector())
             REGISTRY.register(VerifyCollector())
+            REGISTRY.register(ReplicaCollector())
             _collector_registered = True

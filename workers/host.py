@@ -5,9 +5,12 @@ GPU worker in its Celery process."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -46,19 +49,33 @@ class _Failure:
     retry_at: float
 
 
+def engine_key(info: ModelInfo) -> str:
+    """What a hosted engine is known by: the model's name, and its version if it has one."""
+    return f"{info.name}@{info.version}" if info.version else info.name
+
+
 class EngineHost:
+    """The engines, by `engine_key`: one per version of each model this process serves. An
+    engine no longer wanted (its version was swapped out or rolled back, its model disabled)
+    takes no new requests; it is dropped, its memory freed, once the requests on it are done
+    (`retire_unwanted`)."""
+
     def __init__(self) -> None:
         self._engines: dict[str, Engine] = {}
         self._lock = threading.Lock()  # the dicts; never held while a model loads
         self._loading: dict[str, threading.Lock] = {}  # one load of a model at a time
         self._failures: dict[str, _Failure] = {}
         self._crashes: dict[str, tuple[int, float]] = {}  # model -> (crashes in a row, when)
+        self._users: dict[str, int] = {}  # requests running on each engine
+        self._last_used: dict[str, float] = {}
+        self._retiring: dict[str, float] = {}  # engine key -> when it stopped being wanted
 
     def load(self, info: ModelInfo) -> Engine:
         """`engine()`, remembering failures: a model that failed to load (or whose vLLM child
         crashed) raises ModelLoadFailed at once until its backoff ends, then is tried again
         (1 s, doubling, up to a minute)."""
-        failure = self._failures.get(info.name)
+        key = engine_key(info)
+        failure = self._failures.get(key)
         if failure is not None and time.monotonic() < failure.retry_at:
             raise ModelLoadFailed(info.name, failure.cause, failure.retry_at - time.monotonic())
         try:
@@ -66,18 +83,62 @@ class EngineHost:
         except Exception as exc:
             attempts = failure.attempts + 1 if failure else 1
             if isinstance(exc, VllmCrashed):  # restarts that keep crashing back off too
-                attempts = self._crash_count(info.name)
+                attempts = self._crash_count(key)
             delay = min(2.0 ** (attempts - 1), LOAD_RETRY_MAX_SECONDS)
-            self._failures[info.name] = _Failure(exc, attempts, time.monotonic() + delay)
-            logger.error("model %s failed to load (attempt %d); retrying in %.0f s", info.name,
+            self._failures[key] = _Failure(exc, attempts, time.monotonic() + delay)
+            logger.error("model %s failed to load (attempt %d); retrying in %.0f s", key,
                          attempts, delay, exc_info=not isinstance(exc, ModelLoadFailed | VllmCrashed
                                                                   | VllmStartFailed))
             raise ModelLoadFailed(info.name, exc, delay) from exc
-        if self._failures.pop(info.name, None) is not None:
-            logger.info("model %s loaded after earlier failures", info.name)
+        if self._failures.pop(key, None) is not None:
+            logger.info("model %s loaded after earlier failures", key)
         return engine
 
-    def _crash_count(self, model: str) -> int:
+    @contextlib.contextmanager
+    def using(self, info: ModelInfo) -> Iterator[Engine]:
+        """`load` the engine of a request's version and count the request on it while it
+        runs, so a retiring engine is not dropped under it."""
+        key = engine_key(info)
+        while True:
+            engine = self.load(info)
+            with self._lock:
+                if self._engines.get(key) is engine:  # not dropped since it was loaded
+                    self._users[key] = self._users.get(key, 0) + 1
+                    break
+        try:
+            yield engine
+        finally:
+            with self._lock:
+                self._users[key] -= 1
+                self._last_used[key] = time.monotonic()
+
+    def retire_unwanted(self, wanted: set[str], *, grace: float) -> list[str]:
+        """Drop the engines not in `wanted` (engine keys) once no request has run on them for
+        `grace` seconds (API processes may still route to them that long), freeing their
+        memory; their load failures are forgotten. Returns the keys dropped."""
+        now, dropped = time.monotonic(), []
+        with self._lock:
+            for key in list(self._engines):
+                if key in wanted:
+                    self._retiring.pop(key, None)
+                    continue
+                since = self._retiring.setdefault(key, now)
+                if self._users.get(key, 0) or now - max(since, self._last_used.get(key, 0.0)) < grace:
+                    continue
+                dropped.append((key, self._engines.pop(key)))
+                self._retiring.pop(key, None)
+            for key in [k for k in self._failures if k not in wanted]:
+                del self._failures[key]
+        keys = [key for key, _ in dropped]
+        for key, engine in dropped:
+            logger.info("dropping model %s: drained, no longer served here", key)
+            engine.shutdown()
+        if dropped:
+            del dropped, engine  # the last references: its tensors go with them
+            _memory_free()
+        return keys
+
+    def _crash_count(self, model: str) -> int:  # model: its engine key
         """Crashes of a model's vLLM child in a row: one that ran a while starts again at 1."""
         count, last = self._crashes.get(model, (0, 0.0))
         now = time.monotonic()
@@ -88,31 +149,33 @@ class EngineHost:
     def failed(self) -> dict[str, dict]:
         """Models whose last load failed, for the heartbeat: why, attempts, seconds to retry."""
         now = time.monotonic()
-        return {name: {"error": f"{type(f.cause).__name__}: {f.cause}"[:300],
-                       "attempts": f.attempts, "retry_in": round(max(f.retry_at - now, 0), 1)}
-                for name, f in list(self._failures.items())}
+        return {key.partition("@")[0]: {
+                    "error": f"{type(f.cause).__name__}: {f.cause}"[:300], "attempts": f.attempts,
+                    "retry_in": round(max(f.retry_at - now, 0), 1)}
+                for key, f in list(self._failures.items())}
 
     def engine(self, info: ModelInfo) -> Engine:
         """The running engine for a model, loaded on first use. A vLLM child that crashed
         raises its VllmCrashed once (so `load` backs off), then is started again."""
+        key = engine_key(info)
         with self._lock:
-            engine = self._engines.get(info.name)
+            engine = self._engines.get(key)
             if engine is not None and engine.is_running:
                 return engine
-            loading = self._loading.setdefault(info.name, threading.Lock())
+            loading = self._loading.setdefault(key, threading.Lock())
         with loading:
             with self._lock:
-                engine = self._engines.get(info.name)
+                engine = self._engines.get(key)
                 if engine is not None and engine.is_running:
                     return engine
-                self._engines.pop(info.name, None)
+                self._engines.pop(key, None)
             if engine is not None:
                 engine.shutdown()
                 if getattr(engine, "crash", None) is not None:
                     raise engine.crash
             engine = self._start(info)
             with self._lock:
-                self._engines[info.name] = engine
+                self._engines[key] = engine
             return engine
 
     def _start(self, info: ModelInfo) -> Engine:
@@ -139,20 +202,48 @@ class EngineHost:
         return AsyncEngine.from_config(config).start()
 
     def hosted(self) -> list[str]:
+        """The models with an engine running here (a version of them)."""
         with self._lock:
-            return [name for name, engine in self._engines.items() if engine.is_running]
+            return list(dict.fromkeys(key.partition("@")[0] for key, engine in
+                                      self._engines.items() if engine.is_running))
+
+    def hosted_versions(self) -> dict[str, dict[str, dict]]:
+        """model -> version label ("" for a model without versions) -> its requests running
+        and whether it is draining (no longer served, dropped once they are done)."""
+        with self._lock:
+            running = {key: engine for key, engine in self._engines.items() if engine.is_running}
+            versions: dict[str, dict[str, dict]] = {}
+            for key in running:
+                name, _, label = key.partition("@")
+                versions.setdefault(name, {})[label] = {
+                    "running": self._users.get(key, 0), "draining": key in self._retiring}
+            return versions
 
     def stats(self) -> dict[str, dict]:
-        """Per model: the engine's load and counters, and what it can do."""
+        """Per model: the engine's load and counters, and what it can do (of the version
+        loaded last, where several are)."""
         with self._lock:
             engines = dict(self._engines)
-        return {name: _figures(engine) for name, engine in engines.items() if engine.is_running}
+        return {key.partition("@")[0]: _figures(engine) for key, engine in engines.items()
+                if engine.is_running}
 
     def shutdown(self) -> None:
         with self._lock:
             engines, self._engines = self._engines, {}
         for engine in engines.values():
             engine.shutdown()
+
+
+def _memory_free() -> None:
+    """After an engine is dropped: collect its tensors now, and give CUDA's cache back."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # freeing is best effort
+        logger.warning("could not empty the CUDA cache", exc_info=True)
 
 
 def _figures(engine: Engine) -> dict:

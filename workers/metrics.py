@@ -146,3 +146,42 @@ class VerifyCollector:
             logger.exception("verify failure counts unavailable")
         yield family
 
+
+# -- replica pools: what the autoscaler keeps between a model's minimum and maximum -------------
+
+class ReplicaCollector:
+    """`fairlane_model_replicas{model}` (live workers hosting it), the operator's bounds
+    `fairlane_model_replicas_min/max{model}`, and each serving version's share of its requests
+    `fairlane_model_version_weight{model,version}`."""
+
+    def describe(self):
+        return list(self._families())
+
+    def _families(self):
+        return (GaugeMetricFamily("fairlane_model_replicas", "live GPU workers hosting the model",
+                                  labels=["model"]),
+                GaugeMetricFamily("fairlane_model_replicas_min",
+                                  "the fewest workers that should host the model", labels=["model"]),
+                GaugeMetricFamily("fairlane_model_replicas_max",
+                                  "the most workers that should host the model", labels=["model"]),
+                GaugeMetricFamily("fairlane_model_version_weight",
+                                  "percent of the model's requests its version takes",
+                                  labels=["model", "version"]))
+
+    def collect(self):
+        from workers.models import ServedModel
+        from workers.registry import ModelInfo
+
+        replicas, low, high, weight = self._families()
+        try:
+            hosting = collections.Counter(model for worker in mode_get().worker_states()
+                                          for model in worker.engines)
+            for row in ServedModel.objects.filter(is_enabled=True).prefetch_related("versions"):
+                replicas.add_metric([row.name], hosting[row.name])
+                low.add_metric([row.name], row.min_replicas)
+                high.add_metric([row.name], row.max_replicas)
+                for label, _, _, share in ModelInfo.of(row).versions:
+                    weight.add_metric([row.name, label], share)
+        except Exception:  # a scrape must not fail because Redis or the database blinked
+            logger.exception("replica counts unavailable")
+        yield from (replicas, low, high, weight)

@@ -53,6 +53,10 @@ class ServedModel(models.Model):
     speculative_draft = models.CharField(
         max_length=500, blank=True, default="",
         help_text="the draft model's source (preset:<name>[@seed] or an absolute path), same tokenizer")
+    # The pool of GPU workers hosting it, as the autoscaler (deploy/k8s) reads it from
+    # fairlane_model_replicas_min/max: never fewer than min, never more than max.
+    min_replicas = models.PositiveSmallIntegerField(default=1, help_text="workers hosting it, at least")
+    max_replicas = models.PositiveSmallIntegerField(default=1, help_text="workers hosting it, at most")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -73,5 +77,42 @@ class ServedModel(models.Model):
             raise ValidationError({"runtime": "Quantization and speculative decoding are our "
                                               "engine's options; give vLLM its own in "
                                               "FAIRLANE_VLLM_ARGS."})
+        if self.min_replicas > self.max_replicas:
+            raise ValidationError({"max_replicas": "The maximum is below the minimum."})
         if self.speculative_draft and self.speculative_method != "draft":
             raise ValidationError({"speculative_draft": "A draft model is used by the draft method only."})
+
+
+class ModelVersion(models.Model):
+    """One version of a served model: its weights' directory and the digest of their signed
+    manifest. The primary takes the traffic its canaries leave (100 minus their weights);
+    retired versions take none and are what a rollback returns to. A model without versions
+    is served from its own `source` (its implicit version)."""
+
+    class State(models.TextChoices):
+        PRIMARY = "primary", "primary"
+        CANARY = "canary", "canary"
+        RETIRED = "retired", "retired"
+
+    served_model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="versions")
+    label = models.CharField(max_length=64, validators=[name_validator])
+    source = models.CharField(max_length=500)
+    manifest_digest = models.CharField(max_length=80, blank=True, default="")
+    state = models.CharField(max_length=8, choices=State.choices, default=State.RETIRED)
+    weight = models.PositiveSmallIntegerField(
+        default=0, validators=[MaxValueValidator(100)],
+        help_text="a canary's share of the requests, in percent")
+    created_at = models.DateTimeField(auto_now_add=True)
+    # When it last stopped being the primary: a rollback returns to the latest such one.
+    primary_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["served_model", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["served_model", "label"], name="model_version_label_unique"),
+            models.UniqueConstraint(fields=["served_model"], condition=models.Q(state="primary"),
+                                    name="model_version_one_primary"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.served_model.name}@{self.label}"

@@ -23,6 +23,7 @@ from workers.trace import trace_bind, trace_parse
 from workers.transport import (
     RedisStreamEmit, is_cancel_requested, load_failed_event, queue_for, redis_sync,
 )
+from workers.versions import versions_of
 from workers.vllm import VllmEngine
 
 logger = logging.getLogger(__name__)
@@ -76,12 +77,11 @@ def _run_taken(queue: FairQueue, taken: Taken, job: GenerationJob, *, worker_id:
             generation_settle(job, TokenUsage(), status=UsageRecord.Status.CANCELLED,
                               backend=backend, latency_ms=0, emit=emit)
             return
-        try:
-            engine = host_get().load(job.model_info)
+        try:  # on the job's version of its model, which stays loaded while it runs
+            with host_get().using(job.model_info) as engine:
+                generation_run_blocking(job, engine, emit, backend=backend)
         except ModelLoadFailed as exc:  # nothing ran: the API falls through, or answers 503
             emit(load_failed_event(exc))
-            return
-        generation_run_blocking(job, engine, emit, backend=backend)
     except LostOwnership:  # its lease lapsed and another worker resumed it: that one settles
         logger.warning("request %s: taken over by another worker; stopped", job.request_id)
     except Exception:  # a worker thread is a process boundary
@@ -118,7 +118,9 @@ def engine_free_slots(engine: Engine) -> int:
 
 
 class Puller:
-    """One thread per hosted model, taking requests into a pool of runner threads."""
+    """One thread per hosted model, taking requests into a pool of runner threads. A model
+    no longer served here (disabled, or left FAIRLANE_WORKER_MODELS) is pulled until its
+    queue is empty, then its thread ends."""
 
     def __init__(self, worker_id: str, concurrency: int) -> None:
         self.worker_id = worker_id
@@ -129,24 +131,27 @@ class Puller:
         self.taken: dict[str, tuple[FairQueue, str]] = {}  # request id -> (queue, queue id)
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._threads: dict[str, threading.Thread] = {}
 
     def serve(self, models: list[ModelInfo]) -> None:
-        """Start pulling for the models not served yet (the registry may grow while it runs)."""
-        for info in models:
-            if info.name in self.models or self._stop.is_set():
-                continue
-            self.models[info.name] = info
-            thread = threading.Thread(target=self._loop, args=(info,), daemon=True,
-                                      name=f"pull-{info.name}")
-            thread.start()
-            self._threads.append(thread)
+        """Pull for these models, as the registry has them now (their versions may have
+        changed): start a thread for each new one; the others' threads drain and end."""
+        with self._lock:
+            self.models = {info.name: info for info in models}
+            for info in models:
+                thread = self._threads.get(info.name)
+                if self._stop.is_set() or (thread is not None and thread.is_alive()):
+                    continue
+                thread = threading.Thread(target=self._loop, args=(info,), daemon=True,
+                                          name=f"pull-{info.name}")
+                self._threads[info.name] = thread
+                thread.start()
 
     def stop(self, drain_timeout: float) -> None:
         """Take nothing more; let what runs finish (the drain), for up to `drain_timeout`
         seconds. Whatever is still running then is resumed elsewhere when its lease lapses."""
         self._stop.set()
-        for thread in self._threads:
+        for thread in list(self._threads.values()):
             thread.join(timeout=5)
         deadline = time.monotonic() + drain_timeout
         while self.in_flight() and time.monotonic() < deadline:
@@ -167,13 +172,42 @@ class Puller:
             if lost:
                 logger.warning("lost leases (another worker took them over): %s", lost)
 
+    def _current(self, info: ModelInfo, queue: FairQueue) -> ModelInfo | None:
+        """The model as the registry has it now; the last one known while its queue drains
+        after it stopped being served here; None when the thread is to end."""
+        with self._lock:
+            current = self.models.get(info.name)
+            if current is None and queue.depth() == 0:
+                if self._threads.get(info.name) is threading.current_thread():
+                    del self._threads[info.name]
+                return None
+        return current or info
+
+    def _versions_load(self, info: ModelInfo) -> Engine:
+        """Load each version of the model taking traffic (a canary that fails to load does
+        not stop its primary); the primary's engine."""
+        primary, *others = versions_of(info)
+        for version in others:
+            try:
+                host_get().load(version)
+            except ModelLoadFailed:  # logged; its requests get a clean error until it loads
+                pass
+        return host_get().load(primary)
+
     def _loop(self, info: ModelInfo) -> None:
         queue = queue_for(self.client, info.name)
         while not self._stop.is_set():
             try:
-                engine = host_get().load(info)
+                info = self._current(info, queue)
+                if info is None:
+                    return
+                engine = self._versions_load(info)
             except ModelLoadFailed as exc:  # retried after its backoff; meanwhile fail fast
                 self._refuse_waiting(queue, info, exc)
+                continue
+            except Exception:  # Redis trouble: keep pulling once it is back
+                logger.exception("pulling from %s failed", info.name)
+                self._stop.wait(1.0)
                 continue
             try:
                 free = min(engine_free_slots(engine), self.capacity - self.in_flight())

@@ -37,10 +37,26 @@ class ModelInfo:
     speculative_tokens: int = 4
     speculative_draft: str = ""
     runtime: str = "engine"  # "engine" (ours) or "vllm" (a managed `vllm serve` child)
+    # The version: its label ("" for a model without versions: its implicit one), and the
+    # digest of its signed manifest (its system_fingerprint).
+    version: str = ""
+    digest: str = ""
+    # A model's versions taking traffic (workers/versions.py): (label, source, digest,
+    # weight), the primary first; () in a job, which names one version.
+    versions: tuple[tuple[str, str, str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.versions, tuple):  # from JSON: lists
+            object.__setattr__(self, "versions", tuple(tuple(v) for v in self.versions))
 
     @classmethod
     def of(cls, row: ServedModel) -> ModelInfo:
+        from workers.versions import versions_split
+
+        versions = versions_split(row)
         return cls(name=row.name, source=row.source,
+                   version=versions[0][0] if versions else "", digest=row.manifest_digest,
+                   versions=versions,
                    price_input_per_mtok=row.price_input_per_mtok,
                    price_output_per_mtok=row.price_output_per_mtok,
                    price_cached_per_mtok=row.price_cached_per_mtok,
@@ -102,7 +118,8 @@ def model_vocab_size(info: ModelInfo) -> int:
 
 
 def model_list_enabled() -> list[ModelInfo]:
-    return [ModelInfo.of(row) for row in ServedModel.objects.filter(is_enabled=True)]
+    return [ModelInfo.of(row) for row in
+            ServedModel.objects.filter(is_enabled=True).prefetch_related("versions")]
 
 
 def model_get(*, name: str) -> ModelInfo | None:
@@ -115,16 +132,38 @@ def model_register(*, name: str, source: str, description: str = "",
                    price_cached_per_mtok: int = 0, quantization: str = "",
                    quantization_group_size: int = 128, speculative_method: str = "",
                    speculative_tokens: int = 4, speculative_draft: str = "",
-                   runtime: str = ServedModel.Runtime.ENGINE) -> ServedModel:
+                   runtime: str = ServedModel.Runtime.ENGINE, version: str = "",
+                   canary_weight: int | None = None, min_replicas: int | None = None,
+                   max_replicas: int | None = None) -> ServedModel:
     """Add a model to the registry, or update the one with that name, with the provenance of
     its signed manifest (refused if a worker would refuse to load it), its runtime (our engine
     or vLLM) and our engine's options: quantization at load (int8 / int4) and speculative
-    decoding (ngram / draft)."""
+    decoding (ngram / draft). With `version`, `source` is that version of the model: the one
+    it serves from now on (a swap), or with `canary_weight` a canary taking that percentage of
+    its requests (workers/versions.py)."""
+    from django.db import transaction
+
+    from workers.versions import version_add
+
     model_source_check(source)
     if speculative_draft:
         model_source_check(speculative_draft, param="speculative_draft")
+    if canary_weight is not None and not (version and 0 <= canary_weight <= 100):
+        raise InvalidRequest("A canary needs a version and a weight from 0 to 100.",
+                             param="canary_weight")
     row = ServedModel.objects.filter(name=name).first() or ServedModel(name=name)
-    row.source, row.description = source, description
+    earlier = (row.source, row.manifest_digest) if row.pk else None
+    if canary_weight is not None and row.pk is None:
+        raise InvalidRequest("A canary needs a primary version to share with; register one "
+                             "first.", param="version")
+    if not version and row.pk and row.source != source and row.versions.exists():
+        raise InvalidRequest(f"{name} has versions: name the new one (version).", param="version")
+    provenance = artifact_provenance(path=model_dir(source))
+    if canary_weight is None:  # a canary leaves the model's own source to its primary
+        row.source = source
+        for field, value in provenance.items():
+            setattr(row, field, value)
+    row.description = description
     row.price_input_per_mtok = price_input_per_mtok
     row.price_output_per_mtok = price_output_per_mtok
     row.price_cached_per_mtok = price_cached_per_mtok
@@ -132,9 +171,18 @@ def model_register(*, name: str, source: str, description: str = "",
     row.speculative_method, row.speculative_tokens = speculative_method, speculative_tokens
     row.speculative_draft = speculative_draft
     row.runtime = runtime
-    for field, value in artifact_provenance(path=model_dir(source)).items():
-        setattr(row, field, value)
-    return save_validated(row, unique_param="name")
+    if min_replicas is not None:
+        row.min_replicas = min_replicas
+    if max_replicas is not None:
+        row.max_replicas = max_replicas
+    with transaction.atomic():
+        row = save_validated(row, unique_param="name")
+        if version:
+            version_add(row=row, label=version, source=source,
+                        digest=provenance.get("manifest_digest", ""),
+                        canary_weight=canary_weight, earlier=earlier)
+            row.save()  # after its versions: the registry's snapshots are dropped on save
+    return row
 
 
 def model_engine_options(info: ModelInfo) -> dict:

@@ -15,6 +15,7 @@ from workers.jobs import GenerationJob
 from workers.outbox import Settlement, settle_durably
 from workers.registry import usage_cost
 from workers.trace import span_start, trace_id_of
+from workers.versions import version_tag
 
 Emit = Callable[[Event], None]
 
@@ -56,7 +57,7 @@ def generation_settle(job: GenerationJob, usage: TokenUsage, *, status: str, bac
                            completion_tokens=usage.completion_tokens,
                            cached_tokens=usage.cached_tokens, latency_ms=latency_ms,
                            status=status, trace_id=trace_id_of(job.trace),
-                           timeline=job.timeline))))
+                           model_version=version_tag(job.model), timeline=job.timeline))))
     span.end()
     emit(Done(status=status, usage=usage, cost_microcents=cost))
 

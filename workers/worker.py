@@ -22,10 +22,11 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from workers.generation import generation_cancel
-from workers.host import ModelLoadFailed, host_get
+from workers.host import ModelLoadFailed, engine_key, host_get
 from workers.pulling import Puller
 from workers.registry import model_list_enabled
 from workers.transport import CANCEL_CHANNEL, redis_sync
+from workers.versions import versions_of
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ def worker_models() -> list:
 def heartbeat_payload(puller: Puller) -> dict:
     host = host_get()
     return {"id": WORKER_ID, "models": host.hosted(), "failed": host.failed(),
-            "stats": host.stats(),
+            "stats": host.stats(), "versions": host.hosted_versions(),
             "running": puller.in_flight(), "capacity": puller.capacity, "ts": time.time()}
 
 
@@ -69,7 +70,12 @@ class WorkerServices:
         self.client.delete(HEARTBEAT_PREFIX + WORKER_ID)
 
     def beat(self) -> None:
-        self.puller.serve(worker_models())
+        models = worker_models()
+        self.puller.serve(models)
+        # Versions swapped out, rolled back or disabled: dropped once drained. API processes
+        # may route to them for as long as they keep their registry snapshot, and a second.
+        host_get().retire_unwanted({engine_key(v) for info in models for v in versions_of(info)},
+                                   grace=settings.FAIRLANE_ROUTING_CACHE_SECONDS + 1.0)
         self.client.set(HEARTBEAT_PREFIX + WORKER_ID, json.dumps(heartbeat_payload(self.puller)),
                         ex=settings.FAIRLANE_HEARTBEAT_TTL_SECONDS)
         self.puller.renew_leases()
@@ -115,10 +121,11 @@ def worker_start(sender=None, **kwargs) -> None:
     for info in worker_models():
         if info.runtime == "vllm":  # its pull thread starts the child: a start can take
             continue                # minutes, and the other models need not wait for it
-        try:
-            host_get().load(info)
-        except ModelLoadFailed:  # logged (refusals counted); the other models still load,
-            pass                 # and its pull thread retries it with a backoff
+        for version in versions_of(info):
+            try:
+                host_get().load(version)
+            except ModelLoadFailed:  # logged (refusals counted); the other models still
+                pass                 # load, and its pull thread retries it with a backoff
     _services = WorkerServices(Puller(WORKER_ID, settings.FAIRLANE_WORKER_CONCURRENCY))
     _services.beat()
     _services.start()

@@ -18,6 +18,7 @@ from workers.events import Done, Event, Failed, Finish, Tokens
 from workers.jobs import GenerationJob
 from workers.settlement import generation_settle_partial
 from workers.transport import StreamLost, StreamTimeout
+from workers.versions import version_tag
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,8 @@ async def events_to_end(started: Started) -> AsyncIterator[Event]:
     here with an error, charging what was streamed (settlement is idempotent, so a late worker
     cannot charge twice)."""
     seen: list[Event] = []
-    timer = TokenTimer(model=started.job.model["name"], backend=started.backend)
+    timer = TokenTimer(model=started.job.model["name"], backend=started.backend,
+                       version=version_tag(started.job.model))
     try:
         async for event in started.events:
             seen.append(event)

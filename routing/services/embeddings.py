@@ -19,6 +19,7 @@ from tenants.errors import ApplicationError, InvalidRequest
 from workers.events import Done, Embedding, Failed
 from workers.jobs import GenerationJob
 from workers.registry import model_tokenizer, usage_cost
+from workers.versions import version_choose
 
 
 class _Embedding(Routed):
@@ -62,7 +63,7 @@ class _Embedding(Routed):
 
     def job(self, route: Route) -> GenerationJob:
         caller = self.caller
-        return GenerationJob(request_id=self.request_id, kind="embed", model=route.info.to_dict(),
+        return GenerationJob(request_id=self.request_id, kind="embed", model=version_choose(route.info).to_dict(),
                              prompts=self.token_prompts if route.backend.is_local else [],
                              tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk),
                              lane=self.lane, weight=caller.tenant.weight)

@@ -35,6 +35,7 @@ from tenants.errors import ApplicationError, InvalidRequest
 from workers.generation import GenerationJob
 from workers.registry import model_tokenizer, usage_cost
 from workers.settlement import settlement_track
+from workers.versions import version_choose, version_fingerprint
 
 logger = logging.getLogger(__name__)
 # What a request needing a feature no backend of its model has is told, and its param.
@@ -141,13 +142,21 @@ class _Generation(Routed):
         if route.backend.name not in self._jobs:
             caller = self.caller
             self._jobs[route.backend.name] = GenerationJob(
-                request_id=self.request_id, kind="generate", model=route.info.to_dict(),
+                request_id=self.request_id, kind="generate",
+                model=version_choose(route.info, key=self.conversation_key()).to_dict(),
                 prompts=self.token_prompts if route.backend.is_local else [],
                 n=self.sampling.n, sampling=self._engine_sampling(route),
                 tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk),
                 lane=self.lane, weight=caller.tenant.weight,
                 cache_salt=self.request.cache_salt)
         return self._jobs[route.backend.name]
+
+    def conversation_key(self) -> str:
+        """A conversation's canary version sticks to it: its tenant and first two messages
+        (or its prompt's beginning); "" (a random version) when there is no text to key."""
+        start = ("".join(message_text(m) for m in self.messages[:2]) if self.messages
+                 else str(self.prompt or ""))[:512]
+        return f"{self.caller.tenant.pk}\x00{start}" if start else ""
 
     def _engine_sampling(self, route: Route) -> dict:
         return {**engine_sampling(self.sampling, self.max_tokens(route)), **self.guide}
@@ -186,7 +195,8 @@ class _Generation(Routed):
         is_local = served.route.backend.is_local
         common = {"request_id": self.request_id, "model": request.model,
                   "num_choices": num_choices, "tokenizer": self.tokenizer if is_local else None,
-                  "wants_logprobs": wants_logprobs}
+                  "wants_logprobs": wants_logprobs,
+                  "fingerprint": version_fingerprint(served.job.model) if is_local else None}
         if self.kind == "chat":
             formatter = ChatFormat(**common)
         else:

@@ -115,8 +115,10 @@ class ChatFormat:
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
 
     def __init__(self, *, request_id: str, model: str, num_choices: int, tokenizer,
-                 wants_logprobs: bool, prompt_texts: list[str] | None = None) -> None:
+                 wants_logprobs: bool, prompt_texts: list[str] | None = None,
+                 fingerprint: str | None = None) -> None:
         self.id = self.id_prefix + request_id
+        self.fingerprint = fingerprint  # system_fingerprint: the version of ours that answers
         self.created = int(time.time())
         self.model = model
         self.tokenizer = tokenizer
@@ -126,7 +128,7 @@ class ChatFormat:
     def _chunk(self, choices: list[dict], usage: dict | None = None,
                include_usage: bool = False) -> dict:
         body = {"id": self.id, "object": self.chunk_object, "created": self.created,
-                "model": self.model, "system_fingerprint": None, "choices": choices}
+                "model": self.model, "system_fingerprint": self.fingerprint, "choices": choices}
         if include_usage:
             body["usage"] = usage
         return body
@@ -174,7 +176,7 @@ class ChatFormat:
 
     def response(self, usage: TokenUsage) -> dict:
         return {"id": self.id, "object": self.object, "created": self.created,
-                "model": self.model, "system_fingerprint": None, "service_tier": None,
+                "model": self.model, "system_fingerprint": self.fingerprint, "service_tier": None,
                 "choices": [{"index": i, "message": c.message(),
                              "logprobs": {"content": c.logprob_entries, "refusal": None}
                              if self.wants_logprobs else None,
@@ -242,7 +244,7 @@ class CompletionFormat(ChatFormat):
                             + c.text, "logprobs": logprobs,
                             "finish_reason": c.finish_reason or "stop"})
         return {"id": self.id, "object": self.object, "created": self.created,
-                "model": self.model, "system_fingerprint": None, "choices": choices,
+                "model": self.model, "system_fingerprint": self.fingerprint, "choices": choices,
                 "usage": usage_body(usage)}
 
 
