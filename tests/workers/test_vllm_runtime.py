@@ -24,6 +24,7 @@ from tests.conftest import child_env, wait_for
 from tests.routing.conftest import PRICES
 from tests.servers import AsgiServer, CeleryWorker
 from workers.registry import model_register
+from workers.versions import version_promote
 from workers.worker import workers_live
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -270,6 +271,55 @@ def test_a_crashed_child_fails_its_stream_cleanly_and_restarts_with_a_backoff(
     assert "exited with code -9" in failed["error"]
     wait_for(lambda: restarted(beat["stats"]["llama"]["pid"]), what="the third vLLM child")
     assert chat(llama, key, max_tokens=2).status_code == 200
+
+
+def fake_children(record) -> list[int]:
+    """The pids of this module's `vllm serve` children (the fake, recording to `record`)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if "fake_vllm" in cmdline and str(record) in cmdline:
+            pids.append(int(entry))
+    return pids
+
+
+def test_a_canary_version_on_vllm_gets_its_own_child_and_a_promotion_drains_the_old(
+        llama, tenant, agent, record):
+    """Versions (#17) on the vLLM runtime: a canary is a second `vllm serve` child beside the
+    primary's; requests split between them, each answer and ledger row naming its version;
+    promoted, the old version's child is stopped once its requests are done."""
+    key = key_for(tenant, agent)
+    model_register(name="llama", source="preset:tiny", runtime="vllm", version="v1", **PRICES)
+    model_register(name="llama", source="preset:small", runtime="vllm", version="v2",
+                   canary_weight=50, **PRICES)
+
+    def children() -> dict:
+        beat = beat_hosting()
+        return beat.get("versions", {}).get("llama", {}) if beat else {}
+
+    wait_for(lambda: set(children()) == {"v1", "v2"}, 90, "both versions' children")
+    assert len(fake_children(record)) == 2
+    seen = {}
+    for i in range(24):  # sticky per conversation: different conversations split
+        response = httpx.post(llama.url + "/v1/chat/completions", timeout=60, json={
+            "model": "llama", "max_tokens": 2,
+            "messages": [{"role": "user", "content": f"conversation {i}"}]},
+            headers={"Authorization": f"Bearer {key}"})
+        assert response.status_code == 200, response.text
+        seen[response.headers["x-request-id"]] = response.headers["x-fairlane-model-version"]
+    assert set(seen.values()) == {"v1", "v2"}, seen
+    ledger = dict(UsageRecord.objects.filter(request_id__in=seen).values_list(
+        "request_id", "model_version"))
+    assert ledger == seen
+    version_promote(name="llama", label="v2")
+    wait_for(lambda: set(children()) == {"v2"}, 60, "v1's version dropped after the promotion")
+    wait_for(lambda: len(fake_children(record)) == 1, 30, "v1's child process gone")
+    response = chat(llama, key, max_tokens=2)
+    assert response.headers["x-fairlane-model-version"] == "v2"
 
 
 def test_warm_shutdown_drains_the_vllm_model_then_stops_its_child(pool, llama, tenant, agent):
