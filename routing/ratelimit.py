@@ -41,7 +41,7 @@ end
 
 
 @dataclass(frozen=True, slots=True)
-class Scope:
+class LimitScope:
     """One level limits apply at: ("key", id) with its (rpm, tpm, concurrency). `slot` is the
     Redis hash tag of its keys (default: its name); the scopes of one caller share their
     tenant's, so one script can check and take them all on a Redis Cluster."""
@@ -61,7 +61,7 @@ class Admitted:
     """What to give back when the request ends."""
 
     request_id: str
-    scopes: tuple[Scope, ...]
+    scopes: tuple[LimitScope, ...]
     window: int
     tokens: int
 
@@ -85,7 +85,7 @@ class RedisLimiter:
         self.script = client.register_script(_SCRIPT)
         self.give_back = client.register_script(_GIVE_BACK)
 
-    def acquire(self, *, request_id: str, scopes: tuple[Scope, ...], tokens: int) -> Admitted:
+    def acquire(self, *, request_id: str, scopes: tuple[LimitScope, ...], tokens: int) -> Admitted:
         now = time.time()
         window = _window(now)
         args, keys = [int(now * 1000), request_id, tokens, INFLIGHT_TTL_MS], []
@@ -125,7 +125,7 @@ class LocalLimiter:
         self.counts: dict[tuple, int] = defaultdict(int)
         self.inflight: dict[str, set[str]] = defaultdict(set)
 
-    def acquire(self, *, request_id: str, scopes: tuple[Scope, ...], tokens: int) -> Admitted:
+    def acquire(self, *, request_id: str, scopes: tuple[LimitScope, ...], tokens: int) -> Admitted:
         now = time.time()
         window = _window(now)
         with self.lock:
@@ -165,13 +165,13 @@ def limiter_get() -> RedisLimiter | LocalLimiter:
     return _limiter
 
 
-def scopes_for(caller) -> tuple[Scope, ...]:
+def scopes_for(caller) -> tuple[LimitScope, ...]:
     """The limits that apply to a caller: its key's, its agent's and its tenant's."""
     scopes = []
     for level, obj in (("key", caller.api_key), ("agent", caller.agent),
                        ("tenant", caller.tenant)):
         rpm, tpm, concurrency = obj.rate_limits
         if rpm or tpm or concurrency:
-            scopes.append(Scope(f"{level}:{obj.pk}", rpm, tpm, concurrency,
+            scopes.append(LimitScope(f"{level}:{obj.pk}", rpm, tpm, concurrency,
                                 slot=f"tenant:{caller.tenant.pk}"))
     return tuple(scopes)

@@ -10,7 +10,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from routing.ratelimit import LocalLimiter, RedisLimiter, Scope
+from routing.ratelimit import LimitScope, LocalLimiter, RedisLimiter
 from tenants.errors import RateLimited
 from tenants.models import Agent
 from tests.conftest import child_env
@@ -25,7 +25,7 @@ def limiter(request):
 
 
 def scope(rpm=0, tpm=0, concurrency=0):
-    return Scope(f"test:{uuid.uuid4().hex}", rpm, tpm, concurrency)
+    return LimitScope(f"test:{uuid.uuid4().hex}", rpm, tpm, concurrency)
 
 
 def away_from_the_minute_boundary():
