@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.engine.guide import guide_masks
 from workers.engine.sequence import Sequence
 
 
@@ -107,21 +108,21 @@ class Sampler:
 
 
 def _guide(logits: torch.Tensor, unsuppressed: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Guided rows (JSON mode) keep only the tokens their grammar allows; the grammar decides
-    when EOS may come, over min_tokens."""
-    rows = [i for i, s in enumerate(seqs) if s.guide is not None]
+    """Guided rows (JSON mode, schemas, tool calls) keep only the tokens their grammar allows;
+    the grammar decides when EOS may come, over min_tokens. A row whose grammar broke or allows
+    nothing is left as it is."""
+    rows = [i for i, s in enumerate(seqs) if s.guide is not None and s.guide.is_active]
     if not rows:
         return logits
+    allowed = guide_masks([seqs[i].guide for i in rows])  # [len(rows), tokenizer ids]
+    # The model's rows may pad the vocabulary past the tokenizer's ids: never allowed.
+    n = min(allowed.shape[1], logits.shape[1])
+    keep = torch.zeros(len(rows), logits.shape[1], dtype=torch.bool)
+    keep[:, :n] = allowed[:, :n]
+    is_guided = keep.any(dim=1)
+    index = torch.tensor(rows)[is_guided]
     logits = logits.clone()
-    for i in rows:
-        allowed = seqs[i].guide.allowed()  # a mask over the tokenizer's ids
-        if allowed is None or not allowed.any():
-            continue
-        n = min(len(allowed), logits.shape[1])  # the model's rows may pad the vocabulary
-        keep = allowed[:n]
-        row = torch.full_like(logits[i], float("-inf"))
-        row[:n][keep] = unsuppressed[i, :n][keep]
-        logits[i] = row
+    logits[index] = torch.where(keep[is_guided], unsuppressed[index], float("-inf"))
     return logits
 
 

@@ -1,6 +1,6 @@
 """What constrained decoding costs: the same prompts and sampling on one engine, free, guided to
-a JSON object (guide.py), guided to a JSON schema (schema_guide.py), and a batch that mixes
-free and guided sequences (their masks are applied in the same batched sampler step). Output
+a JSON object, guided to a JSON schema (guide.py, llguidance), and a batch that mixes free and
+guided sequences (their masks are filled and applied in the same batched sampler step). Output
 tokens per second for each, best of --repeat interleaved runs, and the ratio to free.
 
     python -m workers.engine.bench.guide [--preset small] [--requests 16] [--max-tokens 64]
@@ -63,7 +63,7 @@ def run(argv: list[str] | None = None) -> dict:
                for i in range(args.requests)]
     systems = {"free": ["free"], "json_object": ["json_object"], "json_schema": ["json_schema"],
                "mixed (half free, half schema)": ["free", "json_schema"]}
-    _run(engine, prompts[:2], ["json_schema"], 8)  # compile the guides' first states
+    _run(engine, prompts[:2], ["json_schema"], 8)  # build the tokenizer's view, compile the schema
     best: dict[str, tuple[float, int]] = {}
     for _ in range(args.repeat):
         for name, kinds in systems.items():
