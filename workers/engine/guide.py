@@ -29,6 +29,9 @@ from llguidance.numpy import fill_next_token_bitmask, fill_next_token_bitmask_pa
 from workers.engine.errors import InvalidRequest
 
 MAX_GRAMMARS = 64  # compiled grammars kept per tokenizer
+# Masks over a large vocabulary are filled on llguidance's threads, a row each; over a small
+# one (the presets' 261 ids) handing rows to threads costs more than filling them here.
+PARALLEL_MIN_TOKENS = 32_768
 # llguidance's JSON options: blanks capped; "\u00e9" as well as "é" in free strings.
 OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,20}",
            "json_allow_general_unicode_escapes": True}
@@ -140,21 +143,26 @@ class Guide:
 
     def allowed(self) -> torch.Tensor | None:
         """A mask over the tokenizer's ids; None: unconstrained."""
-        return guide_masks([self])[0] if self.is_active else None
+        return guide_masks([self], self.vocabulary.num_tokens)[0] if self.is_active else None
 
 
-def guide_masks(guides: list[Guide]) -> torch.Tensor:
+def guide_masks(guides: list[Guide], num_columns: int) -> torch.Tensor:
     """The tokens each (active) guide allows next, one boolean row per guide [len(guides),
-    tokenizer ids]. One tokenizer for all: an engine's."""
+    num_columns]; columns past the tokenizer's ids (a model's padded vocabulary) are never
+    allowed. One tokenizer for all: an engine's."""
     num_tokens = guides[0].vocabulary.num_tokens
     bits = np.zeros((len(guides), (num_tokens + 31) // 32), dtype=np.int32)
-    if len(guides) > 1:  # llguidance's threads, for large vocabularies and batches
+    if len(guides) > 1 and num_tokens >= PARALLEL_MIN_TOKENS:
         fill_next_token_bitmask_par(_executor(), [(g.matcher, i) for i, g in enumerate(guides)],
                                     bits)
     else:
-        fill_next_token_bitmask(guides[0].matcher, bits, 0)
-    masks = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, :num_tokens]
-    return torch.from_numpy(masks.astype(bool))
+        for i, guide in enumerate(guides):
+            fill_next_token_bitmask(guide.matcher, bits, i)
+    masks = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
+    masks = masks[:, :min(num_tokens, num_columns)]
+    if masks.shape[1] < num_columns:
+        masks = np.pad(masks, ((0, 0), (0, num_columns - masks.shape[1])))
+    return torch.from_numpy(masks.view(bool))
 
 
 _executors: list[llguidance.LLExecutor] = []

@@ -109,20 +109,20 @@ class Sampler:
 
 def _guide(logits: torch.Tensor, unsuppressed: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Guided rows (JSON mode, schemas, tool calls) keep only the tokens their grammar allows;
-    the grammar decides when EOS may come, over min_tokens. A row whose grammar broke or allows
-    nothing is left as it is."""
-    rows = [i for i, s in enumerate(seqs) if s.guide is not None and s.guide.is_active]
-    if not rows:
+    the grammar decides when EOS may come, over min_tokens. A row whose grammar broke (before
+    or while computing its mask) is left as it is."""
+    guides = [(i, s.guide) for i, s in enumerate(seqs) if s.guide is not None and s.guide.is_active]
+    if not guides:
         return logits
-    allowed = guide_masks([seqs[i].guide for i in rows])  # [len(rows), tokenizer ids]
-    # The model's rows may pad the vocabulary past the tokenizer's ids: never allowed.
-    n = min(allowed.shape[1], logits.shape[1])
-    keep = torch.zeros(len(rows), logits.shape[1], dtype=torch.bool)
-    keep[:, :n] = allowed[:, :n]
-    is_guided = keep.any(dim=1)
-    index = torch.tensor(rows)[is_guided]
+    keep = guide_masks([guide for _, guide in guides], logits.shape[1])  # [len(guides), vocab]
+    is_guided = [guide.is_active for _, guide in guides]
+    rows = [i for (i, _), ok in zip(guides, is_guided) if ok]
+    if len(rows) < len(guides):
+        keep = keep[torch.tensor(is_guided)]
+    if len(rows) == len(seqs):  # all guided: one masked copy
+        return unsuppressed.masked_fill(~keep, float("-inf"))
     logits = logits.clone()
-    logits[index] = torch.where(keep[is_guided], unsuppressed[index], float("-inf"))
+    logits[rows] = unsuppressed[rows].masked_fill_(~keep, float("-inf"))
     return logits
 
 
