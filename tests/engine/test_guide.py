@@ -132,3 +132,16 @@ def test_the_sampler_masks_a_batch_of_guided_and_free_rows_each_by_its_own(token
     logits[:, 0] = 50.0  # "<pad>": what the free rows pick
     assert Sampler(0)(logits, seqs, eos).token_ids[:3] == [0, 128, 0]
     assert Sampler(0)(logits, seqs, eos).token_ids[3] in byte_ids(tokenizer, b'"} \n\t\r')
+
+
+def test_the_grammar_decides_when_eos_comes_over_min_tokens_in_a_mixed_batch(tokenizer):
+    eos = (tokenizer.eos_token_id,)
+    guided = SamplingParams(temperature=0.0, guide="json_object", min_tokens=10)
+    free = SamplingParams(temperature=0.0, min_tokens=10)
+    seqs = [Sequence(str(i), [5], params, tenant="t", lane="standard", salt="t", arrival_time=0.0)
+            for i, params in enumerate((free, guided, free))]
+    seqs[1].guide = guide_start(tokenizer, eos, guided)
+    assert follows(seqs[1].guide, byte_ids(tokenizer, b"{}"))  # closed: only EOS may come
+    logits = torch.zeros(3, tokenizer.vocab_size)
+    logits[:, eos[0]], logits[:, 128] = 50.0, 40.0  # EOS, then "{"
+    assert Sampler(0)(logits, seqs, eos).token_ids == [128, eos[0], 128]

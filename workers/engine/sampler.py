@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -28,12 +29,21 @@ class Sampler:
 
     def __init__(self, seed: int) -> None:
         self.generator = torch.Generator().manual_seed(seed)
+        # What guided decoding costs: time spent masking, over the steps that had guided rows.
+        self.guide_seconds, self.num_guided_steps = 0.0, 0
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...]) -> SampleResult:
         logits = logits.float().cpu()  # [num_seqs, vocab]
         raw = logits
         logits = _penalize(logits, seqs)
-        logits = _guide(self._suppress_stops(logits, seqs, eos_token_ids), logits, seqs)
+        suppressed = self._suppress_stops(logits, seqs, eos_token_ids)
+        if any(s.guide is not None for s in seqs):
+            start = time.perf_counter()
+            logits = _guide(suppressed, logits, seqs)
+            self.guide_seconds += time.perf_counter() - start
+            self.num_guided_steps += 1
+        else:
+            logits = suppressed
         token_ids = logits.argmax(dim=-1)
         random_rows = [i for i, s in enumerate(seqs) if not s.params.is_greedy]
         if random_rows:
@@ -119,11 +129,14 @@ def _guide(logits: torch.Tensor, unsuppressed: torch.Tensor, seqs: list[Sequence
     rows = [i for (i, _), ok in zip(guides, is_guided) if ok]
     if len(rows) < len(guides):
         keep = keep[torch.tensor(is_guided)]
-    if len(rows) == len(seqs):  # all guided: one masked copy
+    if len(rows) == len(seqs):
         return unsuppressed.masked_fill(~keep, float("-inf"))
-    logits = logits.clone()
-    logits[rows] = unsuppressed[rows].masked_fill_(~keep, float("-inf"))
-    return logits
+    if logits is not unsuppressed:  # min_tokens held stops back in some row
+        logits = logits.clone()
+        logits[rows] = unsuppressed[rows]
+    blocked = torch.zeros_like(logits, dtype=torch.bool)
+    blocked[rows] = ~keep
+    return logits.masked_fill(blocked, float("-inf"))
 
 
 def _penalize(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
