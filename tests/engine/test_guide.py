@@ -12,7 +12,8 @@ import torch
 from tests.engine.guide_helpers import accepts, byte_ids, follows, guide_for, random_walk
 from workers.engine import SamplingParams
 from workers.engine.errors import InvalidRequest
-from workers.engine.guide import guide_start
+from workers.engine import guide as guide_module
+from workers.engine.guide import guide_masks, guide_start
 from workers.engine.sampler import Sampler
 from workers.engine.sequence import Sequence
 from workers.engine.tokenizer import Tokenizer
@@ -145,3 +146,15 @@ def test_the_grammar_decides_when_eos_comes_over_min_tokens_in_a_mixed_batch(tok
     logits = torch.zeros(3, tokenizer.vocab_size)
     logits[:, eos[0]], logits[:, 128] = 50.0, 40.0  # EOS, then "{"
     assert Sampler(0)(logits, seqs, eos).token_ids == [128, eos[0], 128]
+
+
+def test_masks_filled_on_llguidances_threads_equal_those_filled_here(tokenizer, monkeypatch):
+    """Large vocabularies' masks are filled in parallel; the presets' are too small for it."""
+    guides = [guide_for(tokenizer) for _ in range(3)]
+    for guide, text in zip(guides, (b"", b'{"a": ', b'{"a": "x')):
+        assert follows(guide, byte_ids(tokenizer, text))
+    here = guide_masks(guides, tokenizer.vocab_size + 3)
+    monkeypatch.setattr(guide_module, "PARALLEL_MIN_TOKENS", 0)
+    assert torch.equal(guide_masks(guides, tokenizer.vocab_size + 3), here)
+    assert not here[:, tokenizer.vocab_size:].any()  # past the tokenizer's ids: never
+    assert len({tuple(row.tolist()) for row in here}) == 3
