@@ -2,12 +2,13 @@
 
 A template that renders tools (Hugging Face's `tools` variable) gets them, and the past calls
 and results as they are. For any other, the tools are described in the system turn, with the
-one way to call them: an answer that is only `{"name": <tool>, "arguments": {...}}`. Past calls and results are written into the
-turns as text the template can render. With tool_choice `required` or a named function the
-answer is guided (workers/engine/schema_guide.py) to be such a call, of a tool offered and
-with arguments of its schema; with `auto` an answer that turns out to be such a call is one,
-anything else is text (an answer opening with "{" is held back until it is known which). One
-call per answer: `parallel_tool_calls` has nothing more to give here.
+one way to call them: an answer that is only `{"name": <tool>, "arguments": {...}}`, or, with
+`parallel_tool_calls` (OpenAI's default), a JSON array of such calls. Past calls and results
+are written into the turns as text the template can render, in the same shapes. With
+tool_choice `required` the answer is guided (workers/engine/guide.py, llguidance) to be one
+or more calls of tools offered with arguments of their schemas; a named function, one call of
+it; with `auto` an answer that turns out to be such calls is them, anything else is text (an
+answer opening with "{" or "[" is held back until it is known which).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from routing.wire.tools import ToolUse
 from workers.events import Done, Event, Failed, Finish, Tokens, ToolCallDelta
 
 PREAMBLE = ("You can call tools. To call one, answer with only a JSON object "
-            '{"name": <the tool\'s name>, "arguments": <its arguments>} and nothing else. '
-            "The tools:\n")
+            '{"name": <the tool\'s name>, "arguments": <its arguments>} and nothing else. ')
+PARALLEL = "To call several at once, answer with only a JSON array of such objects. "
 ANY_OBJECT = {"type": "object"}
 
 
@@ -29,16 +30,22 @@ def tools_active(use: ToolUse) -> bool:
     return bool(use.tools) and use.tool_choice != "none"
 
 
+def _parallel(use: ToolUse) -> bool:
+    """Whether an answer may be several calls: OpenAI's default, not for a named function."""
+    return use.parallel_tool_calls is not False and not isinstance(use.tool_choice, dict)
+
+
 def _call_text(calls: list[dict]) -> str:
-    lines = []
+    """Past calls as the model answers them: one object, or an array of several."""
+    written = []
     for call in calls:
         function = call.get("function")
         try:
             arguments = json.loads(function.get("arguments"))
         except ValueError:
             arguments = function.get("arguments")
-        lines.append(json.dumps({"name": function.get("name"), "arguments": arguments}))
-    return "\n".join(lines)
+        written.append({"name": function.get("name"), "arguments": arguments})
+    return json.dumps(written[0] if len(written) == 1 else written)
 
 
 def local_messages(messages: list[dict], use: ToolUse, *, native: bool = False) -> list[dict]:
@@ -58,7 +65,8 @@ def local_messages(messages: list[dict], use: ToolUse, *, native: bool = False) 
     if tools_active(use):
         described = [{k: v for k, v in t.get("function").items() if k != "strict"}
                      for t in use.tools]
-        preamble = PREAMBLE + json.dumps(described)
+        preamble = (PREAMBLE + (PARALLEL if _parallel(use) else "") + "The tools:\n"
+                    + json.dumps(described))
         if turns and turns[0].get("role") in {"system", "developer"}:
             turns[0] = {**turns[0], "content": turns[0].get("content") + "\n\n" + preamble}
         else:
@@ -68,9 +76,12 @@ def local_messages(messages: list[dict], use: ToolUse, *, native: bool = False) 
 
 def _call_schema(tool: dict) -> dict:
     function = tool.get("function")
-    return {"type": "object", "required": ["name", "arguments"], "properties": {
-        "name": {"const": function.get("name")},
-        "arguments": function.get("parameters") or ANY_OBJECT}}
+    arguments = function.get("parameters") or ANY_OBJECT
+    # Its own base URI: the local $refs of its schema ("#/$defs/...") resolve inside it.
+    arguments = {"$id": f"urn:fairlane:tool:{function.get('name')}", **arguments}
+    return {"type": "object", "required": ["name", "arguments"],
+            "additionalProperties": False, "properties": {
+                "name": {"const": function.get("name")}, "arguments": arguments}}
 
 
 def _answer_schema(use: ToolUse) -> dict | None:
@@ -83,8 +94,9 @@ def _answer_schema(use: ToolUse) -> dict | None:
 
 def local_guide(use: ToolUse) -> dict:
     """What our engine's guide is told (SamplingParams keywords): the answer's format; with
-    tools, a call for `required` or a named function, a call or the answer's format for
-    `auto` with a response_format, nothing for `auto` alone (the model decides)."""
+    tools, calls for `required` (one or more with parallel_tool_calls) or one call of a named
+    function, calls or the answer's format for `auto` with a response_format, nothing for
+    `auto` alone (the model decides)."""
     answer = _answer_schema(use)
     choice = use.tool_choice
     if not tools_active(use):
@@ -97,29 +109,39 @@ def local_guide(use: ToolUse) -> dict:
     if isinstance(choice, dict):
         name = choice.get("function").get("name")
         calls = [c for c, t in zip(calls, use.tools) if t.get("function").get("name") == name]
-    elif choice != "required":
-        if answer is None:
-            return {}
-        calls.append(answer)
-    return {"guide": "json_schema", "guide_schema": json.dumps({"anyOf": calls})}
+    elif choice != "required" and answer is None:
+        return {}
+    options = list(calls)
+    if _parallel(use):
+        options.append({"type": "array", "minItems": 1, "items": {"anyOf": calls}})
+    if choice == "auto" or choice is None:
+        options.append(answer if answer is ANY_OBJECT else
+                       {"$id": "urn:fairlane:response_format", **answer})
+    return {"guide": "json_schema", "guide_schema": json.dumps({"anyOf": options})}
 
 
-def _as_call(text: str, names: set[str]) -> ToolCallDelta | None:
+def _as_calls(text: str, names: set[str], *, parallel: bool) -> list[ToolCallDelta] | None:
+    """An answer that is a call of an offered tool (or, with parallel, an array of them) as
+    its calls, each with its own id; None for anything else."""
     try:
         value = json.loads(text)
     except ValueError:
         return None
-    if (not isinstance(value, dict) or set(value) != {"name", "arguments"}
-            or value.get("name") not in names or not isinstance(value.get("arguments"), dict)):
-        return None
-    return ToolCallDelta(index=0, id=f"call_{secrets.token_hex(12)}", name=value.get("name"),
-                         arguments=json.dumps(value.get("arguments")))
+    calls = value if parallel and isinstance(value, list) and value else [value]
+    for call in calls:
+        if (not isinstance(call, dict) or set(call) != {"name", "arguments"}
+                or call.get("name") not in names or not isinstance(call.get("arguments"), dict)):
+            return None
+    return [ToolCallDelta(index=i, id=f"call_{secrets.token_hex(12)}", name=call.get("name"),
+                          arguments=json.dumps(call.get("arguments")))
+            for i, call in enumerate(calls)]
 
 
 async def tool_call_events(events: AsyncIterator[Event], use: ToolUse,
                            ) -> AsyncIterator[Event]:
     """The engine's events with answers that are tool calls turned into them."""
     names = {t.get("function").get("name") for t in use.tools}
+    parallel = _parallel(use)
     held: dict[int, list[Tokens]] = {}  # per choice: text held back while it may be a call
     passing: set[int] = set()  # choices known to be text
 
@@ -135,21 +157,23 @@ async def tool_call_events(events: AsyncIterator[Event], use: ToolUse,
             case Tokens(choice=choice) if choice not in passing:
                 held.setdefault(choice, []).append(event)
                 text = "".join(p.text for p in held.get(choice)).lstrip()
-                if text and not text.startswith("{"):
+                if text and not text.startswith(("{", "[")):
                     passing.add(choice)
                     for flushed in flush(choice):
                         yield flushed
             case Finish(choice=choice) if choice in held:
                 pieces = held.pop(choice)
-                call = _as_call("".join(p.text for p in pieces), names)
-                if call is None:
+                calls = _as_calls("".join(p.text for p in pieces), names, parallel=parallel)
+                if calls is None:
                     held[choice] = pieces
                     for flushed in flush(choice):
                         yield flushed
                     yield event
-                else:
-                    yield Tokens(choice=choice, text="", tool_calls=(call,),
-                                 token_ids=tuple(t for p in pieces for t in p.token_ids))
+                else:  # one chunk per call, as OpenAI streams them; the tokens with the first
+                    token_ids = tuple(t for p in pieces for t in p.token_ids)
+                    for call in calls:
+                        yield Tokens(choice=choice, text="", tool_calls=(call,),
+                                     token_ids=token_ids if call.index == 0 else ())
                     yield Finish(choice=choice, reason="tool_calls")
             case Failed() | Done():
                 for choice in list(held):

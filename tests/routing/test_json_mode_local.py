@@ -1,13 +1,16 @@
-"""JSON mode on our own engine (guided decoding, workers/engine/guide.py) through the real /v1
-path: `response_format` json_object answers a JSON object, json_schema a document of the
-schema; a schema the engine cannot enforce is a 400."""
+"""JSON mode on our own engine (guided decoding by llguidance, workers/engine/guide.py) through
+the real /v1 path: `response_format` json_object answers a JSON object, json_schema a document
+of the schema; a schema the engine cannot enforce is a 400, and nothing is charged."""
 
 import json
 
 import pytest
+from asgiref.sync import sync_to_async
 
+from tests.engine.guide_helpers import follows, guide_for
+from tenants.models import UsageRecord
 from tests.routing.test_routing import chat, streamed
-from workers.engine.guide import START, json_step
+from workers.engine.tokenizer import Tokenizer, byte_tokenizer_write
 from workers.jobs import GenerationJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -19,16 +22,20 @@ def embedded(settings):
     settings.FAIRLANE_ENGINE_MODE = "embedded"
 
 
-def is_json_prefix(text: str) -> bool:
-    state = START
-    for byte in text.encode():
-        state = json_step(state, byte)
-        if state is None:
-            return False
-    return True
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> Tokenizer:
+    """The presets' byte-level tokenizer (the tiny model's)."""
+    path = tmp_path_factory.mktemp("tokenizer")
+    byte_tokenizer_write(path, model_max_length=512)
+    return Tokenizer(path)
 
 
-async def test_json_mode_on_the_local_engine_answers_an_object(embedded, key, budget):
+def is_json_prefix(tokenizer: Tokenizer, text: str) -> bool:
+    return follows(guide_for(tokenizer), tokenizer.encode(text, add_special_tokens=False))
+
+
+async def test_json_mode_on_the_local_engine_answers_an_object(embedded, key, budget,
+                                                               tokenizer):
     response = await chat(key, model="tiny", max_tokens=10, temperature=0, logit_bias=BRACES,
                           response_format={"type": "json_object"})
     assert response.status_code == 200, response.content
@@ -40,7 +47,7 @@ async def test_json_mode_on_the_local_engine_answers_an_object(embedded, key, bu
                                          response_format={"type": "json_object"}))
     text = "".join(p["choices"][0]["delta"].get("content") or "" for p in payloads
                    if isinstance(p, dict) and p.get("choices"))
-    assert text.lstrip().startswith("{") and is_json_prefix(text), text
+    assert text.lstrip().startswith("{") and is_json_prefix(tokenizer, text), text
 
 
 async def test_a_json_schema_on_the_local_engine_is_followed(embedded, key, budget):
@@ -54,12 +61,25 @@ async def test_a_json_schema_on_the_local_engine_is_followed(embedded, key, budg
     assert isinstance(json.loads(choice["message"]["content"])["ok"], bool)
 
 
-async def test_a_schema_the_engine_cannot_enforce_is_a_400(embedded, key, budget):
+@pytest.mark.parametrize("schema, words", [
+    ({"type": "object", "not": {"required": ["a"]}}, "not"),  # a keyword llguidance lacks
+    ({"type": "string", "pattern": "(?<=a)b"}, "look-around"),  # a pattern it cannot run
+])
+async def test_a_schema_the_engine_cannot_enforce_is_a_400_and_costs_nothing(
+        embedded, key, budget, schema, words):
     response = await chat(key, model="tiny", response_format={
-        "type": "json_schema", "json_schema": {"name": "x", "schema": {"allOf": [{}]}}})
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
     assert response.status_code == 400, response.content
     error = json.loads(response.content)["error"]
-    assert error["param"] == "response_format" and "allOf" in error["message"]
+    assert error["param"] == "response_format" and error["type"] == "invalid_request_error"
+    assert error["code"] == "invalid_request" and words in error["message"]
+    assert "cannot enforce that schema" in error["message"]
+
+    def charged():
+        window = budget.windows.get()
+        return (window.spent_microcents, window.reserved_microcents,
+                sum(r.cost_microcents for r in UsageRecord.objects.all()))
+    assert await sync_to_async(charged)() == (0, 0, 0)
 
 
 def test_a_resumed_json_mode_job_replays_its_output_into_the_guide():

@@ -1,6 +1,7 @@
 """The official `openai` client, unmodified, against a live server in the embedded mode."""
 
 import base64
+import json
 
 import numpy as np
 import openai
@@ -170,3 +171,31 @@ def test_v1_runs_without_the_site_middleware_but_checks_host_and_counts(embedded
     assert "Set-Cookie" not in httpx.get(embedded_server.url + "/v1/models", headers=headers).headers
     metrics = httpx.get(embedded_server.url + "/metrics").text
     assert 'fairlane_api_requests_total{endpoint="models",status="200"}' in metrics
+
+
+def test_parallel_tool_calls_on_the_local_engine_parse_as_openai_calls_streamed_and_not(client):
+    """Several calls in one answer (tool_choice required, parallel_tool_calls by default): the
+    client reads each as its own call with its own id, the same streamed as not."""
+    flag = {"type": "function", "function": {"name": "set_flag", "parameters": {
+        "type": "object", "required": ["on"], "properties": {"on": {"type": "boolean"}},
+        "additionalProperties": False}}}
+    args = {"model": "tiny", "messages": [{"role": "user", "content": "flags"}],
+            "tools": [flag], "tool_choice": "required", "max_tokens": 400, "temperature": 1.0,
+            # Random weights: no blanks, and fewer ","s, so that answers end (5 + the byte).
+            "logit_bias": {"37": -100, "14": -100, "15": -100, "18": -100, "49": -4}}
+    counts = []
+    for seed in range(6):
+        reply = client.chat.completions.create(seed=seed, **args)
+        with client.chat.completions.stream(seed=seed, **args) as stream:
+            streamed = stream.get_final_completion()
+        for answer in (reply, streamed):
+            [choice] = answer.choices
+            assert choice.finish_reason == "tool_calls" and not choice.message.content
+        calls, streamed_calls = reply.choices[0].message.tool_calls, streamed.choices[0].message.tool_calls
+        assert [(c.function.name, c.function.arguments) for c in calls] == [
+            (c.function.name, c.function.arguments) for c in streamed_calls]
+        ids = [c.id for c in calls + streamed_calls]
+        assert len(set(ids)) == len(ids) and all(c.type == "function" for c in calls)
+        assert all(isinstance(json.loads(c.function.arguments)["on"], bool) for c in calls)
+        counts.append(len(calls))
+    assert max(counts) >= 2, counts

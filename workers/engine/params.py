@@ -44,8 +44,8 @@ class SamplingParams:
     is_detokenized: bool = True
     # False opts this request out of speculative decoding (where its model speculates).
     is_speculative: bool = True
-    # "json_object": only tokens that keep the output a JSON object (guide.py); "json_schema":
-    # a document of `guide_schema` (JSON text; schema_guide.py). Such a request does not
+    # "json_object": only tokens that keep the output a JSON object; "json_schema": a document
+    # of `guide_schema` (JSON text); guide.py, by llguidance. Such a request does not
     # speculate. `guide_prefix`: output it already has (a resumed request).
     guide: str | None = None
     guide_schema: str = ""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
+from workers.engine.guide import guide_masks
 from workers.engine.sequence import Sequence
 
 
@@ -27,12 +29,21 @@ class Sampler:
 
     def __init__(self, seed: int) -> None:
         self.generator = torch.Generator().manual_seed(seed)
+        # What guided decoding costs: time spent masking, over the steps that had guided rows.
+        self.guide_seconds, self.num_guided_steps = 0.0, 0
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...]) -> SampleResult:
         logits = logits.float().cpu()  # [num_seqs, vocab]
         raw = logits
         logits = _penalize(logits, seqs)
-        logits = _guide(self._suppress_stops(logits, seqs, eos_token_ids), logits, seqs)
+        suppressed = self._suppress_stops(logits, seqs, eos_token_ids)
+        if any(s.guide is not None for s in seqs):
+            start = time.perf_counter()
+            logits = _guide(suppressed, logits, seqs)
+            self.guide_seconds += time.perf_counter() - start
+            self.num_guided_steps += 1
+        else:
+            logits = suppressed
         token_ids = logits.argmax(dim=-1)
         random_rows = [i for i, s in enumerate(seqs) if not s.params.is_greedy]
         if random_rows:
@@ -107,22 +118,25 @@ class Sampler:
 
 
 def _guide(logits: torch.Tensor, unsuppressed: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Guided rows (JSON mode) keep only the tokens their grammar allows; the grammar decides
-    when EOS may come, over min_tokens."""
-    rows = [i for i, s in enumerate(seqs) if s.guide is not None]
-    if not rows:
+    """Guided rows (JSON mode, schemas, tool calls) keep only the tokens their grammar allows;
+    the grammar decides when EOS may come, over min_tokens. A row whose grammar broke (before
+    or while computing its mask) is left as it is."""
+    guides = [(i, s.guide) for i, s in enumerate(seqs) if s.guide is not None and s.guide.is_active]
+    if not guides:
         return logits
-    logits = logits.clone()
-    for i in rows:
-        allowed = seqs[i].guide.allowed()  # a mask over the tokenizer's ids
-        if allowed is None or not allowed.any():
-            continue
-        n = min(len(allowed), logits.shape[1])  # the model's rows may pad the vocabulary
-        keep = allowed[:n]
-        row = torch.full_like(logits[i], float("-inf"))
-        row[:n][keep] = unsuppressed[i, :n][keep]
-        logits[i] = row
-    return logits
+    keep = guide_masks([guide for _, guide in guides], logits.shape[1])  # [len(guides), vocab]
+    is_guided = [guide.is_active for _, guide in guides]
+    rows = [i for (i, _), ok in zip(guides, is_guided) if ok]
+    if len(rows) < len(guides):
+        keep = keep[torch.tensor(is_guided)]
+    if len(rows) == len(seqs):
+        return unsuppressed.masked_fill(~keep, float("-inf"))
+    if logits is not unsuppressed:  # min_tokens held stops back in some row
+        logits = logits.clone()
+        logits[rows] = unsuppressed[rows]
+    blocked = torch.zeros_like(logits, dtype=torch.bool)
+    blocked[rows] = ~keep
+    return logits.masked_fill(blocked, float("-inf"))
 
 
 def _penalize(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

@@ -95,7 +95,7 @@ class Sequence:
         self.draft_num_computed = 0
         self.spec_acceptance = 1.0
         self.spec_paused_until = 0
-        self.guide = None  # JSON mode: a guide.GuideState, set by the engine
+        self.guide = None  # JSON mode, schemas, tool calls: a guide.Guide, set by the engine
 
     @property
     def num_tokens(self) -> int:

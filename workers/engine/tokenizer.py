@@ -87,6 +87,11 @@ class Tokenizer:
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def to_json(self) -> str:
+        """tokenizer.json as Hugging Face's tokenizers writes it (guided decoding builds its own
+        view of the vocabulary from it, special tokens included)."""
+        return self._tokenizer.to_str()
+
     def token_bytes_table(self) -> list[bytes] | None:
         """Each id's UTF-8 bytes as ``decode(skip_special_tokens=True)`` renders them, or None.
 

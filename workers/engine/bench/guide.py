@@ -1,7 +1,9 @@
 """What constrained decoding costs: the same prompts and sampling on one engine, free, guided to
-a JSON object (guide.py), guided to a JSON schema (schema_guide.py), and a batch that mixes
-free and guided sequences (their masks are applied in the same batched sampler step). Output
-tokens per second for each, best of --repeat interleaved runs, and the ratio to free.
+a JSON object, guided to a JSON schema (guide.py, llguidance), and a batch that mixes free and
+guided sequences (their masks are filled and applied in the same batched sampler step). Output
+tokens per second for each, best of --repeat interleaved runs, and the ratio to free; and the
+sampler's time masking a step that has guided rows (the least of the runs' means): the guide's
+own cost, apart from the model's and from how long the guided answers run.
 
     python -m workers.engine.bench.guide [--preset small] [--requests 16] [--max-tokens 64]
 """
@@ -33,8 +35,11 @@ def _params(kind: str, max_tokens: int, seed: int) -> SamplingParams:
 
 
 def _run(engine: LLMEngine, prompts: list[list[int]], kinds: list[str],
-         max_tokens: int) -> tuple[float, int]:
+         max_tokens: int) -> tuple[float, int, float]:
+    """Output tokens per second, tokens, and the sampler's masking time per guided step (us)."""
     requests = [(p, _params(kinds[i % len(kinds)], max_tokens, i)) for i, p in enumerate(prompts)]
+    sampler = engine.runner.sampler
+    sampler.guide_seconds, sampler.num_guided_steps = 0.0, 0
     start = time.perf_counter()
     for prompt, params in requests:
         engine.add_request(prompt, params)
@@ -42,7 +47,8 @@ def _run(engine: LLMEngine, prompts: list[list[int]], kinds: list[str],
     while engine.has_unfinished_requests():
         for output in engine.step():
             tokens += len(output.new_token_ids)
-    return tokens / (time.perf_counter() - start), tokens
+    mask_us = sampler.guide_seconds / max(sampler.num_guided_steps, 1) * 1e6
+    return tokens / (time.perf_counter() - start), tokens, mask_us
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -63,21 +69,24 @@ def run(argv: list[str] | None = None) -> dict:
                for i in range(args.requests)]
     systems = {"free": ["free"], "json_object": ["json_object"], "json_schema": ["json_schema"],
                "mixed (half free, half schema)": ["free", "json_schema"]}
-    _run(engine, prompts[:2], ["json_schema"], 8)  # compile the guides' first states
-    best: dict[str, tuple[float, int]] = {}
+    _run(engine, prompts[:2], ["json_schema"], 8)  # build the tokenizer's view, compile the schema
+    best: dict[str, tuple[float, int, float]] = {}
+    masking: dict[str, list[float]] = {name: [] for name in systems}
     for _ in range(args.repeat):
         for name, kinds in systems.items():
             result = _run(engine, prompts, kinds, args.max_tokens)
+            masking[name].append(result[2])
             if name not in best or result[0] > best[name][0]:
                 best[name] = result
     free = best["free"][0]
-    figures = {name: {"tok_s": round(tok_s, 1), "tokens": tokens, "x_free": round(tok_s / free, 2)}
-               for name, (tok_s, tokens) in best.items()}
+    figures = {name: {"tok_s": round(tok_s, 1), "tokens": tokens, "x_free": round(tok_s / free, 2),
+                      "mask_us_per_step": round(min(masking[name]))}
+               for name, (tok_s, tokens, _) in best.items()}
     print(f"constrained decoding: preset {args.preset}, {args.requests} sequences together, up to "
           f"{args.max_tokens} tokens, temperature 1, best of {args.repeat}")
     for name, row in figures.items():
         print(f"  {name:<32}{row['tok_s']:>9.1f} tok/s  {row['x_free']:>5.2f}x free  "
-              f"({row['tokens']} tokens)")
+              f"({row['tokens']} tokens; masks {row['mask_us_per_step']} us a guided step)")
     result = {"bench": "engine-guide", "preset": args.preset, "requests": args.requests,
               "max_tokens": args.max_tokens, "results": figures}
     print(json.dumps(result))
