@@ -104,7 +104,7 @@ def local_guide(use: ToolUse) -> dict:
             return {}
         if answer is ANY_OBJECT:
             return {"guide": "json_object"}
-        return {"guide": "json_schema", "guide_schema": json.dumps(answer)}
+        return {"guide": "json_schema", "guide_schema": json.dumps(_lenient(answer, use))}
     calls = [_call_schema(t) for t in use.tools]
     if isinstance(choice, dict):
         name = choice.get("function").get("name")
@@ -117,7 +117,20 @@ def local_guide(use: ToolUse) -> dict:
     if choice == "auto" or choice is None:
         options.append(answer if answer is ANY_OBJECT else
                        {"$id": "urn:fairlane:response_format", **answer})
-    return {"guide": "json_schema", "guide_schema": json.dumps({"anyOf": options})}
+    return {"guide": "json_schema", "guide_schema": json.dumps(_lenient({"anyOf": options}, use))}
+
+
+def _lenient(schema: dict, use: ToolUse) -> dict:
+    """As OpenAI does: a schema sent with `strict: true` is enforced exactly, and one using a
+    keyword the engine cannot enforce is refused (400); without `strict` (every schema of the
+    guide must ask for it) such keywords are ignored and the rest enforced (llguidance's
+    lenient mode)."""
+    flags = [t.get("function").get("strict") for t in use.tools] if tools_active(use) else []
+    if use.response_format is not None and use.response_format.get("type") == "json_schema":
+        flags.append(use.response_format.get("json_schema").get("strict"))
+    if flags and all(flag is True for flag in flags):
+        return schema
+    return {**schema, "x-guidance": {"lenient": True}}
 
 
 def _as_calls(text: str, names: set[str], *, parallel: bool) -> list[ToolCallDelta] | None:

@@ -68,7 +68,7 @@ async def test_a_json_schema_on_the_local_engine_is_followed(embedded, key, budg
 async def test_a_schema_the_engine_cannot_enforce_is_a_400_and_costs_nothing(
         embedded, key, budget, schema, words):
     response = await chat(key, model="tiny", response_format={
-        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+        "type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": schema}})
     assert response.status_code == 400, response.content
     error = json.loads(response.content)["error"]
     assert error["param"] == "response_format" and error["type"] == "invalid_request_error"
@@ -80,6 +80,22 @@ async def test_a_schema_the_engine_cannot_enforce_is_a_400_and_costs_nothing(
         return (window.spent_microcents, window.reserved_microcents,
                 sum(r.cost_microcents for r in UsageRecord.objects.all()))
     assert await sync_to_async(charged)() == (0, 0, 0)
+
+
+async def test_without_strict_a_keyword_the_engine_lacks_is_ignored_and_the_rest_enforced(
+        embedded, key, budget):
+    """OpenAI enforces a schema exactly only under `strict: true`; without it, `uniqueItems`
+    (which llguidance cannot enforce) is passed over, and the types still hold."""
+    schema = {"type": "object", "required": ["tags"], "properties": {
+        "tags": {"type": "array", "uniqueItems": True, "maxItems": 3,
+                 "items": {"type": "integer"}}}}
+    response = await chat(key, model="tiny", max_tokens=60, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert response.status_code == 200, response.content
+    [choice] = json.loads(response.content)["choices"]
+    if choice["finish_reason"] == "stop":
+        tags = json.loads(choice["message"]["content"])["tags"]
+        assert len(tags) <= 3 and all(isinstance(t, int) for t in tags)
 
 
 def test_a_resumed_json_mode_job_replays_its_output_into_the_guide():
