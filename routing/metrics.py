@@ -60,8 +60,8 @@ ROUTE_TTFT = Histogram("fairlane_route_first_token_seconds",
 # elsewhere) that answered. vLLM's names.
 TTFT = Histogram("fairlane_time_to_first_token_seconds",
                  "time from the request's arrival at the API to its first token",
-                 ["model", "backend", "version"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5,
-                                                5, 7.5, 10, 20, 40, 80))
+                 ["model", "backend", "version"],
+                 buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80))
 TPOT = Histogram("fairlane_time_per_output_token_seconds",
                  "a request's mean time between output tokens after the first (inter-token "
                  "latency)", ["model", "backend", "version"],

@@ -20,10 +20,12 @@ class ServedModelForm(forms.ModelForm):
             self.fields[field].required = False
 
     def clean_min_replicas(self) -> int:
-        return self.cleaned_data.get("min_replicas") or ServedModel._meta.get_field("min_replicas").default
+        return (self.cleaned_data.get("min_replicas")
+                or ServedModel._meta.get_field("min_replicas").default)
 
     def clean_max_replicas(self) -> int:
-        return self.cleaned_data.get("max_replicas") or ServedModel._meta.get_field("max_replicas").default
+        return (self.cleaned_data.get("max_replicas")
+                or ServedModel._meta.get_field("max_replicas").default)
 
     def clean(self):
         data = super().clean()

@@ -123,7 +123,8 @@ class EngineHost:
                     self._retiring.pop(key, None)
                     continue
                 since = self._retiring.setdefault(key, now)
-                if self._users.get(key, 0) or now - max(since, self._last_used.get(key, 0.0)) < grace:
+                idle = now - max(since, self._last_used.get(key, 0.0))
+                if self._users.get(key, 0) or idle < grace:
                     continue
                 dropped.append((key, self._engines.pop(key)))
                 self._retiring.pop(key, None)

@@ -55,8 +55,10 @@ class ServedModel(models.Model):
         help_text="the draft model's source (preset:<name>[@seed] or an absolute path), same tokenizer")
     # The pool of GPU workers hosting it, as the autoscaler (deploy/k8s) reads it from
     # fairlane_model_replicas_min/max: never fewer than min, never more than max.
-    min_replicas = models.PositiveSmallIntegerField(default=1, help_text="workers hosting it, at least")
-    max_replicas = models.PositiveSmallIntegerField(default=1, help_text="workers hosting it, at most")
+    min_replicas = models.PositiveSmallIntegerField(default=1,
+                                                    help_text="workers hosting it, at least")
+    max_replicas = models.PositiveSmallIntegerField(default=1,
+                                                    help_text="workers hosting it, at most")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -109,7 +111,8 @@ class ModelVersion(models.Model):
     class Meta:
         ordering = ["served_model", "-created_at"]
         constraints = [
-            models.UniqueConstraint(fields=["served_model", "label"], name="model_version_label_unique"),
+            models.UniqueConstraint(fields=["served_model", "label"],
+                                    name="model_version_label_unique"),
             models.UniqueConstraint(fields=["served_model"], condition=models.Q(state="primary"),
                                     name="model_version_one_primary"),
         ]

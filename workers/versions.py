@@ -105,7 +105,8 @@ def version_add(*, row: ServedModel, label: str, source: str, digest: str,
         if canary_weight is not None and not versions.filter(state=PRIMARY).exists():
             raise InvalidRequest("A canary needs a primary version to share with; register "
                                  "one first.", param="version")
-        version = versions.filter(label=label).first() or ModelVersion(served_model=row, label=label)
+        version = (versions.filter(label=label).first()
+                   or ModelVersion(served_model=row, label=label))
         if version.state == PRIMARY and canary_weight is not None:
             raise InvalidRequest(f"{label} is the primary version.", param="version")
         version.source, version.manifest_digest = source, digest

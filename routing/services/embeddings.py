@@ -63,7 +63,8 @@ class _Embedding(Routed):
 
     def job(self, route: Route) -> GenerationJob:
         caller = self.caller
-        return GenerationJob(request_id=self.request_id, kind="embed", model=version_choose(route.info).to_dict(),
+        return GenerationJob(request_id=self.request_id, kind="embed",
+                             model=version_choose(route.info).to_dict(),
                              prompts=self.token_prompts if route.backend.is_local else [],
                              tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk),
                              lane=self.lane, weight=caller.tenant.weight)

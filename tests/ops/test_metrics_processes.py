@@ -44,7 +44,9 @@ class Workers(Process):
 
 
 def value(text: str, series: str) -> float:
-    match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+    """A series' value; a label written `version=*` matches any version."""
+    pattern = re.escape(series).replace(re.escape('version=*'), 'version="[^"]*"')
+    match = re.search(rf"^{pattern} (\S+)$", text, re.M)
     assert match, f"{series} not in /metrics"
     return float(match.group(1))
 
@@ -83,7 +85,7 @@ def test_two_workers_serve_100_requests_and_metrics_reports_100(tmp_path, key, b
                 temperature=0, stream=True, extra_body={"min_tokens": 8})
             assert len([c for c in stream if c.choices and c.choices[0].delta.content]) > 1
         text = httpx.get(server.url + "/metrics").text
-        labels = '{backend="local",model="tiny"}'
+        labels = '{backend="local",model="tiny",version=*}'
         assert value(text, f"fairlane_time_to_first_token_seconds_count{labels}") == 4
         assert value(text, f"fairlane_time_per_output_token_seconds_count{labels}") == 4
         assert value(text, f"fairlane_time_to_first_token_seconds_sum{labels}") > 0

@@ -174,7 +174,8 @@ def _executor() -> llguidance.LLExecutor:
     return _executors[0]
 
 
-_vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {eos: _Vocabulary}
+# tokenizer -> {eos ids: _Vocabulary}
+_vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def guide_start(tokenizer, eos_token_ids: tuple[int, ...], params) -> Guide:
