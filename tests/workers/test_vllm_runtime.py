@@ -209,9 +209,11 @@ def test_the_fair_queue_orders_a_vllm_model_by_weight_and_budgets_hold(
              tenant_cache_salt(tenant_id=heavy_tenant.pk): "heavy"}
     order = [salts[b["cache_salt"]] for b in started(record)]
     assert len(order) == 16
-    # FCFS would run every light request first; weight 3 gets about 3 of 4 turns instead.
+    # FCFS would run every light request first; weight 3 gets about 3 of 4 turns instead,
+    # from when its requests arrive (0.4 s after the light ones: a few light ones ran by then,
+    # more on a loaded machine).
     since = order.index("heavy")
-    assert since <= 4, order
+    assert since < 8, order
     assert order[since:since + 8].count("heavy") >= 5, order
 
     # A budget that covers two of these requests at their worst case (no prompt cached): the
