@@ -99,8 +99,13 @@ def json6902(doc: dict, ops: list[dict]) -> dict:
         for part in parents:
             node = node[int(part)] if isinstance(node, list) else node[part]
         assert op["op"] in ("add", "replace", "remove"), op
+        if isinstance(node, list):  # an index (RFC 6902); "-" appends
+            last = len(node) if last == "-" else int(last)
+            assert op["op"] == "add" or last < len(node), f"no {op['path']}"
         if op["op"] == "remove":
             del node[last]
+        elif op["op"] == "add" and isinstance(node, list):
+            node.insert(last, op["value"])
         else:
             assert op["op"] == "add" or last in node, f"replace of a missing {op['path']}"
             node[last] = op["value"]

@@ -106,11 +106,19 @@ def test_keda_scaled_objects_and_the_service_monitor_are_well_formed(overlay):
         jsonschema.validate(scaled, SCALED_OBJECT)
         target = deployments[scaled["spec"]["scaleTargetRef"]["name"]]
         assert target["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
-        trigger = scaled["spec"]["triggers"][0]["metadata"]
-        assert trigger["threshold"] == "5" and scaled["spec"]["cooldownPeriod"] >= 60
+        depth, *floor = [t["metadata"] for t in scaled["spec"]["triggers"]]
+        assert "fairlane_queue_depth" in depth["query"] and depth["threshold"] == "5"
+        assert scaled["spec"]["cooldownPeriod"] >= 60
+        # The models' floor, unless the pool may go to zero.
+        if scaled["spec"]["minReplicaCount"] > 0:
+            assert [(t["query"].split("{")[0], t["threshold"]) for t in floor] == [
+                ("max(fairlane_model_replicas_min", "1")]
+        else:
+            assert not floor
         models = env_of(containers(target)[0])["FAIRLANE_WORKER_MODELS"].split(",")
-        pattern = re.search(r'model=~"([^"]+)"', trigger["query"])[1]
-        assert all(re.fullmatch(pattern, m) for m in models), (pattern, models)
+        for trigger in (depth, *floor):
+            pattern = re.search(r'model=~"([^"]+)"', trigger["query"])[1]
+            assert all(re.fullmatch(pattern, m) for m in models), (pattern, models)
     monitor = one(docs, "ServiceMonitor", "fairlane-api")
     jsonschema.validate(monitor, SERVICE_MONITOR)
     service = one(docs, "Service", "fairlane-api")

@@ -33,12 +33,14 @@ def test_every_metric_the_scalers_query_is_exported(client, queue):
     queries = [t["metadata"]["query"] for docs in RENDERED.values()
                for s in of(docs, "ScaledObject") for t in s["spec"]["triggers"]]
     names = {n for q in queries for n in re.findall(r"\b(fairlane_[a-z_]+)\b", q)}
-    assert names == {"fairlane_queue_depth"}
+    assert names == {"fairlane_queue_depth", "fairlane_model_replicas_min"}
     text = scrape(client)
     for name in names:
         assert re.search(rf"^{name}\{{[^}}]*model=\"tiny\"", text, re.M), name
     for query in queries:  # `by (lane)` and `model=~` need both labels on the series
-        assert "by (lane)" in query and 'lane="standard",model="tiny"' in text
+        if "fairlane_queue_depth" in query:
+            assert "by (lane)" in query and 'lane="standard",model="tiny"' in text
+    assert 'fairlane_model_replicas_min{model="tiny"} 1.0' in text
     assert 'fairlane_num_requests_waiting{model="tiny"} 0.0' in text
 
 
