@@ -11,5 +11,7 @@ def test_the_guide_bench_measures_free_guided_and_mixed_batches(tmp_path, capsys
     assert rows["free"]["x_free"] == 1.0 and rows["free"]["tokens"] == 4 * 6  # ignore_eos
     assert all(0 < row["tokens"] <= 4 * 6 and row["tok_s"] > 0 for row in rows.values())
     assert rows["free"]["mask_us_per_step"] == 0  # nothing guided, nothing masked
+    # A full batch's decode step timed; its overhead against itself is nothing.
+    assert rows["free"]["full_step_ms"] > 0 and rows["free"]["step_overhead"] == 0.0
     assert all(rows[name]["mask_us_per_step"] > 0 for name in rows if name != "free")
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"bench": "engine-guide"')

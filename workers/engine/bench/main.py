@@ -21,7 +21,7 @@ from workers.engine.bench.workload import mixed_workload, shared_prefix_workload
 from workers.engine.presets import ensure_preset
 
 BASELINES = ("one_at_a_time", "static_8", "static_16", "continuous")
-SECTIONS = ("mixed", "spec", "quant")
+SECTIONS = ("mixed", "spec", "quant", "guide")
 FULL = {"num_requests": 64, "prompt_range": (16, 512), "output_range": (16, 256), "shared_requests": 64, "shared_output": 32}
 QUICK = {"num_requests": 16, "prompt_range": (16, 128), "output_range": (16, 64), "shared_requests": 32, "shared_output": 8}
 SYSTEM_PROMPT_TOKENS = 256
@@ -40,9 +40,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip", default="", help=f"comma-separated baselines to leave out: {','.join(BASELINES)}")
     p.add_argument("--repeat", type=int, default=1, help="run every system this many times, interleaved; keep the fastest")
     p.add_argument("--max-num-batched-tokens", type=int, default=1024, help="our step token budget (HF CB gets the same)")
-    p.add_argument("--sections", default=",".join(SECTIONS),
+    p.add_argument("--sections", default=",".join(s for s in SECTIONS if s != "guide"),
                    help=f"comma-separated: {', '.join(SECTIONS)} (mixed: against Hugging Face; spec: speculative"
-                        " decoding on the trained pair, trained first if missing; quant: int8/int4)")
+                        " decoding on the trained pair, trained first if missing; quant: int8/int4;"
+                        " guide: constrained decoding's cost at batch 8, not run by default)")
     p.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128], help="int4 group size (quant)")
     p.add_argument("--no-prepack", action="store_true",
                    help="our engine without oneDNN weight prepacking (torch's default linear path), to compare")
@@ -65,6 +66,12 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         result.update(_mixed(args))
     if "spec" in sections or "quant" in sections:
         result.update(_second_half(args, sections))
+    if "guide" in sections:
+        from workers.engine.bench import guide
+
+        result["guide"] = guide.run(["--preset", args.preset, "--models-dir", str(args.models_dir),
+                                     "--requests", "8", "--repeat", str(max(args.repeat, 3)),
+                                     "--threads", str(args.threads)])
     result["wall_s"] = round(time.perf_counter() - started, 1)
     # 1-minute load average before and after: other processes on the box skew every figure.
     result["load_avg"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
