@@ -178,13 +178,6 @@ def _tracer():
     return provider.get_tracer("fairlane") if provider is not None else None
 
 
-def tracing_flush(timeout_ms: int = 5000) -> None:
-    """Send the spans still batched (before a process exits)."""
-    provider = _provider()
-    if provider is not None:
-        provider.force_flush(timeout_ms)
-
-
 class TraceLogFilter(logging.Filter):
     """Adds the current request's `trace_id` and `request_id` ("-" outside a request) to every
     record, for the log format."""
