@@ -1,5 +1,5 @@
-"""Admission on the request path: who is calling (key, tenant, agent), does the prompt fit the
-model, and OpenAI's sampling parameters as the engine's. Budgets are reserved per backend as
+"""Admission on the request path: who is calling (key, tenant, agent), and OpenAI's sampling
+parameters as the engine's. Budgets are reserved per backend as
 the fall-through chain is walked (routing/dispatch.py)."""
 
 from __future__ import annotations
@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from django.utils import timezone
 
 from tenants.cache import generation, hot_cache
-from tenants.errors import AuthenticationFailed, ContextLengthExceeded, PermissionDenied
+from tenants.errors import AuthenticationFailed, PermissionDenied
 from tenants.models import Agent, ApiKey, Scope, Tenant
 from tenants.services.keys import api_key_authenticate, api_key_fingerprint
-from workers.registry import ModelInfo, model_context_length
 
 @dataclass(frozen=True, slots=True)
 class Caller:
@@ -51,26 +50,6 @@ def caller_authenticate(*, authorization: str | None) -> Caller:
     caller = Caller(api_key=key, tenant=key.tenant, agent=key.agent)
     _callers.put(api_key_fingerprint(token), caller, read_at)
     return caller
-
-
-def max_tokens_resolve(*, info: ModelInfo, prompts: list[list[int]],
-                       max_tokens: int | None) -> int:
-    """max_tokens, defaulting (like OpenAI's API) to what the context leaves; the prompt and
-    the completion must fit the context together."""
-    context = model_context_length(info)
-    longest = max(len(p) for p in prompts)
-    if longest >= context:
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {context} tokens. However, your prompt "
-            f"is {longest} tokens long.", param="messages")
-    if max_tokens is None:
-        return context - longest
-    if longest + max_tokens > context:
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{longest + max_tokens} tokens ({longest} in the prompt, {max_tokens} for the "
-            "completion). Please reduce the prompt or max_tokens.", param="max_tokens")
-    return max_tokens
 
 
 def engine_sampling(sampling, max_tokens: int) -> dict:

@@ -50,7 +50,17 @@ def openai_view(method: str):
             span = span_start(f"{method} {request.path}", kind="server",
                               parent=request.headers.get("traceparent"))
             trace_enter(span.trace, received=time.time())
-            response = await _handle(view, method, request, *args, **kwargs)
+            try:
+                request.get_host()  # ALLOWED_HOSTS, which CommonMiddleware checks for the rest
+                if request.method != method:
+                    raise MethodNotAllowed(f"Use {method} for {request.path}.")
+                authorization = request.headers.get("Authorization")
+                caller = caller_cached(authorization=authorization) or await db_call(
+                    caller_authenticate)(authorization=authorization)
+                async with drain.watch():  # a shutdown's deadline cuts it cleanly
+                    response = await view(request, caller, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - each is answered by _refusal
+                response = _refusal(request, exc)
             API_REQUESTS.labels(view.__name__, response.status_code).inc()
             API_RESPONSE_START.labels(view.__name__).observe(time.perf_counter() - started)
             response["x-fairlane-trace-id"] = span.trace.trace_id
@@ -69,26 +79,20 @@ def openai_view(method: str):
     return decorate
 
 
-async def _handle(view, method: str, request: HttpRequest, *args, **kwargs) -> HttpResponse:
-    try:
-        request.get_host()  # ALLOWED_HOSTS, which CommonMiddleware checks for the rest
-        if request.method != method:
-            raise MethodNotAllowed(f"Use {method} for {request.path}.")
-        authorization = request.headers.get("Authorization")
-        caller = caller_cached(authorization=authorization) or await db_call(
-            caller_authenticate)(authorization=authorization)
-        async with drain.watch():  # a shutdown's deadline cuts it cleanly (routing/drain.py)
-            return await view(request, caller, *args, **kwargs)
-    except DisallowedHost:
-        return error_response(InvalidRequest("Invalid Host header."))
-    except ApplicationError as exc:
-        return error_response(exc)
-    except EngineError as exc:  # the engine refused the input (e.g. a token id)
-        return error_response(error_from_code(exc.code, exc.message, param=exc.param))
-    except TRANSIENT:  # the database blinked (a connection cut, the pool exhausted): retry
-        logger.warning("%s %s: the database did not answer", request.method, request.path,
-                       exc_info=True)
-        return error_response(ServiceUnavailable(retry_after=2))
+def _refusal(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """The OpenAI-shaped answer to what a view raised; anything else is raised again."""
+    match exc:
+        case DisallowedHost():
+            return error_response(InvalidRequest("Invalid Host header."))
+        case ApplicationError():
+            return error_response(exc)
+        case EngineError():  # the engine refused the input (e.g. a token id)
+            return error_response(error_from_code(exc.code, exc.message, param=exc.param))
+        case _ if isinstance(exc, TRANSIENT):  # the database blinked: retry
+            logger.warning("%s %s: the database did not answer", request.method, request.path,
+                           exc_info=exc)
+            return error_response(ServiceUnavailable(retry_after=2))
+    raise exc
 
 
 async def _span_ending(chunks, span: Span):

@@ -1,43 +1,62 @@
-"""One request's walk as it holds money: who pays, what each route is sent, and the budget
-held for it, changed as the walk moves between backends and released when none served it."""
+"""One request's walk as it holds money: what each route of the plan would be sent and cost
+(its offers, computed before the walk), who pays, and the budget held, changed as the walk
+moves between backends and released when none served it."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from routing.backends import Route
+from routing.backends import Call, Route
 from routing.holds import holds
 from tenants.errors import ApplicationError, BudgetExhausted
 from tenants.models import Agent, ApiKey, Tenant
 from tenants.services.budgets import budget_reserve, budget_reserve_adjust
 from workers.jobs import GenerationJob
-from workers.outbox import TRANSIENT, Settlement, settle_durably
+from workers.outbox import TRANSIENT
+from workers.settlement import settlement_release
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """What one route would be sent and cost, decided before the walk reads it."""
+
+    route: Route
+    job: GenerationJob  # the ledger's job; the local engine runs it as is
+    call: Call | None  # what a remote backend is sent (None: the local engine)
+    cost: int  # worst-case micro-cents, held before anything is sent
+    # The local engine cannot take it now (queue full, no worker, model failed to load):
+    # the walk skips it, counting why.
+    refusal: ApplicationError | None = None
+    brownout: str = ""  # the x-fairlane-brownout header the local engine's load set
+
+
+@dataclass(frozen=True, slots=True)
+class Offers:
+    """One round of the walk: the plan's offers in order, and, when it has none because every
+    candidate's circuit is open or cooling, how long until one is not."""
+
+    offers: list[Offer]
+    blocked_for: float = 0.0
 
 
 @dataclass
 class Attempt:
-    """One request's walk: who pays, what each route is sent, what has been held."""
+    """One request's walk: who pays and what has been held."""
 
     request_id: str
     tenant: Tenant
     agent: Agent
     api_key: ApiKey | None
-    # Per route: the job a local engine runs (token prompts), or the call a remote one gets.
-    job_for: Callable[[Route], GenerationJob]
-    call_for: Callable[[Route], object]  # routing.backends.Call
-    cost_for: Callable[[Route], int]  # worst-case micro-cents
-    local_ready: Callable[[Route, bool], None]  # raises to skip the local engine
     reserved: int | None = None  # micro-cents held now (None: no reservation yet)
     # The database failed while reserving: the hold may have committed, so release it too.
     maybe_reserved: bool = False
     errors: list[ApplicationError] = field(default_factory=list)
     budget_refusal: BudgetExhausted | None = None
     waits: list[float] = field(default_factory=list)
-    # The first route, prepared (budget held) in the admission's hop: (route, "" or why it
+    # The first offer, prepared (budget held) in the admission's hop: (offer, "" or why it
     # was refused, or the exception preparing it raised), taken by the walk's first try.
-    prepared: tuple[Route, str | BaseException] | None = None
+    prepared: tuple[Offer, str | BaseException] | None = None
     held_at: float = 0.0  # when the budget was first held (epoch seconds): its "admitted"
 
 
@@ -61,12 +80,9 @@ def attempt_hold(attempt: Attempt, amount: int) -> None:
 
 
 def attempt_release(attempt: Attempt) -> None:
-    """Free the request's hold (it was never served). Durable like a settlement: when the
-    database does not answer, the release waits in the outbox, so no hold outlives its
-    request."""
+    """Free the request's hold (it was never served), durably (workers/settlement.py)."""
     if attempt.reserved is None and not attempt.maybe_reserved:
         return
     holds.discard(attempt.request_id)
-    settle_durably(Settlement(request_id=attempt.request_id, tenant_id=attempt.tenant.pk,
-                              cost_microcents=0, usage={}, at=time.time(), release=True))
+    settlement_release(request_id=attempt.request_id, tenant_id=attempt.tenant.pk)
     attempt.reserved, attempt.maybe_reserved = None, False

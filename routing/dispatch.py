@@ -1,9 +1,11 @@
-"""Walking a request's fall-through chain: for each backend in the plan, hold the budget its
-prices need, its circuit's permission and (on scarce backends) a lease, then send. A failure
-before the first token moves on to the next backend; after it, the stream ends with an error
-event (never spliced from another model). Bad input and content filters are surfaced, not
-retried elsewhere. When every backend failed, the walk is retried after the longest wait a
-backend asked for (Retry-After) or a jittered backoff, within FAIRLANE_RETRY_MAX_WAIT_SECONDS.
+"""Trying a request's offers (routing/attempts.py: what each route of the plan would be sent
+and cost, computed before the walk, which routing/services/prepare.py drives): for one offer,
+hold the budget its prices need, its circuit's permission and (on scarce backends) a lease,
+then send, and report the outcome. A failure before the first token moves on to the next
+offer; after it, the stream ends with an error event (never spliced from another model). Bad
+input and content filters are surfaced, not retried elsewhere. When every offer failed, the
+next round waits the longest wait a backend asked for (Retry-After) or a jittered backoff,
+within FAIRLANE_RETRY_MAX_WAIT_SECONDS. Nothing here calls back into the services.
 
 Remote answers are streamed and settled by routing/remote.py; the local engine settles its
 own runs (workers/generation.py).
@@ -20,14 +22,14 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from routing.attempts import Attempt, attempt_hold, attempt_release
+from routing.attempts import Attempt, Offer, Offers, attempt_hold, attempt_release
 from routing.backends import Route, UpstreamError
 from routing.breaker import breakers
 from routing.leases import lease_acquire, leases_get
 from routing.metrics import ROUTE_ATTEMPTS, ROUTE_TTFT
 from routing.errors import SURFACED, client_error
 from routing.holds import holds
-from routing.registry import backend_error_noted
+from routing.backend_store import backend_error_noted
 from routing.remote import remote_start
 from routing.sync import db_call
 from tenants.errors import (
@@ -42,57 +44,53 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Served:
-    route: Route
-    job: GenerationJob
+    offer: Offer
     events: AsyncIterator[Event]  # after Accepted
 
+    @property
+    def route(self) -> Route:
+        return self.offer.route
 
-async def routes_walk(attempt: Attempt, plan_for, plan=None) -> Served:
-    """Serve the request on the first backend of the plan that can (`plan`, or a fresh one
-    from `plan_for()`); raises the error the client should see when none could (its
-    reservation released). Later rounds plan again: circuits and waits have changed."""
-    deadline = time.monotonic() + settings.FAIRLANE_RETRY_MAX_WAIT_SECONDS
-    rounds = 0
-    try:
-        while True:
-            if plan is None:
-                plan = await db_call(plan_for)()
-            for index, route in enumerate(plan.routes):
-                has_next = index + 1 < len(plan.routes)
-                served = await _try_route(attempt, route, has_next)
-                if served is not None:
-                    return served
-            rounds += 1
-            wait = plan.blocked_for if not plan.routes else 0.0
-            if plan.routes:
-                base = settings.FAIRLANE_RETRY_BACKOFF_SECONDS * 2 ** (rounds - 1)
-                wait = random.uniform(base / 2, base)  # jittered exponential backoff
-                # ... but no sooner than the first of them may be asked again (Retry-After).
-                wait = max(wait, min(breakers.blocked_for(r.backend.name) for r in plan.routes))
-            if (not _worth_retrying(attempt, plan) or rounds > settings.FAIRLANE_RETRIES
-                    or time.monotonic() + wait > deadline):
-                raise _final_error(attempt, plan)
-            await asyncio.sleep(wait)
-            plan = None
-    except BaseException as exc:
-        await db_call(attempt_release)(attempt)
-        if isinstance(exc, ApplicationError):  # the ledger's id, should it have run anyway
-            exc.headers.setdefault("x-request-id", attempt.request_id)
-        raise
+    @property
+    def job(self) -> GenerationJob:
+        return self.offer.job
 
 
-def _worth_retrying(attempt: Attempt, plan) -> bool:
-    if not plan.routes:
-        return plan.blocked_for > 0
+def round_wait(attempt: Attempt, offers: Offers, rounds: int, deadline: float) -> float:
+    """Seconds to wait before the next round after `rounds` failed ones: a jittered backoff,
+    no sooner than the first backend may be asked again (Retry-After); raises the error the
+    client should see when another round is not worth it or would pass the deadline."""
+    wait = offers.blocked_for if not offers.offers else 0.0
+    if offers.offers:
+        base = settings.FAIRLANE_RETRY_BACKOFF_SECONDS * 2 ** (rounds - 1)
+        wait = random.uniform(base / 2, base)
+        wait = max(wait, min(breakers.blocked_for(o.route.backend.name) for o in offers.offers))
+    if (not _worth_retrying(attempt, offers) or rounds > settings.FAIRLANE_RETRIES
+            or time.monotonic() + wait > deadline):
+        raise _final_error(attempt, offers)
+    return wait
+
+
+async def walk_abandon(attempt: Attempt, exc: BaseException) -> None:
+    """The walk ends unserved: release the hold; the error names the ledger's id, should the
+    request have run anyway."""
+    await db_call(attempt_release)(attempt)
+    if isinstance(exc, ApplicationError):
+        exc.headers.setdefault("x-request-id", attempt.request_id)
+
+
+def _worth_retrying(attempt: Attempt, offers: Offers) -> bool:
+    if not offers.offers:
+        return offers.blocked_for > 0
     return any(e.retryable for e in attempt.errors)
 
 
-def _final_error(attempt: Attempt, plan) -> ApplicationError:
+def _final_error(attempt: Attempt, offers: Offers) -> ApplicationError:
     if attempt.budget_refusal is not None and not attempt.errors:
         return attempt.budget_refusal
-    if not plan.routes and plan.blocked_for > 0 and not attempt.errors:
+    if not offers.offers and offers.blocked_for > 0 and not attempt.errors:
         return CircuitOpen("Every backend for this model is failing or asked us to wait; "
-                           "retry later.", retry_after=max(int(plan.blocked_for + 0.999), 1))
+                           "retry later.", retry_after=max(int(offers.blocked_for + 0.999), 1))
     if attempt.errors:
         last = attempt.errors[-1]
         wait = max(attempt.waits, default=0.0)
@@ -107,46 +105,47 @@ def _upstream_error(exc: UpstreamError) -> ApplicationError:
     return client_error(code, retryable=exc.fall_through)
 
 
-def _route_prepare(attempt: Attempt, route: Route, has_next: bool) -> str:
-    """Synchronous, in one hop: is the local engine ready (its queue not full, a worker up),
-    and can the budget hold this backend's worst case? "" when it may be tried, else why
-    not."""
-    if route.backend.is_local:
-        try:
-            attempt.local_ready(route, has_next)
-        except ApplicationError as exc:  # the local queue is full (or no worker): spill over
-            attempt.errors.append(exc)
-            attempt.waits.append(float(exc.retry_after or 0))
-            return "skipped"
+def _offer_prepare(attempt: Attempt, offer: Offer) -> str:
+    """Synchronous, in one hop: hold the budget for the offer's worst case. "" when it may be
+    tried, else why not (the local engine refused it, or the budget cannot hold it)."""
+    if offer.refusal is not None:  # the local queue is full (or no worker): spill over
+        attempt.errors.append(offer.refusal)
+        attempt.waits.append(float(offer.refusal.retry_after or 0))
+        return "skipped"
     try:
-        attempt_hold(attempt, attempt.cost_for(route))
+        attempt_hold(attempt, offer.cost)
     except BudgetExhausted as exc:  # paid backends drop out; cheaper ones may remain
         attempt.budget_refusal = attempt.budget_refusal or exc
         return "budget"
     return ""
 
 
-def route_first_prepare(attempt: Attempt, plan) -> None:
-    """Prepare the plan's first route now (synchronous: the admission's hop), so the walk's
-    first try needs no hop of its own. What it raises is raised by the walk, which releases."""
-    if plan.routes:
-        route = plan.routes[0]
+def offer_first_prepare(attempt: Attempt, offers: Offers) -> None:
+    """Prepare the first offer now (synchronous: the admission's hop), so the walk's first
+    try needs no hop of its own. What it raises is raised by the walk, which releases."""
+    if offers.offers:
+        offer = offers.offers[0]
         try:
-            outcome = _route_prepare(attempt, route, len(plan.routes) > 1)
+            outcome = _offer_prepare(attempt, offer)
         except Exception as exc:  # noqa: BLE001 - handed to the walk as is
             outcome = exc
-        attempt.prepared = (route, outcome)
+        attempt.prepared = (offer, outcome)
 
 
-async def _try_route(attempt: Attempt, route: Route, has_next: bool) -> Served | None:
+async def offer_try(attempt: Attempt, offer: Offer) -> Served | None:
+    """Serve the request on this offer: hold its budget (unless the admission did), take its
+    circuit's permission and lease, and send; None when it cannot (why, in `attempt.errors`,
+    `attempt.waits` and `attempt.budget_refusal`)."""
+    route = offer.route
     name = route.backend.name
     prepared, attempt.prepared = attempt.prepared, None
-    if prepared is not None and prepared[0] is route:
+    if prepared is not None and prepared[0] is offer:
         if isinstance(prepared[1], BaseException):
             raise prepared[1]
         refusal = prepared[1]
     else:
-        refusal = await db_call(_route_prepare)(attempt, route, has_next)
+        refusal = (_offer_prepare(attempt, offer) if offer.refusal is not None  # no hold
+                   else await db_call(_offer_prepare)(attempt, offer))
     if refusal:
         ROUTE_ATTEMPTS.labels(name, refusal).inc()
         return None
@@ -167,13 +166,13 @@ async def _try_route(attempt: Attempt, route: Route, has_next: bool) -> Served |
                 breakers.end(name)
                 return None
         started = time.monotonic()
-        if spec.is_local:
-            served = await _local(attempt, route)
+        offer.job.timeline["admitted"] = attempt.held_at or time.time()
+        if offer.call is None:
+            served = Served(offer=offer, events=await _local(offer.job))
         else:
-            job = _admitted(attempt, route)
-            job.timeline.update(taken=time.time(), backend=name)
-            served = Served(route=route, job=job, events=await remote_start(
-                route, attempt.call_for(route), job, started, attempt.reserved or 0))
+            offer.job.timeline.update(taken=time.time(), backend=name)
+            served = Served(offer=offer, events=await remote_start(
+                route, offer.call, offer.job, started, attempt.reserved or 0))
     except UpstreamError as exc:
         breakers.end(name)
         if has_lease:
@@ -262,19 +261,11 @@ async def _guarded(events: AsyncIterator[Event], route: Route, request_id: str,
             await asyncio.to_thread(leases_get().release, name, request_id)
 
 
-def _admitted(attempt: Attempt, route: Route) -> GenerationJob:
-    """The route's job, its timeline saying when its budget was held."""
-    job = attempt.job_for(route)
-    job.timeline["admitted"] = attempt.held_at or time.time()
-    return job
-
-
-async def _local(attempt: Attempt, route: Route) -> Served:
+async def _local(job: GenerationJob) -> AsyncIterator[Event]:
     """The local engine: a refusal before `accepted` has already been settled by the run (the
     engine refused the input), so it is the client's answer, not a reason to fall through;
     the local engine is skipped earlier instead when its queue is full or no worker is up. A
     retryable error (the model failed to load; nothing ran or was settled) falls through."""
-    job = _admitted(attempt, route)
     events = mode_get().dispatcher.events(job)
     match await anext(events):
         case Failed(retryable=True) as failed:  # nothing ran (its model failed to load)
@@ -283,4 +274,4 @@ async def _local(attempt: Attempt, route: Route) -> Served:
         case Failed() as failed:
             await events.aclose()
             raise error_from_code(failed.code, failed.message, param=failed.param)
-    return Served(route=route, job=job, events=events)
+    return events

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from routing.models import AgentRouting, Backend, Policy
-from routing.registry import agent_routing_set
+from routing.backend_store import agent_routing_set
 from tenants import selectors
 from tenants.apis.auth import tenant_for
 from tenants.apis.serializers import StrictCharField, StrictChoiceField, StrictSerializer

@@ -18,6 +18,7 @@ from django.conf import settings
 from prometheus_client import Counter, Gauge
 
 from routing.errors import ServiceUnavailable
+from routing.max_tokens import max_tokens_brownout
 from tenants.errors import Overloaded, RateLimited
 from workers.modes import Load, mode_get
 from workers.registry import ModelInfo
@@ -69,8 +70,8 @@ def load_admit(*, info: ModelInfo, lane: str, tenant: str, max_tokens: int) -> t
                          retry_after=_retry_after(load.total_depth, load.drain_rate))
         exc.headers = {"x-fairlane-brownout": "shed-bulk"}
         raise exc
-    cap = settings.FAIRLANE_BROWNOUT_MAX_TOKENS
-    if level >= 2 and lane == "standard" and max_tokens > cap:
+    capped = max_tokens_brownout(max_tokens)
+    if level >= 2 and lane == "standard" and capped < max_tokens:
         BROWNOUT_ACTIONS.labels(info.name, "cap_max_tokens").inc()
-        return cap, f"cap-max-tokens={cap}"
+        return capped, f"cap-max-tokens={capped}"
     return max_tokens, ""

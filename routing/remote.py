@@ -16,7 +16,7 @@ from django.conf import settings
 from routing.backends import Call, Route, UpstreamError, backend_embed, backend_stream
 from routing.backends.base import estimate_tokens
 from routing.errors import CLIENT_MESSAGES, MID_STREAM, SURFACED
-from routing.registry import backend_error_noted
+from routing.backend_store import backend_error_noted
 from routing.wire.messages import message_images, message_text
 from tenants.models import UsageRecord
 from workers.events import (

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from routing.backends.base import BackendSpec, Route, features_resolve
 from routing.breaker import breakers
+from routing.max_tokens import max_tokens_fit
 from routing.models import KIND_ORDER, AgentRouting, Backend, BackendModel, Health, Policy
 from workers.models import ModelVersion, ServedModel
 from workers.registry import ModelInfo, usage_cost
@@ -38,7 +39,7 @@ class AgentPlan:
 
 
 @dataclass
-class Registry:
+class BackendRegistry:
     backends: dict[str, BackendSpec] = field(default_factory=dict)
     routes: dict[str, list[Route]] = field(default_factory=dict)  # model -> routes
     agents: dict[str, AgentPlan] = field(default_factory=dict)
@@ -52,8 +53,8 @@ def spec_of(row: Backend, now=None) -> BackendSpec:
     return BackendSpec(name=row.name, **fields)
 
 
-def registry_load() -> Registry:
-    registry = Registry(loaded_at=time.monotonic())
+def registry_load() -> BackendRegistry:
+    registry = BackendRegistry(loaded_at=time.monotonic())
     local = None
     for row in Backend.objects.filter(is_enabled=True):
         spec = spec_of(row)
@@ -89,10 +90,10 @@ def registry_load() -> Registry:
     return registry
 
 
-_registry: Registry | None = None
+_registry: BackendRegistry | None = None
 
 
-def registry_get() -> Registry:
+def registry_get() -> BackendRegistry:
     """The snapshot (synchronous: it may read the database). No lock: two threads that find
     it stale both read it, which is harmless, whereas a thread waiting on a lock while holding
     a pooled database connection could starve the one loading it."""
@@ -147,10 +148,9 @@ def route_supports(route: Route, need: Need) -> bool:
         return False
     if spec.kind == "anthropic" and (need.kind != "chat" or need.n > 1):
         return False
-    # prompt_tokens is a worst case (a byte a token); about 4 bytes a token is typical
-    completion = need.max_tokens if need.max_tokens_set else 1
-    return (not spec.context_length
-            or need.prompt_tokens // 4 + completion <= spec.context_length)
+    return max_tokens_fit(asked=need.max_tokens if need.max_tokens_set else None,
+                          context_length=spec.context_length,
+                          worst_prompt_tokens=need.prompt_tokens)
 
 
 _HEALTH_RANK = {Health.LIVE: 0, Health.UNKNOWN: 1, Health.STALE: 2}
@@ -205,7 +205,7 @@ class Plan:
     missing: str | None = None  # a feature the request needs that none of them has
 
 
-def route_plan(*, registry: Registry, agent_id: str, model: str, need: Need,
+def route_plan(*, registry: BackendRegistry, agent_id: str, model: str, need: Need,
                policy: str | None = None) -> Plan:
     """The backends to try for this request, in order (empty if none can serve it now)."""
     agent = registry.agents.get(agent_id, AgentPlan())
@@ -241,5 +241,5 @@ def feature_missing(routes: list[Route], need: Need) -> str | None:
                  if not any(f in r.features for r in routes)), None)
 
 
-def model_names(registry: Registry) -> list[str]:
+def model_names(registry: BackendRegistry) -> list[str]:
     return sorted(registry.routes)

@@ -1,5 +1,7 @@
-"""Settling a request's run: its usage charged once (idempotent per request id), then `Done`
-sent; and the settlements this event loop has under way, which a drain waits for."""
+"""The one settlement service: a request's run charged once (idempotent per request id), then
+`Done` sent; a run given up on charged for what it streamed; a hold never served released. All
+of them are durable (workers/outbox.py). And the settlements this event loop has under way,
+which a drain waits for."""
 
 from __future__ import annotations
 
@@ -74,3 +76,10 @@ def generation_settle_partial(job: GenerationJob, events: list[Event], *, backen
     emit(Failed(code="backend_unavailable", message="The worker running this request stopped."))
     generation_settle(job, TokenUsage(prompt_tokens=prompt, completion_tokens=completion),
                       status=UsageRecord.Status.ERROR, backend=backend, latency_ms=0, emit=emit)
+
+
+def settlement_release(*, request_id: str, tenant_id: int) -> None:
+    """Free the hold of a request no backend served. Durable like a charge: when the database
+    does not answer, the release waits in the outbox, so no hold outlives its request."""
+    settle_durably(Settlement(request_id=request_id, tenant_id=tenant_id, cost_microcents=0,
+                              usage={}, at=time.time(), release=True))

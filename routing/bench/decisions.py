@@ -193,7 +193,7 @@ def proxy_measure(args) -> dict:
     import httpx
 
     from routing.bench.serving import embedded_server
-    from routing.registry import backend_model_set, backend_register
+    from routing.backend_store import backend_model_set, backend_register
     from tenants.models import Agent, Scope, Tenant
     from tenants.services.keys import api_key_create, api_key_revoke
     from tenants.services.tenancy import agent_create, tenant_create

@@ -94,7 +94,7 @@ def _env(**extra) -> dict:
 def fairlane_setup(upstream_url: str):
     """A bench tenant, agent, key (revoked afterwards), a budget that never runs out, and an
     openai_compatible backend for the upstream serving MODEL (upstream name via-fairlane)."""
-    from routing.registry import backend_model_set, backend_register
+    from routing.backend_store import backend_model_set, backend_register
     from tenants.models import Agent, Budget, Scope, Tenant
     from tenants.services.budgets import budget_create
     from tenants.services.keys import api_key_create

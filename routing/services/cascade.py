@@ -46,12 +46,12 @@ async def cascade_run(caller: Caller, kind: str, request, tiers: list[str], thre
             fallback = replay
     last = dataclasses.replace(request, model=tiers[-1])
     try:
-        generation, served, admitted = await start(caller, kind, last)
+        generation, served = await start(caller, kind, last)
     except BudgetExhausted:
         if fallback is not None:
             return _with_budget_note(fallback)
         raise
-    return generation.started(served, admitted)
+    return generation.started(served)
 
 
 def _with_budget_note(replay: Started) -> Started:
@@ -67,7 +67,7 @@ async def _tier_try(caller: Caller, kind: str, request, tier: str, threshold: fl
     if sampling.logprobs is None:
         sampling = dataclasses.replace(sampling, logprobs=0)
     try:
-        generation, served, admitted = await start(
+        generation, served = await start(
             caller, kind, dataclasses.replace(request, model=tier, stream=False,
                                               sampling=sampling))
     except (BudgetExhausted, RateLimited):
@@ -76,7 +76,7 @@ async def _tier_try(caller: Caller, kind: str, request, tier: str, threshold: fl
         logger.info("cascade tier %s cannot answer (%s: %s); escalating", tier, exc.code,
                     exc.message)
         return None
-    started = generation.started(served, admitted)
+    started = generation.started(served)
     events = [event async for event in events_to_end(started)]
     logprobs = [lp for e in events if isinstance(e, Tokens) for lp in (e.logprobs or ())]
     done = next((e for e in events if isinstance(e, Done)), None)
@@ -86,7 +86,8 @@ async def _tier_try(caller: Caller, kind: str, request, tier: str, threshold: fl
     mean = sum(logprobs) / len(logprobs)
     logger.info("request %s: cascade tier %s mean logprob %.3f (threshold %.3f)",
                 generation.request_id, tier, mean, threshold)
-    replay = generation.started(served, None, wants_logprobs=request.sampling.logprobs is not None)
+    replay = generation.started(served, replay=True,
+                                wants_logprobs=request.sampling.logprobs is not None)
     replay.stream, replay.include_usage = request.stream, request.include_usage
     replay.events = _replayed(events)
     replay.cascade = f"{tier}; mean_logprob={mean:.4f}"

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from channels.db import database_sync_to_async
 
-from routing.admission import Caller, max_tokens_resolve
+from routing.admission import Caller
+from routing.max_tokens import max_tokens_local
 from routing.backends import Call, Route
-from routing.dispatch import routes_walk
+from routing.attempts import Offer
 from routing.overload import load_admit
 from routing.ratelimit import limiter_get, scopes_for
 from routing.router import Need
@@ -38,7 +39,7 @@ class _Embedding(Routed):
             info = self.local.info
             self.token_prompts = completion_prompts(info, model_tokenizer(info),
                                                      request.inputs, "input")
-            max_tokens_resolve(info=info, prompts=self.token_prompts, max_tokens=0)
+            max_tokens_local(info=info, prompts=self.token_prompts, asked=0)
         texts = [i for i in request.inputs if isinstance(i, str)]
         self.remote_tokens = sum(worst_prompt_tokens([], t) for t in texts) + sum(
             len(i) for i in request.inputs if isinstance(i, list))
@@ -52,41 +53,45 @@ class _Embedding(Routed):
         self.admitted = limiter_get().acquire(request_id=self.request_id,
                                               scopes=scopes_for(caller),
                                               tokens=self._tokens(None))
+        try:
+            self.first_offers = self.offers(self.first_plan)
+        except BaseException:
+            limiter_get().release(self.admitted, tokens_used=0)
+            raise
 
     def _tokens(self, route: Route | None) -> int:
         if route is not None and route.backend.is_local or route is None and self.token_prompts:
             return sum(len(p) for p in self.token_prompts)
         return self.remote_tokens
 
-    def cost(self, route: Route) -> int:
-        return usage_cost(route.info, prompt_tokens=self._tokens(route), completion_tokens=0)
-
-    def job(self, route: Route) -> GenerationJob:
+    def offer(self, route: Route, *, has_next: bool) -> Offer:
+        """The local engine: its readiness now and the job it runs; a remote backend: the call
+        it is sent. Both: the worst-case cost (the prompt's tokens)."""
+        refusal, call = None, None
+        if route.backend.is_local:
+            try:
+                self.local_pool_check(route, has_next)
+                load_admit(info=route.info, lane=self.lane, tenant=str(self.caller.tenant.pk),
+                           max_tokens=0)
+            except ApplicationError as exc:
+                refusal = exc
+        else:
+            call = Call(kind="embed", upstream=route.upstream, sampling=None, max_tokens=0,
+                        inputs=list(self.request.inputs))
         caller = self.caller
-        return GenerationJob(request_id=self.request_id, kind="embed",
-                             model=version_choose(route.info).to_dict(),
-                             prompts=self.token_prompts if route.backend.is_local else [],
-                             tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk),
-                             lane=self.lane, weight=caller.tenant.weight)
-
-    def call(self, route: Route) -> Call:
-        return Call(kind="embed", upstream=route.upstream, sampling=None, max_tokens=0,
-                    inputs=list(self.request.inputs))
-
-    def local_ready(self, route: Route, has_next: bool) -> None:
-        self.local_pool_check(route, has_next)
-        load_admit(info=route.info, lane=self.lane, tenant=str(self.caller.tenant.pk),
-                   max_tokens=0)
+        job = GenerationJob(request_id=self.request_id, kind="embed",
+                            model=version_choose(route.info).to_dict(),
+                            prompts=self.token_prompts if call is None else [],
+                            tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk),
+                            lane=self.lane, weight=caller.tenant.weight)
+        cost = usage_cost(route.info, prompt_tokens=self._tokens(route), completion_tokens=0)
+        return Offer(route=route, job=job, call=call, cost=cost, refusal=refusal)
 
 
 async def embeddings_create(*, caller: Caller, body) -> dict:
     request = parse.embedding_request_parse(body)
     embedding = await database_sync_to_async(_Embedding)(caller, request)
-    try:
-        served = await routes_walk(embedding.attempt(), embedding.plan, embedding.first_plan)
-    except BaseException:
-        limiter_get().release(embedding.admitted, tokens_used=0)
-        raise
+    served = await embedding.walk(embedding.first_offers)
     started = Started(job=served.job, format=None, events=served.events, stream=False,
                       include_usage=False, admitted=embedding.admitted)
     vectors: dict[int, str] = {}

@@ -7,15 +7,14 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from django.conf import settings
-
-from routing.admission import Caller, engine_sampling, max_tokens_resolve
-from routing.attempts import Attempt, attempt_release
+from routing.admission import Caller, engine_sampling
+from routing.max_tokens import max_tokens_local, max_tokens_remote
+from routing.attempts import Offer, Offers, attempt_release
 from routing.backends import Call, Route
-from routing.dispatch import Served, route_first_prepare, routes_walk
+from routing.dispatch import Served, offer_first_prepare
 from routing.metrics import request_arrived
 from routing.overload import load_admit
-from routing.ratelimit import Admitted, limiter_get, scopes_for
+from routing.ratelimit import limiter_get, scopes_for
 from routing.router import Need, registry_get
 from routing.services.answers import Started
 from routing.services.cascade import cascade_run
@@ -58,7 +57,6 @@ class _Generation(Routed):
         self.messages, self.prompt = prompt_texts(kind, request)
         routes = self.routes
         self.tokenizer, self.token_prompts, self.local_max = None, None, 0
-        self.brownout = ""
         self.tool_use = request.tool_use if kind == "chat" else ToolUse()
         features = request.features if kind == "chat" else frozenset()
         if self.local is not None and not features <= self.local.features:
@@ -92,8 +90,7 @@ class _Generation(Routed):
                                  "(token-id or batched prompts, logit_bias and completion "
                                  "logprobs need the model's own tokenizer; tools, JSON modes "
                                  "and images need a backend that supports each).")
-        self._jobs: dict[str, GenerationJob] = {}
-        self.walk: Attempt | None = None  # set by the admission, its first route prepared
+        self.first_offers: Offers | None = None  # set by the admission, the first prepared
 
     def _local_prepare(self, *, remote_too: bool) -> None:
         info, request = self.local.info, self.request
@@ -112,8 +109,8 @@ class _Generation(Routed):
             self.local = None  # e.g. no chat template here: the remote backends may have one
             return
         self.tokenizer, self.token_prompts = tokenizer, prompts
-        self.local_max = max_tokens_resolve(info=info, prompts=prompts,
-                                            max_tokens=self.sampling.max_tokens)
+        self.local_max = max_tokens_local(info=info, prompts=prompts,
+                                          asked=self.sampling.max_tokens)
 
     def _prompt_tokens(self, route: Route | None) -> int:
         if route is not None and route.backend.is_local:
@@ -123,33 +120,52 @@ class _Generation(Routed):
         return self.remote_prompt_tokens
 
     def _remote_max(self, route: Route | None) -> int:
-        if self.sampling.max_tokens is not None:
-            return self.sampling.max_tokens
-        context = route.backend.context_length if route is not None else 0
-        if context:
-            return max(context - self.remote_prompt_tokens // 4, 1)
-        return settings.FAIRLANE_DEFAULT_MAX_TOKENS
+        return max_tokens_remote(asked=self.sampling.max_tokens,
+                                 context_length=route.backend.context_length if route else 0,
+                                 worst_prompt_tokens=self.remote_prompt_tokens)
 
-    def max_tokens(self, route: Route) -> int:
-        return self.local_max if route.backend.is_local else self._remote_max(route)
+    def offer(self, route: Route, *, has_next: bool) -> Offer:
+        """The local engine: its readiness now (the brownout may cap max_tokens) and the job it
+        runs; a remote backend: the call it is sent. Both: the worst-case cost."""
+        refusal, brownout, call = None, "", None
+        if route.backend.is_local:
+            max_tokens = self.local_max
+            try:
+                self.local_pool_check(route, has_next)
+                max_tokens, brownout = self._local_load(route, has_next)
+            except ApplicationError as exc:
+                refusal = exc
+        else:
+            max_tokens = self._remote_max(route)
+            call = Call(kind=self.kind, upstream=route.upstream, sampling=self.sampling,
+                        max_tokens=max_tokens, messages=self.messages, prompt=self.prompt,
+                        wants_logprobs=self.sampling.logprobs is not None,
+                        tool_use=self.tool_use,
+                        cache_salt=tenant_cache_salt(tenant_id=self.caller.tenant.pk,
+                                                     salt=self.request.cache_salt))
+        caller = self.caller
+        job = GenerationJob(
+            request_id=self.request_id, kind="generate",
+            model=version_choose(route.info, key=self.conversation_key()).to_dict(),
+            prompts=self.token_prompts if call is None else [],
+            n=self.sampling.n,
+            sampling={**engine_sampling(self.sampling, max_tokens), **self.guide},
+            tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk), lane=self.lane,
+            weight=caller.tenant.weight, cache_salt=self.request.cache_salt)
+        cost = usage_cost(route.info, prompt_tokens=self._prompt_tokens(route),
+                          completion_tokens=self.num_prompts * self.sampling.n * max_tokens)
+        return Offer(route=route, job=job, call=call, cost=cost, refusal=refusal,
+                     brownout=brownout)
 
-    def cost(self, route: Route) -> int:
-        return usage_cost(route.info, prompt_tokens=self._prompt_tokens(route),
-                          completion_tokens=self.num_prompts * self.sampling.n
-                          * self.max_tokens(route))
-
-    def job(self, route: Route) -> GenerationJob:
-        if route.backend.name not in self._jobs:
-            caller = self.caller
-            self._jobs[route.backend.name] = GenerationJob(
-                request_id=self.request_id, kind="generate",
-                model=version_choose(route.info, key=self.conversation_key()).to_dict(),
-                prompts=self.token_prompts if route.backend.is_local else [],
-                n=self.sampling.n, sampling=self._engine_sampling(route),
-                tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk),
-                lane=self.lane, weight=caller.tenant.weight,
-                cache_salt=self.request.cache_salt)
-        return self._jobs[route.backend.name]
+    def _local_load(self, route: Route, has_next: bool) -> tuple[int, str]:
+        """The local queue's admission under its load: max_tokens (capped in a brownout) and
+        the brownout header; a refusal falls through only with another backend to go to."""
+        try:
+            return load_admit(info=route.info, lane=self.lane, tenant=str(self.caller.tenant.pk),
+                              max_tokens=self.local_max)
+        except ApplicationError as exc:
+            exc.retryable = has_next
+            raise
 
     def conversation_key(self) -> str:
         """A conversation's canary version sticks to it: its tenant and first two messages
@@ -158,36 +174,13 @@ class _Generation(Routed):
                  else str(self.prompt or ""))[:512]
         return f"{self.caller.tenant.pk}\x00{start}" if start else ""
 
-    def _engine_sampling(self, route: Route) -> dict:
-        return {**engine_sampling(self.sampling, self.max_tokens(route)), **self.guide}
-
-    def call(self, route: Route) -> Call:
-        return Call(kind=self.kind, upstream=route.upstream, sampling=self.sampling,
-                    max_tokens=self.max_tokens(route), messages=self.messages,
-                    prompt=self.prompt, wants_logprobs=self.sampling.logprobs is not None,
-                    tool_use=self.tool_use,
-                    cache_salt=tenant_cache_salt(tenant_id=self.caller.tenant.pk,
-                                                 salt=self.request.cache_salt))
-
-    def local_ready(self, route: Route, has_next: bool) -> None:
-        """Raises to skip the local engine for the next backend: its queue is full, or (with
-        another backend to go to) no GPU worker hosting the model is up."""
-        caller = self.caller
-        self.local_pool_check(route, has_next)
-        try:
-            self.local_max, self.brownout = load_admit(
-                info=route.info, lane=self.lane, tenant=str(caller.tenant.pk),
-                max_tokens=self.local_max)
-        except ApplicationError as exc:
-            exc.retryable = has_next
-            raise
-        self._jobs.pop(route.backend.name, None)  # the brownout may have capped max_tokens
-
     def worst_tokens(self) -> int:
         return self.need.prompt_tokens + self.num_prompts * self.sampling.n * self.need.max_tokens
 
-    def started(self, served: Served, admitted: Admitted | None, *,
+    def started(self, served: Served, *, replay: bool = False,
                 wants_logprobs: bool | None = None) -> Started:
+        """Its answer from the served events; `replay`: a cascade tier's answer replayed,
+        its rate-limit slot already given back."""
         request, sampling = self.request, self.sampling
         if wants_logprobs is None:
             wants_logprobs = sampling.logprobs is not None
@@ -211,32 +204,31 @@ class _Generation(Routed):
             events = tool_call_events(events, self.tool_use)
         return Started(job=served.job, format=formatter, events=events,
                        stream=request.stream, include_usage=request.include_usage,
-                       admitted=admitted, brownout=self.brownout if is_local else "",
+                       admitted=None if replay else self.admitted,
+                       brownout=served.offer.brownout,
                        backend=served.route.backend.name)
 
 
-def _admit_generation(caller: Caller, kind: str, request) -> tuple[_Generation, Admitted]:
-    """Everything before dispatch (synchronous: database and tokenizer work), and the first
-    route's budget hold in the same hop."""
+def _admit_generation(caller: Caller, kind: str, request) -> _Generation:
+    """Everything before dispatch (synchronous: database and tokenizer work): the rate-limit
+    slot, the offers, and the first offer's budget hold in the same hop."""
     generation = _Generation(caller, kind, request)
-    admitted = limiter_get().acquire(request_id=generation.request_id,
-                                     scopes=scopes_for(caller), tokens=generation.worst_tokens())
-    generation.walk = generation.attempt()
-    route_first_prepare(generation.walk, generation.first_plan)
-    return generation, admitted
-
-
-async def _start(caller: Caller, kind: str, request,
-                 admission: tuple[_Generation, Admitted] | None = None,
-                 ) -> tuple[_Generation, Served, Admitted]:
-    generation, admitted = admission or await _admission(_admit_generation, caller, kind,
-                                                         request)
+    generation.admitted = limiter_get().acquire(request_id=generation.request_id,
+                                                scopes=scopes_for(caller),
+                                                tokens=generation.worst_tokens())
     try:
-        served = await routes_walk(generation.walk, generation.plan, generation.first_plan)
+        generation.first_offers = generation.offers(generation.first_plan)
     except BaseException:
-        limiter_get().release(admitted, tokens_used=0)
+        limiter_get().release(generation.admitted, tokens_used=0)
         raise
-    return generation, served, admitted
+    offer_first_prepare(generation.attempt, generation.first_offers)
+    return generation
+
+
+async def _start(caller: Caller, kind: str, request) -> tuple[_Generation, Served]:
+    """One cascade tier: its admission, then its walk."""
+    generation = await _admission(_admit_generation, caller, kind, request)
+    return generation, await generation.walk(generation.first_offers)
 
 
 async def _admission(admit, *args):
@@ -254,13 +246,12 @@ async def _admission(admit, *args):
 def _abandoned(hop: asyncio.Future) -> None:
     if hop.cancelled() or hop.exception() is not None or isinstance(hop.result(), _Cascade):
         return
-    settlement_track(db_call(_give_back)(*hop.result()))
+    settlement_track(db_call(_give_back)(hop.result()))
 
 
-def _give_back(generation: _Generation, admitted: Admitted) -> None:
-    limiter_get().release(admitted, tokens_used=0)
-    if generation.walk is not None:
-        attempt_release(generation.walk)
+def _give_back(generation: _Generation) -> None:
+    limiter_get().release(generation.admitted, tokens_used=0)
+    attempt_release(generation.attempt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,8 +262,7 @@ class _Cascade:
     threshold: float
 
 
-def _admit_or_tiers(caller: Caller, kind: str, request
-                    ) -> tuple[_Generation, Admitted] | _Cascade:
+def _admit_or_tiers(caller: Caller, kind: str, request) -> _Generation | _Cascade:
     """One hop for the usual request: its admission; the cascade's tiers and threshold when
     the agent has a cascade listing the model asked for."""
     tiers, threshold = _cascade_tiers(caller, request.model)
@@ -288,9 +278,8 @@ async def generation_start(*, caller: Caller, kind: str, body) -> Started:
     match await _admission(_admit_or_tiers, caller, kind, request):
         case _Cascade(tiers=tiers, threshold=threshold):
             return await cascade_run(caller, kind, request, tiers, threshold, start=_start)
-        case admission:
-            generation, served, admitted = await _start(caller, kind, request, admission)
-            return generation.started(served, admitted)
+        case _Generation() as generation:
+            return generation.started(await generation.walk(generation.first_offers))
 
 
 def _cascade_tiers(caller: Caller, model: str) -> tuple[list[str], float]:

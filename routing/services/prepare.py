@@ -1,12 +1,14 @@
-"""What requests are turned into before dispatch: who pays and which routes serve the model
-(`Routed`, shared by generation and embeddings), prompts as token ids (our tokenizers), texts
-for remote backends with their worst-case token counts, and whether the local pool can take a
-model now."""
+"""What requests are turned into before dispatch: who pays, which routes serve the model and
+what each would be sent and cost (`Routed`, shared by generation and embeddings, and its walk
+over those offers), prompts as token ids (our tokenizers), texts for remote backends with
+their worst-case token counts, and whether the local pool can take a model now."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import time
 import uuid
 
 from django.conf import settings
@@ -14,8 +16,11 @@ from django.conf import settings
 
 from routing.admission import Caller
 from routing.backends import Route
-from routing.attempts import Attempt
+from routing.attempts import Attempt, Offer, Offers
+from routing.dispatch import Served, offer_try, round_wait, walk_abandon
+from routing.ratelimit import Admitted, limiter_get
 from routing.router import Need, Plan, registry_get, route_plan
+from routing.sync import db_call
 from routing.wire.messages import message_images, message_text
 from routing.wire.tools import ToolUse
 from tenants.errors import BackendUnavailable, InvalidRequest, ModelNotFound
@@ -26,8 +31,8 @@ from workers.trace import trace_current
 
 
 class Routed:
-    """A request between parsing and dispatch. Subclasses set `need` and give each route's
-    job, call, worst-case cost and local readiness."""
+    """A request between parsing and dispatch. Subclasses set `need` and make each route's
+    offer (`offer`): its job or call, worst-case cost, and the local engine's readiness."""
 
     need: Need
 
@@ -44,6 +49,9 @@ class Routed:
                                 "access to it.", param="model")
         self.routes = routes
         self.local = next((r for r in routes if r.backend.is_local), None)
+        self.attempt = Attempt(request_id=self.request_id, tenant=caller.tenant,
+                               agent=caller.agent, api_key=caller.api_key)
+        self.admitted: Admitted | None = None  # its rate-limit slot, once taken
 
     def plan(self) -> Plan:
         return route_plan(registry=registry_get(), agent_id=str(self.caller.agent.pk),
@@ -61,11 +69,41 @@ class Routed:
         if has_next and not model_hosted(route.model):
             raise BackendUnavailable(f"No GPU worker hosts '{route.model}' now.")
 
-    def attempt(self) -> Attempt:
-        caller = self.caller
-        return Attempt(request_id=self.request_id, tenant=caller.tenant, agent=caller.agent,
-                       api_key=caller.api_key, job_for=self.job, call_for=self.call,
-                       cost_for=self.cost, local_ready=self.local_ready)
+    def offer(self, route: Route, *, has_next: bool) -> Offer:
+        raise NotImplementedError
+
+    def offers(self, plan: Plan | None = None) -> Offers:
+        """Each route of the plan (a fresh one unless given) as what it would be sent and
+        cost, in the plan's order (synchronous: the local engine's load is read)."""
+        plan = plan or self.plan()
+        routes = plan.routes
+        return Offers([self.offer(route, has_next=i + 1 < len(routes))
+                       for i, route in enumerate(routes)], plan.blocked_for)
+
+    async def walk(self, offers: Offers | None = None) -> Served:
+        """Serve the request on the first offer that can (`offers`, or a fresh round's);
+        raises the error the client should see when none could, its hold and rate-limit
+        slot given back. Later rounds are offered again: circuits, queues and waits have
+        changed."""
+        attempt = self.attempt
+        deadline = time.monotonic() + settings.FAIRLANE_RETRY_MAX_WAIT_SECONDS
+        rounds = 0
+        try:
+            while True:
+                if offers is None:
+                    offers = await db_call(self.offers)()
+                for offer in offers.offers:
+                    served = await offer_try(attempt, offer)
+                    if served is not None:
+                        return served
+                rounds += 1
+                await asyncio.sleep(round_wait(attempt, offers, rounds, deadline))
+                offers = None
+        except BaseException as exc:
+            if self.admitted is not None:
+                limiter_get().release(self.admitted, tokens_used=0)
+            await walk_abandon(attempt, exc)
+            raise
 
 
 def chat_prompt(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:

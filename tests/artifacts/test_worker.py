@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from routing.bench.fake_vllm import FakeVllm
-from routing.registry import backend_model_set, backend_register
+from routing.backend_store import backend_model_set, backend_register
 from tenants.models import Scope
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create

@@ -15,7 +15,7 @@ from django.test import Client
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from routing.bench.fakes import FakeProvider
-from routing.registry import agent_routing_set, backend_model_set, backend_register
+from routing.backend_store import agent_routing_set, backend_model_set, backend_register
 from tenants.models import Scope, UsageRecord
 from tenants.services.keys import api_key_create
 from tenants.services.tenancy import agent_create

@@ -5,7 +5,7 @@ from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
 from tests.conftest import child_env
 from routing.bench.fakes import FakeProvider
-from routing.registry import _noted
+from routing.backend_store import _noted
 from tests.servers import AsgiServer
 from workers.registry import model_register
 

@@ -8,7 +8,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.test import AsyncClient
 
-from routing.registry import backend_model_set, backend_register
+from routing.backend_store import backend_model_set, backend_register
 from tenants.models import Scope
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create

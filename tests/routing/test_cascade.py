@@ -9,7 +9,7 @@ from channels.db import database_sync_to_async
 from django.test import AsyncClient
 
 from routing.models import Backend
-from routing.registry import agent_routing_set, backend_model_set, backend_register
+from routing.backend_store import agent_routing_set, backend_model_set, backend_register
 from tenants.errors import ApplicationError
 from tenants.models import UsageRecord
 from tenants.services.budgets import budget_create

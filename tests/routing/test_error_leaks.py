@@ -13,7 +13,7 @@ from routing.bench.fakes import (
     CONTENT_POLICY, content_filter, cut, rate_limit, server_error, slow_first_byte,
 )
 from routing.models import Backend
-from routing.registry import agent_routing_set, backend_model_set, backend_register
+from routing.backend_store import agent_routing_set, backend_model_set, backend_register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ENV = "ZQ_SECRET_PROVIDER_KEY_ENV"

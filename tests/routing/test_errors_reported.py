@@ -9,7 +9,7 @@ from django.db import OperationalError, connection
 from prometheus_client import REGISTRY
 
 from routing.consumers import CompletionConsumer
-from routing.registry import backend_register
+from routing.backend_store import backend_register
 
 
 def test_a_failed_websocket_send_is_logged_and_stops_the_sockets_requests(caplog):

@@ -10,7 +10,7 @@ import pytest
 from django.db.models import Sum
 
 from routing.bench.fakes import FakeProvider
-from routing.registry import agent_routing_set, backend_model_set, backend_register
+from routing.backend_store import agent_routing_set, backend_model_set, backend_register
 from tenants.models import BudgetWindow, Reservation, Scope, UsageRecord
 from tenants.services.budgets import budget_create, budget_update
 from tenants.services.keys import api_key_create, api_key_revoke

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from routing.health import backends_probe, health_record
 from routing.models import Backend, Health
-from routing.registry import backend_model_set, backend_register
+from routing.backend_store import backend_model_set, backend_register
 from routing.router import Need, registry_get, registry_invalidate, route_plan
 from routing.tasks import backends_probe as backends_probe_task
 from routing.bench.fakes import FakeProvider, server_error

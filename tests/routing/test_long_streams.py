@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 
 from routing.bench.fakes import FakeProvider
-from routing.registry import agent_routing_set, backend_model_set, backend_register
+from routing.backend_store import agent_routing_set, backend_model_set, backend_register
 from tenants.models import Reservation, Scope, UsageRecord
 from tenants.selectors import budget_window_status
 from tenants.services.budgets import budget_create, budget_reservations_expire

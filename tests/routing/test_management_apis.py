@@ -4,7 +4,7 @@ agent's chain, policy and cascade, with the same roles and tenant scoping as the
 import pytest
 
 from routing.models import AgentRouting
-from routing.registry import backend_model_set, backend_register
+from routing.backend_store import backend_model_set, backend_register
 from routing.router import registry_get
 from tenants.models import Role
 from workers.registry import model_register

@@ -6,9 +6,9 @@ import pytest
 from routing.backends.base import BackendSpec, Route
 from routing.breaker import breakers
 from routing.models import Backend, Health
-from routing.registry import backend_model_set, backend_register
+from routing.backend_store import backend_model_set, backend_register
 from routing.router import (
-    AgentPlan, Need, Registry, registry_get, registry_load, route_plan, route_supports,
+    AgentPlan, Need, BackendRegistry, registry_get, registry_load, route_plan, route_supports,
 )
 from workers.registry import ModelInfo, model_register
 
@@ -25,14 +25,15 @@ def route(backend: BackendSpec, model: str = "m", **prices) -> Route:
     return Route(backend=backend, model=model, upstream=f"{backend.name}-{model}", info=info)
 
 
-def registry(*backends: BackendSpec, agents: dict | None = None, **prices_by_name) -> Registry:
+def registry(*backends: BackendSpec, agents: dict | None = None,
+             **prices_by_name) -> BackendRegistry:
     """Every backend serves model "m"; prices per backend name as a dict of price fields."""
-    return Registry(backends={b.name: b for b in backends},
+    return BackendRegistry(backends={b.name: b for b in backends},
                     routes={"m": [route(b, **prices_by_name.get(b.name, {})) for b in backends]},
                     agents=agents or {})
 
 
-def order(reg: Registry, *, need: Need = CHAT, policy: str | None = None,
+def order(reg: BackendRegistry, *, need: Need = CHAT, policy: str | None = None,
           agent_id: str = AGENT, model: str = "m") -> list[str]:
     plan = route_plan(registry=reg, agent_id=agent_id, model=model, need=need, policy=policy)
     return [r.backend.name for r in plan.routes]
@@ -162,7 +163,7 @@ def test_round_robin_puts_a_stale_backend_last_whatever_its_turn():
 AFFINITY_BACKENDS = [spec(f"gpu-{i}") for i in range(5)]
 
 
-def affinity_first(reg: Registry, *, tenant: str = "t1", prefix: str = "") -> str:
+def affinity_first(reg: BackendRegistry, *, tenant: str = "t1", prefix: str = "") -> str:
     return order(reg, policy="affinity", need=Need("chat", tenant=tenant, prefix=prefix))[0]
 
 

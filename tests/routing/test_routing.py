@@ -13,7 +13,7 @@ from django.test import AsyncClient
 
 from routing.leases import FULL, GRANTED, WAITING, lease_acquire, leases_get
 from routing.models import Backend
-from routing.registry import agent_routing_set, backend_model_set, backend_register
+from routing.backend_store import agent_routing_set, backend_model_set, backend_register
 from tenants.models import Reservation, UsageRecord
 from tenants.services.budgets import budget_create
 from routing.bench.fakes import (

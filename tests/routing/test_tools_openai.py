@@ -9,7 +9,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from routing.bench.fake_tools import ToolFake
-from routing.registry import agent_routing_set, backend_model_set, backend_register
+from routing.backend_store import agent_routing_set, backend_model_set, backend_register
 from tenants.models import Reservation, UsageRecord
 from tests.routing.test_routing import chat, streamed
 from tests.routing.test_tools_parse import DATA_URL, WEATHER

@@ -11,7 +11,7 @@ import pytest
 from routing.bench.fake_vllm import FakeVllm
 from routing.health import backends_probe
 from routing.models import Backend
-from routing.registry import backend_model_set, backend_register
+from routing.backend_store import backend_model_set, backend_register
 from tenants.models import Reservation, Scope, UsageRecord
 from tenants.services.keys import api_key_create
 

@@ -130,7 +130,7 @@ async def test_cancel_stops_a_request_and_charges_what_was_generated(application
 
 async def test_a_websocket_request_routed_to_a_paid_provider_streams_and_is_metered(
         application, key, fakes):
-    from routing.registry import backend_model_set, backend_register
+    from routing.backend_store import backend_model_set, backend_register
 
     fake = fakes("openrouter", reply_tokens=4)
 

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import connections
 
 from routing.bench.fakes import FakeProvider
-from routing.registry import agent_routing_set, backend_model_set, backend_register
+from routing.backend_store import agent_routing_set, backend_model_set, backend_register
 from tenants.models import Scope
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from routing.bench.fakes import FakeProvider
-from routing.registry import backend_model_set, backend_register
+from routing.backend_store import backend_model_set, backend_register
 from tenants.models import Reservation, Scope, UsageRecord
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create

@@ -15,7 +15,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from routing.models import BackendKind
-from routing.registry import backend_model_set, backend_register
+from routing.backend_store import backend_model_set, backend_register
 from tenants.errors import InvalidRequest
 
 
