@@ -7,6 +7,8 @@ same run and print ratios and absolute figures, the last line one JSON object.
            (workers/bench/fairness.py)
   routing  routing decisions per policy with 100 backends, against reading the registry
            from the database each time (routing/bench/decisions.py)
+  hops     our functions one chat completion passes through, counted by a profile hook
+           (routing/bench/hops.py)
   gateway  Fairlane's distributed gateway under 1/16/64 closed-loop clients against the
            upstream alone and LiteLLM's proxy (--litellm VENV) (routing/bench/gateway.py)
 
@@ -24,6 +26,7 @@ BENCHES = {
     "fairness": "workers.bench.fairness",
     "routing": "routing.bench.decisions",
     "gateway": "routing.bench.gateway",
+    "hops": "routing.bench.hops",
 }
 # Modules a bench needs beyond requirements.txt (its baseline), installed by `make test-venv`.
 EXTRAS = {"engine": ("transformers",)}
