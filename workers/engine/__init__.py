@@ -4,7 +4,8 @@ Plain PyTorch; nothing here imports Django or another app of the repository.
 """
 
 from workers.engine.async_engine import AsyncEngine
-from workers.engine.config import EngineConfig, ModelConfig, SpeculativeConfig
+from workers.engine.capacity import engine_context_length
+from workers.engine.config import EngineConfig, ModelConfig, SpeculativeConfig, checkpoint_context_length
 from workers.engine.engine import LLMEngine
 from workers.engine.errors import (
     ContextLengthExceeded,
@@ -26,5 +27,6 @@ __all__ = [
     "EngineError", "EngineStopped", "FairSharePolicy", "FinishReason", "FifoPolicy", "InvalidRequest", "KeyPolicy",
     "LLMEngine", "ModelConfig", "OutOfBlocks", "RequestOutput", "SamplingParams", "SchedulingPolicy",
     "SpeculativeConfig",
-    "Tokenizer", "UnsupportedModel", "ensure_preset", "preset_create",
+    "Tokenizer", "UnsupportedModel", "checkpoint_context_length", "engine_context_length", "ensure_preset",
+    "preset_create",
 ]
