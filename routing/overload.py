@@ -19,6 +19,7 @@ from prometheus_client import Counter, Gauge
 
 from routing.errors import ServiceUnavailable
 from tenants.errors import Overloaded, RateLimited
+from tenants.models import Lane
 from workers.modes import Load, mode_get
 from workers.registry import ModelInfo
 
@@ -63,14 +64,14 @@ def load_admit(*, info: ModelInfo, lane: str, tenant: str, max_tokens: int) -> t
         raise Overloaded(f"The {lane} lane is full; retry later.", retry_after=retry)
     level = brownout_level(load)
     BROWNOUT_LEVEL.labels(info.name).set(level)
-    if level >= 1 and lane == "bulk":
+    if level >= 1 and lane == Lane.BULK:
         BROWNOUT_ACTIONS.labels(info.name, "shed_bulk").inc()
         exc = Overloaded("Under heavy load the bulk lane is shed (brownout); retry later.",
                          retry_after=_retry_after(load.total_depth, load.drain_rate))
         exc.headers = {"x-fairlane-brownout": "shed-bulk"}
         raise exc
     cap = settings.FAIRLANE_BROWNOUT_MAX_TOKENS
-    if level >= 2 and lane == "standard" and max_tokens > cap:
+    if level >= 2 and lane == Lane.STANDARD and max_tokens > cap:
         BROWNOUT_ACTIONS.labels(info.name, "cap_max_tokens").inc()
         return cap, f"cap-max-tokens={cap}"
     return max_tokens, ""

@@ -36,6 +36,9 @@ def validate_timezone(value: str) -> None:
 
 
 class Lane(models.TextChoices):
+    """The fair queue's lanes, the first served first: the fair queue, the workers and their
+    engines all take their order from this declaration."""
+
     REALTIME = "realtime"
     STANDARD = "standard"
     BULK = "bulk"

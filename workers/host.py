@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from workers.artifacts.load import artifact_verify_for_load
-from workers.engine import AsyncEngine
+from tenants.models import Lane
+from workers.engine import AsyncEngine, FairSharePolicy
 from workers.registry import ModelInfo, model_context_length, model_dir, model_engine_config
 from workers.vllm import VllmCrashed, VllmEngine, VllmStartFailed
 
@@ -191,7 +192,7 @@ class EngineHost:
             artifact_verify_for_load(model=info.name, path=model_dir(info.speculative_draft))
         config = model_engine_config(info)
         logger.info("loading model %s from %s", info.name, config.model)
-        return AsyncEngine.from_config(config).start()
+        return AsyncEngine.from_config(config, policy=engine_policy()).start()
 
     def hosted(self) -> list[str]:
         """The models with an engine running here (a version of them)."""
@@ -224,6 +225,11 @@ class EngineHost:
             engines, self._engines = self._engines, {}
         for engine in engines.values():
             engine.shutdown()
+
+
+def engine_policy() -> FairSharePolicy:
+    """An engine orders what it runs like the fair queue: by lane, then tenants by weight."""
+    return FairSharePolicy(lanes=Lane.values)
 
 
 def _memory_free() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
+from tenants.models import Lane
 from workers.engine import SamplingParams
 from workers.events import Event, Finish, Tokens
 from workers.registry import ModelInfo
@@ -33,7 +34,7 @@ class GenerationJob:
     sampling: dict = field(default_factory=dict)  # SamplingParams keyword arguments
     tenant_id: int = 0
     agent_id: str = ""
-    lane: str = "standard"
+    lane: str = Lane.STANDARD
     weight: int = 1  # the tenant's fair-share weight
     cache_salt: str = ""  # the client's: prefix caches are shared within tenant and salt only
     created: float = field(default_factory=time.time)

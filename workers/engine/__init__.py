@@ -17,13 +17,13 @@ from workers.engine.errors import (
 )
 from workers.engine.outputs import Completion, RequestOutput
 from workers.engine.params import SamplingParams
-from workers.engine.policy import LANES, FairSharePolicy, FifoPolicy, KeyPolicy, SchedulingPolicy
+from workers.engine.policy import FairSharePolicy, FifoPolicy, KeyPolicy, SchedulingPolicy
 from workers.engine.presets import PRESETS, ensure_preset, preset_create
 from workers.engine.sequence import FinishReason
 from workers.engine.tokenizer import Tokenizer
 
 __all__ = [
-    "LANES", "PRESETS", "AsyncEngine", "Completion", "ContextLengthExceeded", "EngineConfig",
+    "PRESETS", "AsyncEngine", "Completion", "ContextLengthExceeded", "EngineConfig",
     "EngineError", "EngineStopped", "FairSharePolicy", "FinishReason", "FifoPolicy", "InvalidRequest", "KeyPolicy",
     "LLMEngine", "ModelConfig", "OutOfBlocks", "RequestOutput", "SamplingParams", "SchedulingPolicy",
     "SpeculativeConfig",

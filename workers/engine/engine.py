@@ -92,7 +92,7 @@ class LLMEngine(BlockingHelpers):
         *,
         request_id: str | None = None,
         tenant: str = "default",
-        lane: str = "standard",
+        lane: str | None = None,
         salt: str | None = None,
         return_hidden_states: bool = False,
         arrival_time: float | None = None,
