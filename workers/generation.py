@@ -105,7 +105,7 @@ class GenerationRun:
             self.num_output_tokens[index] = len(earlier)
             if index in job.finished:
                 continue
-            if earlier and len(earlier) >= job.sampling["max_tokens"]:  # died before "finish"
+            if earlier and len(earlier) >= job.sampling.max_tokens:  # died before "finish"
                 self.backlog.append(Finish(choice=index, reason="length"))
                 continue
             prompt = prompt + earlier
