@@ -8,10 +8,13 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
+from routing.wire.parse import Sampling
 from tenants.cache import generation, hot_cache
 from tenants.errors import AuthenticationFailed, PermissionDenied
 from tenants.models import Agent, ApiKey, Scope, Tenant
 from tenants.services.keys import api_key_authenticate, api_key_fingerprint
+from workers.engine import SamplingParams
+
 
 @dataclass(frozen=True, slots=True)
 class Caller:
@@ -52,14 +55,16 @@ def caller_authenticate(*, authorization: str | None) -> Caller:
     return caller
 
 
-def engine_sampling(sampling, max_tokens: int) -> dict:
-    """OpenAI's sampling parameters as the engine's SamplingParams keywords."""
-    return {"max_tokens": max_tokens, "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "top_k": max(sampling.top_k, 0),
-            "seed": sampling.seed,
-            "stop": list(sampling.stop), "logprobs": sampling.logprobs,
-            "min_tokens": min(sampling.min_tokens, max_tokens),
-            "ignore_eos": sampling.ignore_eos, "presence_penalty": sampling.presence_penalty,
-            "frequency_penalty": sampling.frequency_penalty,
-            "repetition_penalty": sampling.repetition_penalty,
-            "logit_bias": [list(pair) for pair in sampling.logit_bias]}
+def sampling_for_engine(sampling: Sampling, max_tokens: int,
+                        guide: dict | None = None) -> SamplingParams:
+    """OpenAI's sampling parameters as the engine's, converted once, at the edge: what a job
+    carries to its worker. `guide`: local_guide's keywords (JSON mode, tool calls)."""
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+        top_k=max(sampling.top_k, 0), seed=sampling.seed, stop=sampling.stop,
+        logprobs=sampling.logprobs, min_tokens=min(sampling.min_tokens, max_tokens),
+        ignore_eos=sampling.ignore_eos, presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty, logit_bias=sampling.logit_bias,
+        **(guide or {}))
+

@@ -20,6 +20,7 @@ from prometheus_client import Counter, Gauge
 from routing.errors import ServiceUnavailable
 from routing.max_tokens import max_tokens_brownout
 from tenants.errors import Overloaded, RateLimited
+from tenants.models import Lane
 from workers.modes import Load, mode_get
 from workers.registry import ModelInfo
 
@@ -64,14 +65,14 @@ def load_admit(*, info: ModelInfo, lane: str, tenant: str, max_tokens: int) -> t
         raise Overloaded(f"The {lane} lane is full; retry later.", retry_after=retry)
     level = brownout_level(load)
     BROWNOUT_LEVEL.labels(info.name).set(level)
-    if level >= 1 and lane == "bulk":
+    if level >= 1 and lane == Lane.BULK:
         BROWNOUT_ACTIONS.labels(info.name, "shed_bulk").inc()
         exc = Overloaded("Under heavy load the bulk lane is shed (brownout); retry later.",
                          retry_after=_retry_after(load.total_depth, load.drain_rate))
         exc.headers = {"x-fairlane-brownout": "shed-bulk"}
         raise exc
     capped = max_tokens_brownout(max_tokens)
-    if level >= 2 and lane == "standard" and capped < max_tokens:
+    if level >= 2 and lane == Lane.STANDARD and capped < max_tokens:
         BROWNOUT_ACTIONS.labels(info.name, "cap_max_tokens").inc()
         return capped, f"cap-max-tokens={capped}"
     return max_tokens, ""

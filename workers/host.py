@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from workers.artifacts.load import artifact_verify_for_load
-from workers.engine import AsyncEngine, EngineConfig
-from workers.registry import ModelInfo, model_context_length, model_dir, model_engine_options
+from tenants.models import Lane
+from workers.engine import AsyncEngine, FairSharePolicy
+from workers.registry import ModelInfo, model_context_length, model_dir, model_engine_config
 from workers.vllm import VllmCrashed, VllmEngine, VllmStartFailed
 
 logger = logging.getLogger(__name__)
@@ -187,20 +188,11 @@ class EngineHost:
             logger.info("starting vLLM for model %s from %s", info.name, path)
             return VllmEngine(model=info.name, path=path, max_model_len=model_context_length(info),
                               max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS).start()
-        options = model_engine_options(info)
         if info.speculative_draft:  # the draft's weights are loaded too: same check
             artifact_verify_for_load(model=info.name, path=model_dir(info.speculative_draft))
-        config = EngineConfig(
-            model=str(path),
-            device=settings.FAIRLANE_ENGINE_DEVICE,
-            kv_cache_memory_bytes=settings.FAIRLANE_ENGINE_KV_CACHE_MB << 20,
-            max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS,
-            max_model_len=settings.FAIRLANE_MAX_MODEL_LEN,
-            num_threads=settings.FAIRLANE_ENGINE_THREADS,
-            **options,
-        )
+        config = model_engine_config(info)
         logger.info("loading model %s from %s", info.name, config.model)
-        return AsyncEngine.from_config(config).start()
+        return AsyncEngine.from_config(config, policy=engine_policy()).start()
 
     def hosted(self) -> list[str]:
         """The models with an engine running here (a version of them)."""
@@ -233,6 +225,11 @@ class EngineHost:
             engines, self._engines = self._engines, {}
         for engine in engines.values():
             engine.shutdown()
+
+
+def engine_policy() -> FairSharePolicy:
+    """An engine orders what it runs like the fair queue: by lane, then tenants by weight."""
+    return FairSharePolicy(lanes=Lane.values)
 
 
 def _memory_free() -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
+from tenants.models import Lane
 from workers.engine import SamplingParams
 from workers.events import Event, Finish, Tokens
 from workers.registry import ModelInfo
@@ -30,10 +31,10 @@ class GenerationJob:
     model: dict  # ModelInfo.to_dict()
     prompts: list[list[int]]
     n: int = 1
-    sampling: dict = field(default_factory=dict)  # SamplingParams keyword arguments
+    sampling: SamplingParams | None = None  # the engine's, made at the edge; None to embed
     tenant_id: int = 0
     agent_id: str = ""
-    lane: str = "standard"
+    lane: str = Lane.STANDARD
     weight: int = 1  # the tenant's fair-share weight
     cache_salt: str = ""  # the client's: prefix caches are shared within tenant and salt only
     created: float = field(default_factory=time.time)
@@ -45,6 +46,10 @@ class GenerationJob:
     # seconds; workers/trace.py): a job made while serving a request takes both from it.
     trace: str = field(default_factory=_traceparent)
     timeline: dict = field(default_factory=_timeline)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sampling, dict):  # from JSON
+            self.sampling = SamplingParams(**self.sampling)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,15 +80,15 @@ class GenerationJob:
         return ModelInfo(**self.model)
 
     def choice_params(self, index: int) -> SamplingParams:
-        sampling = dict(self.sampling)
+        params, changes = self.sampling, {}
         # n choices of one prompt with one seed would be n identical answers.
-        if sampling.get("seed") is not None:
+        if params.seed is not None:
             # Wrap within int64, the range seeds are accepted in.
-            sampling["seed"] = (sampling["seed"] + index % self.n + 2**63) % 2**64 - 2**63
+            changes["seed"] = (params.seed + index % self.n + 2**63) % 2**64 - 2**63
         done = len(self.resumed.get(index, ()))
         if done:
-            sampling["max_tokens"] -= done
-            sampling["min_tokens"] = max(sampling.get("min_tokens", 0) - done, 0)
-            if sampling.get("guide"):  # JSON mode goes on from what was already streamed
-                sampling["guide_prefix"] = list(self.resumed[index])
-        return SamplingParams(**sampling)
+            changes["max_tokens"] = params.max_tokens - done
+            changes["min_tokens"] = max(params.min_tokens - done, 0)
+            if params.guide:  # JSON mode goes on from what was already streamed
+                changes["guide_prefix"] = tuple(self.resumed[index])
+        return replace(params, **changes)

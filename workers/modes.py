@@ -26,7 +26,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from workers.fairqueue import LANES
+from tenants.models import Lane
 from workers.fairqueue.local import local_queue
 from workers.host import host_get
 from workers.transport import EmbeddedDispatcher, QueueDispatcher, queue_for, redis_sync
@@ -107,7 +107,7 @@ class EmbeddedMode:
             tenants = {t: n for (m, la, t), n in waiting.items() if m == model and la == lane}
             return LaneState(lane, sum(tenants.values()), None, tenants)
 
-        return [QueueState(model, tuple(lane_state(model, lane) for lane in LANES),
+        return [QueueState(model, tuple(lane_state(model, lane) for lane in Lane.values),
                            local_queue.drain_rate(model=model, seconds=RATE_SECONDS), 0)
                 for model in models]
 
@@ -192,7 +192,7 @@ class DistributedMode:
         for info in model_list_enabled():
             by_lane = {k.decode(): int(v) for k, v in client.hgetall(
                 queue_for(client, info.name).prefix + "depth").items()}
-            depths.update({(info.name, lane): by_lane.get(lane, 0) for lane in LANES})
+            depths.update({(info.name, lane): by_lane.get(lane, 0) for lane in Lane.values})
         return depths
 
     def queue_states(self, models: list[str]) -> list:
@@ -203,7 +203,7 @@ class DistributedMode:
         for model in models:
             queue = queue_for(client, model)
             states.append(QueueState(model, tuple(lane_state_redis(queue, lane, now_ms)
-                                                  for lane in LANES),
+                                                  for lane in Lane.values),
                                      queue.drain_rate(RATE_SECONDS), queue.leased()))
         return states
 

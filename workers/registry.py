@@ -14,7 +14,8 @@ from tenants.errors import InvalidRequest
 from tenants.services.validation import save_validated
 from workers.artifacts.load import artifact_provenance
 from workers.artifacts.presets import preset_signed_dir
-from workers.engine import SpeculativeConfig, Tokenizer
+from workers.engine import (EngineConfig, EngineError, SpeculativeConfig, Tokenizer,
+                            checkpoint_context_length, engine_context_length)
 from workers.engine.presets import PRESETS
 from workers.models import ServedModel
 
@@ -105,12 +106,28 @@ def _config_at(path: str) -> dict:
 
 
 def model_context_length(info: ModelInfo) -> int:
-    """The checkpoint's context; FAIRLANE_MAX_MODEL_LEN caps it (the engine uses the same cap)."""
-    config = _config_at(str(model_dir(info.source)))
-    limit = config.get("max_position_embeddings", 2048)
-    if config.get("sliding_window"):
-        limit = min(limit, config["sliding_window"])
-    return min(limit, settings.FAIRLANE_MAX_MODEL_LEN) if settings.FAIRLANE_MAX_MODEL_LEN else limit
+    """The context the model is served with, as its engine decides it (the KV pool and
+    FAIRLANE_MAX_MODEL_LEN included), so the API refuses what the engine would. vLLM is
+    started with the checkpoint's context, capped by FAIRLANE_MAX_MODEL_LEN."""
+    path = str(model_dir(info.source))
+    if info.runtime == ServedModel.Runtime.VLLM:
+        return _checkpoint_context_length(path, settings.FAIRLANE_MAX_MODEL_LEN)
+    try:
+        return _engine_context_length(model_engine_config(info))
+    except (EngineError, ValueError, KeyError):
+        # Its engine refuses to load it (a 503, or the next backend answers); until that is
+        # fixed, requests are checked against the checkpoint's own context.
+        return _checkpoint_context_length(path, settings.FAIRLANE_MAX_MODEL_LEN)
+
+
+@functools.lru_cache(maxsize=32)
+def _engine_context_length(config: EngineConfig) -> int:
+    return engine_context_length(config)
+
+
+def _checkpoint_context_length(path: str, cap: int | None) -> int:
+    limit = checkpoint_context_length(_config_at(path))
+    return min(limit, cap) if cap else limit
 
 
 def model_vocab_size(info: ModelInfo) -> int:
@@ -194,6 +211,20 @@ def model_engine_options(info: ModelInfo) -> dict:
         options["speculative"] = SpeculativeConfig(info.speculative_method, num_speculative_tokens=info.speculative_tokens,
                                                    model=draft)
     return options
+
+
+def model_engine_config(info: ModelInfo) -> EngineConfig:
+    """How this process runs the model on our engine: what the host starts it with and what
+    its published context is derived from."""
+    return EngineConfig(
+        model=str(model_dir(info.source)),
+        device=settings.FAIRLANE_ENGINE_DEVICE,
+        kv_cache_memory_bytes=settings.FAIRLANE_ENGINE_KV_CACHE_MB << 20,
+        max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS,
+        max_model_len=settings.FAIRLANE_MAX_MODEL_LEN,
+        num_threads=settings.FAIRLANE_ENGINE_THREADS,
+        **model_engine_options(info),
+    )
 
 
 def usage_cost(info: ModelInfo, *, prompt_tokens: int, completion_tokens: int,

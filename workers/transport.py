@@ -24,9 +24,10 @@ from django.conf import settings
 from tenants.errors import BackendUnavailable, Timeout
 from workers.fairqueue import FairQueue
 from workers.events import Done, Embedding, Event, Failed, Tokens, event_decode, event_encode
-from workers.generation import LostOwnership, generation_cancel, generation_run_async
+from workers.generation import LostOwnership, generation_run_async
 from workers.jobs import GenerationJob
 from workers.host import LOAD_FAILED_MESSAGE, ModelLoadFailed, host_get
+from workers.runs import generation_cancel
 
 logger = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from celery import signals
 from django.conf import settings
 from django.db import close_old_connections
 
-from workers.generation import generation_cancel
 from workers.host import ModelLoadFailed, engine_key, host_get
 from workers.pulling import Puller
 from workers.registry import model_list_enabled
+from workers.runs import generation_cancel
 from workers.transport import CANCEL_CHANNEL, redis_sync
 from workers.versions import versions_of
 

@@ -7,7 +7,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from routing.admission import Caller, engine_sampling
+from routing.admission import Caller, sampling_for_engine
 from routing.max_tokens import max_tokens_local, max_tokens_remote
 from routing.attempts import Offer, Offers, attempt_release
 from routing.backends import Call, Route
@@ -149,7 +149,7 @@ class _Generation(Routed):
             model=version_choose(route.info, key=self.conversation_key()).to_dict(),
             prompts=self.token_prompts if call is None else [],
             n=self.sampling.n,
-            sampling={**engine_sampling(self.sampling, max_tokens), **self.guide},
+            sampling=sampling_for_engine(self.sampling, max_tokens, self.guide),
             tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk), lane=self.lane,
             weight=caller.tenant.weight, cache_salt=self.request.cache_salt)
         cost = usage_cost(route.info, prompt_tokens=self._prompt_tokens(route),

@@ -3,7 +3,7 @@ rules (thresholds as comma-separated percentages, and the forecast)."""
 
 from django import forms
 
-from tenants.alert_models import AlertDestination
+from tenants.models import AlertDestination
 from tenants.portal.forms import PortalForm
 
 

@@ -62,9 +62,9 @@ def hf_greedy(hf_model, prompts) -> list[list[int]]:
 
 @pytest.fixture
 def make_engine(tiny_dir: Path):
-    def make(*, proposer=None, **overrides) -> LLMEngine:
+    def make(*, proposer=None, policy=None, **overrides) -> LLMEngine:
         config = {"model": str(tiny_dir), "num_kv_blocks": 512, "seed": 0, **overrides}
-        return LLMEngine(EngineConfig(**config), proposer=proposer)
+        return LLMEngine(EngineConfig(**config), policy=policy, proposer=proposer)
 
     return make
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.engine import ContextLengthExceeded, EngineConfig, InvalidRequest, SamplingParams
+from workers.engine import ContextLengthExceeded, EngineConfig, FairSharePolicy, InvalidRequest, SamplingParams
 
 GOOD = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 
@@ -58,7 +58,7 @@ def test_out_of_range_sampling_parameters_are_refused(kwargs, param):
     ],
 )
 def test_bad_requests_raise_and_others_keep_running(make_engine, prompt, kwargs, error, param):
-    engine = make_engine()
+    engine = make_engine(policy=FairSharePolicy(lanes=("realtime", "standard", "bulk")))
     first = engine.add_request([7, 8, 9], GOOD)
     engine.step()
     with pytest.raises(error) as info:

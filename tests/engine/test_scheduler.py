@@ -5,6 +5,7 @@ from __future__ import annotations
 from workers.engine import FairSharePolicy, KeyPolicy, SamplingParams
 
 PARAMS = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+LANES = ("realtime", "standard", "bulk")  # the caller's lanes, first to last
 
 
 def _first_tokens_order(engine) -> list[str]:
@@ -33,7 +34,7 @@ def test_token_budget_and_max_seqs_hold_every_step(make_engine, prompts):
 
 
 def test_realtime_lane_goes_before_bulk(make_engine):
-    engine = make_engine(max_num_seqs=1)
+    engine = make_engine(max_num_seqs=1, policy=FairSharePolicy(lanes=LANES))
     engine.add_request([5] * 8, PARAMS, request_id="bulk", lane="bulk")
     engine.add_request([6] * 8, PARAMS, request_id="standard", lane="standard")
     engine.add_request([7] * 8, PARAMS, request_id="realtime", lane="realtime")
@@ -72,7 +73,7 @@ def test_custom_key_callable_orders_the_queue(make_engine, tiny_dir):
 
 
 def test_preemption_picks_the_lowest_priority_sequence(make_engine):
-    engine = make_engine(num_kv_blocks=6, max_num_batched_tokens=256)
+    engine = make_engine(num_kv_blocks=6, max_num_batched_tokens=256, policy=FairSharePolicy(lanes=LANES))
     long = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
     engine.add_request([5] * 30, long, request_id="realtime", lane="realtime")
     engine.add_request([6] * 30, long, request_id="bulk", lane="bulk")

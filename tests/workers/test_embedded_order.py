@@ -5,12 +5,14 @@ import queue
 
 from workers.engine import AsyncEngine, EngineConfig, ensure_preset
 from workers.generation import GenerationJob, GenerationRun
+from workers.host import engine_policy
 from workers.registry import ModelInfo
 
 
 def test_a_run_hands_the_engine_its_tenant_lane_and_weight(tmp_path):
     engine = AsyncEngine.from_config(EngineConfig(model=str(ensure_preset("tiny", tmp_path)),
-                                                  max_num_seqs=1)).start()
+                                                  max_num_seqs=1),
+                                      policy=engine_policy()).start()
     inbox = queue.Queue()
     try:
         jobs = [GenerationJob(request_id=f"r{i}", kind="generate",

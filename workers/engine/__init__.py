@@ -4,7 +4,8 @@ Plain PyTorch; nothing here imports Django or another app of the repository.
 """
 
 from workers.engine.async_engine import AsyncEngine
-from workers.engine.config import EngineConfig, ModelConfig, SpeculativeConfig
+from workers.engine.capacity import engine_context_length
+from workers.engine.config import EngineConfig, ModelConfig, SpeculativeConfig, checkpoint_context_length
 from workers.engine.engine import LLMEngine
 from workers.engine.errors import (
     ContextLengthExceeded,
@@ -16,15 +17,16 @@ from workers.engine.errors import (
 )
 from workers.engine.outputs import Completion, RequestOutput
 from workers.engine.params import SamplingParams
-from workers.engine.policy import LANES, FairSharePolicy, FifoPolicy, KeyPolicy, SchedulingPolicy
+from workers.engine.policy import FairSharePolicy, FifoPolicy, KeyPolicy, SchedulingPolicy
 from workers.engine.presets import PRESETS, ensure_preset, preset_create
 from workers.engine.sequence import FinishReason
 from workers.engine.tokenizer import Tokenizer
 
 __all__ = [
-    "LANES", "PRESETS", "AsyncEngine", "Completion", "ContextLengthExceeded", "EngineConfig",
+    "PRESETS", "AsyncEngine", "Completion", "ContextLengthExceeded", "EngineConfig",
     "EngineError", "EngineStopped", "FairSharePolicy", "FinishReason", "FifoPolicy", "InvalidRequest", "KeyPolicy",
     "LLMEngine", "ModelConfig", "OutOfBlocks", "RequestOutput", "SamplingParams", "SchedulingPolicy",
     "SpeculativeConfig",
-    "Tokenizer", "UnsupportedModel", "ensure_preset", "preset_create",
+    "Tokenizer", "UnsupportedModel", "checkpoint_context_length", "engine_context_length", "ensure_preset",
+    "preset_create",
 ]

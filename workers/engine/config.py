@@ -49,6 +49,12 @@ class ModelConfig:
     def num_queries_per_kv(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
+    @property
+    def context_length(self) -> int:
+        """The longest sequence the checkpoint allows: its positions, capped by its sliding
+        window where its attention uses one (the engine attends fully, never beyond it)."""
+        return _context_length(self.max_position_embeddings, self.sliding_window)
+
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         num_heads = raw["num_attention_heads"]
@@ -63,7 +69,7 @@ class ModelConfig:
             num_attention_heads=num_heads,
             num_key_value_heads=raw.get("num_key_value_heads") or num_heads,
             head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
-            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            max_position_embeddings=_max_positions(raw),
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope.pop("rope_theta", 10000.0)),
             rope_type=rope.pop("rope_type", "default"),
@@ -73,12 +79,31 @@ class ModelConfig:
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype") or "float32",
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window", True) else None,
+            sliding_window=_sliding_window(raw),
         )
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelConfig:
         return cls.from_dict(json.loads((Path(path) / "config.json").read_text()))
+
+
+def checkpoint_context_length(raw: dict[str, Any]) -> int:
+    """``ModelConfig.context_length`` of a config.json of any architecture (vLLM serves more
+    than the engine's)."""
+    return _context_length(_max_positions(raw), _sliding_window(raw))
+
+
+def _context_length(max_positions: int, sliding_window: int | None) -> int:
+    return min(max_positions, sliding_window) if sliding_window else max_positions
+
+
+def _max_positions(raw: dict[str, Any]) -> int:
+    return raw.get("max_position_embeddings", 2048)
+
+
+def _sliding_window(raw: dict[str, Any]) -> int | None:
+    """Qwen2's configs name a window that their attention does not use (use_sliding_window)."""
+    return raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
 
 
 def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import torch
 
 from workers.engine.block_manager import BlockManager
 from workers.engine.blocking import BlockingHelpers
+from workers.engine.capacity import kv_pool_blocks, max_model_len
 from workers.engine.config import EngineConfig, ModelConfig
 from workers.engine.errors import InvalidRequest
 from workers.engine.model.loader import model_load, resolve_dtype
@@ -23,7 +24,7 @@ from workers.engine.params import SamplingParams
 from workers.engine.policy import FairSharePolicy, SchedulingPolicy
 from workers.engine.requests import POOLINGS, prompt_token_ids, request_check
 from workers.engine.runner import ModelRunner, StepResult
-from workers.engine.options import quantization_apply, speculation_kv_bytes_per_block, speculator_build
+from workers.engine.options import quantization_apply, speculator_build
 from workers.engine.guide import guide_start
 from workers.engine.sampler import Sampler
 from workers.engine.scheduler import ScheduledBatch, Scheduler
@@ -47,8 +48,8 @@ class LLMEngine(BlockingHelpers):
         self.model_config = ModelConfig.from_dir(config.model)
         mc = self.model_config
         self.dtype = resolve_dtype(config.dtype, mc, self.device)
-        num_blocks = config.num_kv_blocks or self._blocks_in_budget()
-        self.max_model_len = self._max_model_len(num_blocks)
+        num_blocks = kv_pool_blocks(config, mc, self.dtype)
+        self.max_model_len = max_model_len(config, mc, num_blocks)
         model = model_load(config.model, device=self.device, dtype=self.dtype, max_positions=self.max_model_len)
         self.quantization = quantization_apply(model, config)
         if config.is_weight_prepacking_enabled:
@@ -66,24 +67,6 @@ class LLMEngine(BlockingHelpers):
         self.stats_counters = EngineStats()
         self.requests: dict[str, Sequence] = {}
         self._pending: list[RequestOutput] = []  # abort notices, delivered by the next step
-
-    def _blocks_in_budget(self) -> int:
-        mc = self.model_config
-        itemsize = torch.empty(0, dtype=self.dtype).element_size()
-        per_block = mc.num_hidden_layers * 2 * mc.num_key_value_heads * self.config.block_size * mc.head_dim * itemsize
-        per_block += speculation_kv_bytes_per_block(self.config, self.dtype)  # a draft's K/V share the blocks
-        return max(self.config.kv_cache_memory_bytes // per_block, 2)
-
-    def _max_model_len(self, num_blocks: int) -> int:
-        mc = self.model_config
-        limit = mc.max_position_embeddings
-        if mc.sliding_window:
-            limit = min(limit, mc.sliding_window)
-        if self.config.max_model_len is not None:
-            if self.config.max_model_len > limit:
-                raise ValueError(f"max_model_len {self.config.max_model_len} exceeds the model's {limit}")
-            limit = self.config.max_model_len
-        return min(limit, num_blocks * self.config.block_size)
 
     # Requests -----------------------------------------------------------------------------
 
@@ -109,7 +92,7 @@ class LLMEngine(BlockingHelpers):
         *,
         request_id: str | None = None,
         tenant: str = "default",
-        lane: str = "standard",
+        lane: str | None = None,
         salt: str | None = None,
         return_hidden_states: bool = False,
         arrival_time: float | None = None,

@@ -6,14 +6,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 from torch import nn
 
 from workers.engine.config import EngineConfig
 from workers.engine.errors import UnsupportedModel
 from workers.engine.quant import quantization_config_read, quantize_model
 from workers.engine.sampler import uniform
-from workers.engine.spec.draft import DraftProposer, draft_kv_bytes_per_block
+from workers.engine.spec.draft import DraftProposer
 from workers.engine.spec.ngram import NgramProposer
 from workers.engine.spec.speculator import Proposer, Speculator
 
@@ -32,14 +31,6 @@ def quantization_apply(model: nn.Module, config: EngineConfig) -> str | None:
     if wanted is not None:
         quantize_model(model, wanted, group_size=config.quantization_group_size)
     return wanted
-
-
-def speculation_kv_bytes_per_block(config: EngineConfig, dtype: torch.dtype) -> int:
-    """KV bytes a block needs for the draft model too (0 without one)."""
-    spec = config.speculative
-    if spec is None or spec.method != "draft":
-        return 0
-    return draft_kv_bytes_per_block(spec.model, config.block_size, dtype)
 
 
 def speculator_build(engine: LLMEngine, num_blocks: int, proposer: Proposer | None) -> Speculator | None:

@@ -4,16 +4,15 @@ A policy gives each sequence a sort key (lower runs sooner, and is preempted lat
 how many tokens each sequence was given. The default orders by lane, then by the tenant's
 virtual token counter (tokens processed / weight), then by arrival, which is weighted fair
 queueing at token granularity. The fair-share issue can pass its own policy or a key callable.
+The lanes are the caller's: the engine names none of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Protocol
 
 from workers.engine.sequence import Sequence
-
-LANES: dict[str, int] = {"realtime": 0, "standard": 1, "bulk": 2}
 
 
 class SchedulingPolicy(Protocol):
@@ -25,10 +24,14 @@ class SchedulingPolicy(Protocol):
 
 
 class FairSharePolicy:
-    """Lane priority, then the lowest per-tenant virtual token counter, then first come."""
+    """Lane priority, then the lowest per-tenant virtual token counter, then first come.
 
-    def __init__(self, *, lanes: dict[str, int] | None = None, tenant_weights: dict[str, float] | None = None) -> None:
-        self.lanes = dict(LANES if lanes is None else lanes)
+    ``lanes`` names the lanes from first to last; a request must name one of them, or none (it
+    then goes after them all). Without lanes every request shares one.
+    """
+
+    def __init__(self, *, lanes: Iterable[str] = (), tenant_weights: dict[str, float] | None = None) -> None:
+        self.lanes = {lane: rank for rank, lane in enumerate(lanes)}
         self.tenant_weights = dict(tenant_weights or {})
         self.virtual_tokens: dict[str, float] = {}
 

@@ -38,7 +38,8 @@ def request_check(
     lanes: dict[str, int] | None,
     tenant: object,
 ) -> None:
-    """Context length, stop token ids, tenant and lane; ``params=None`` for embedding requests."""
+    """Context length, stop token ids, tenant and lane (one of ``lanes`` where the policy names
+    some, or None); ``params=None`` for embedding requests."""
     num_output = params.max_tokens if params is not None else 0
     if len(ids) > max_model_len or (params is not None and len(ids) >= max_model_len):
         raise ContextLengthExceeded(
@@ -56,5 +57,7 @@ def request_check(
         raise InvalidRequest(f"logit_bias token ids must be below the vocabulary size {vocab_size}", param="logit_bias")
     if not isinstance(tenant, str) or not tenant:
         raise InvalidRequest("tenant must be a non-empty string", param="tenant")
-    if not isinstance(lane, str) or (lanes is not None and lane not in lanes):
-        raise InvalidRequest(f"lane must be one of {sorted(lanes or [])}", param="lane")
+    if lane is not None and not isinstance(lane, str):
+        raise InvalidRequest("lane must be a string", param="lane")
+    if lane is not None and lanes and lane not in lanes:
+        raise InvalidRequest(f"lane must be one of {list(lanes)}", param="lane")

@@ -49,7 +49,7 @@ class Sequence:
         params: SamplingParams,
         *,
         tenant: str,
-        lane: str,
+        lane: str | None,
         salt: str,
         arrival_time: float,
         is_embedding: bool = False,

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import redis
 
-LANES = ("realtime", "standard", "bulk")
+from tenants.models import Lane
+
 _SCRIPTS = {name: (Path(__file__).parent / f"{name}.lua").read_text()
             for name in ("enqueue", "dequeue", "charge", "ack", "renew")}
 
@@ -52,7 +53,8 @@ class FairQueue:
         self.client = client
         self.prefix = f"{{fq:{name}}}:"
         self.lease_ms = int(lease_seconds * 1000)
-        self.shares = (min_share_standard, min_share_bulk)
+        shares = {Lane.STANDARD: min_share_standard, Lane.BULK: min_share_bulk}
+        self._lanes = [arg for lane in Lane.values for arg in (lane, shares.get(lane, 0.0))]
         self.decay = decay
         self._scripts = {name: client.register_script(src) for name, src in _SCRIPTS.items()}
 
@@ -62,7 +64,7 @@ class FairQueue:
     def enqueue(self, *, id: str, tenant: str, lane: str, weight: float, cost: int,
                 payload: dict) -> int:
         """Queue a request; `cost` is its input tokens. Returns the lane's depth."""
-        if lane not in LANES:
+        if lane not in Lane.values:
             raise ValueError(f"unknown lane {lane!r}")
         return int(self._run("enqueue", id, tenant, lane, weight, cost, json.dumps(payload),
                              _now_ms()))
@@ -70,8 +72,8 @@ class FairQueue:
     def dequeue(self, *, worker: str, realtime_only: bool = False) -> Taken | None:
         """The next request by lane, then fairness, leased to `worker`; None if none waits.
         `realtime_only` takes only realtime requests (a worker's reserved last slots)."""
-        reply = self._run("dequeue", worker, self.lease_ms, _now_ms(), self.decay, *self.shares,
-                          1 if realtime_only else len(LANES))
+        reply = self._run("dequeue", worker, self.lease_ms, _now_ms(), self.decay,
+                          1 if realtime_only else len(Lane), *self._lanes)
         if not reply:
             return None
         id_, payload, tenant, lane, waited, position = (

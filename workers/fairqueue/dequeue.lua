@@ -2,13 +2,17 @@
 -- then choose the lane (strict priority, except a lower lane below its minimum share of recent
 -- dispatches goes first), then the backlogged tenant with the lowest virtual token counter,
 -- charge it the request's input tokens divided by its weight, and lease the request.
--- KEYS[1] prefix; ARGV: worker lease_ms now_ms decay share_standard share_bulk lowest_lane
--- (lowest_lane 1 takes realtime only: a worker keeps its last slots for realtime requests).
+-- KEYS[1] prefix; ARGV: worker lease_ms now_ms decay lowest_lane, then each lane from first
+-- to last and its minimum share (lowest_lane 1 takes the first lane only: a worker keeps its
+-- last slots for realtime requests).
 local p, worker = KEYS[1], ARGV[1]
 local lease_ms, now, decay = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local lanes = {'realtime', 'standard', 'bulk'}
-local lowest = tonumber(ARGV[7] or '3')
-local min_share = {0, tonumber(ARGV[5]), tonumber(ARGV[6])}
+local lowest = tonumber(ARGV[5])
+local lanes, min_share = {}, {}
+for i = 6, #ARGV, 2 do
+  lanes[#lanes + 1] = ARGV[i]
+  min_share[#min_share + 1] = tonumber(ARGV[i + 1])
+end
 
 local function activate(lane, tenant)
   if not redis.call('ZSCORE', p .. 'active:' .. lane, tenant) then

@@ -150,7 +150,7 @@ class VllmEngine:
     # Requests -----------------------------------------------------------------------------
 
     def submit(self, prompt: list[int], params: SamplingParams | None, sink, *, request_id: str,
-               tenant: str, lane: str = "standard", salt: str | None = None,
+               tenant: str, lane: str | None = None, salt: str | None = None,
                is_embedding: bool = False, **_: object) -> str:
         """Start one sequence on the child; `sink` receives its outputs (RequestOutput deltas,
         then the finished one) or one exception."""

@@ -24,9 +24,9 @@ from django.core.mail import send_mail
 from django.db import close_old_connections
 from django.utils import timezone
 
-from tenants.alert_models import AlertDelivery, AlertDestination
 from tenants.errors import InvalidRequest
 from tenants.metrics import DELIVERIES, SEP
+from tenants.models import AlertDelivery, AlertDestination
 from tenants.services.alerts.events import event_payload
 from tenants.services.alerts.webhooks import secret_decrypt, webhook_post
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.core.validators import EmailValidator
 
-from tenants.alert_models import AlertDestination
 from tenants.errors import InvalidRequest, NotFound
-from tenants.models import Tenant
+from tenants.models import AlertDestination, Tenant
 from tenants.services.alerts.webhooks import secret_encrypt, secret_new, webhook_target
 from tenants.services.validation import Conflict, save_validated
 

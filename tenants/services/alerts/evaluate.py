@@ -25,10 +25,9 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from tenants.alert_models import AlertState
 from tenants.cache import generation, hot_cache
 from tenants.metrics import SPEND
-from tenants.models import BudgetWindow, Tenant, UsageRecord
+from tenants.models import AlertState, BudgetWindow, Tenant, UsageRecord
 from tenants.reports.spend import RUN_RATE_WINDOW
 from tenants.services.alerts.deliver import embedded_sender
 from tenants.services.alerts.events import alert_event_create

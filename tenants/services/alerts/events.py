@@ -11,11 +11,10 @@ from zoneinfo import ZoneInfo
 from django.db import transaction
 from django.db.models import Q
 
-from tenants.alert_models import (
-    AlertDelivery, AlertDestination, AlertEvent, AlertEventName,
-)
 from tenants.metrics import ALERTS, SEP
-from tenants.models import MICROCENTS_PER_USD, BudgetWindow
+from tenants.models import (
+    MICROCENTS_PER_USD, AlertDelivery, AlertDestination, AlertEvent, AlertEventName, BudgetWindow,
+)
 from tenants.services.alerts.rules import Rule
 
 

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from tenants.alert_models import DEFAULT_THRESHOLDS, FORECAST, AlertRule, threshold_rule
 from tenants.errors import InvalidRequest
-from tenants.models import Budget, Tenant
+from tenants.models import DEFAULT_THRESHOLDS, FORECAST, AlertRule, Budget, Tenant, threshold_rule
 
 MAX_THRESHOLDS = 10
 

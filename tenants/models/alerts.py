@@ -1,7 +1,5 @@
 """Budget alerts: the rules a budget is watched by, each rule's state in each window (so a
 crossing fires exactly once), the alerts that fired, where they are sent, and every delivery.
-
-Loaded with the app's models (tenants/models.py imports this module at its end).
 """
 
 import uuid
@@ -9,7 +7,8 @@ import uuid
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from tenants.models import Agent, Budget, Tenant
+from tenants.models.budgets import Budget
+from tenants.models.tenancy import Agent, Tenant
 
 # A budget without rules of its own is watched by these: 50, 80 and 100 % of actual spend,
 # and the forecast (projected to run out before the window ends at the trailing run-rate).
