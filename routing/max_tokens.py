@@ -45,11 +45,10 @@ def max_tokens_remote(*, asked: int | None, context_length: int, worst_prompt_to
     return settings.FAIRLANE_DEFAULT_MAX_TOKENS
 
 
-def max_tokens_fit(*, asked: int | None, context_length: int, worst_prompt_tokens: int) -> bool:
-    """Whether a remote backend's declared context (0: unknown) can hold a typical prompt of
-    this size and the completion asked for (at least one token)."""
-    return (not context_length
-            or worst_prompt_tokens // BYTES_PER_TOKEN + (asked or 1) <= context_length)
+def max_tokens_context_need(*, asked: int | None, worst_prompt_tokens: int) -> int:
+    """The context a remote backend must declare (0: unknown, taken as enough) to take a
+    typical prompt of this size and the completion asked for (at least one token)."""
+    return worst_prompt_tokens // BYTES_PER_TOKEN + (asked or 1)
 
 
 def max_tokens_brownout(max_tokens: int) -> int:

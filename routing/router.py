@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from routing.backends.base import BackendSpec, Route, features_resolve
 from routing.breaker import breakers
-from routing.max_tokens import max_tokens_fit
+from routing.max_tokens import max_tokens_context_need
 from routing.models import KIND_ORDER, AgentRouting, Backend, BackendModel, Health, Policy
 from workers.models import ModelVersion, ServedModel
 from workers.registry import ModelInfo, usage_cost
@@ -131,6 +131,12 @@ class Need:
     prefix: str = ""  # the prompt's beginning, for KV affinity
     max_tokens_set: bool = True  # False: max_tokens is a default, fitted to each backend
     features: frozenset[str] = frozenset()  # ChatRequest.features (backends.base.FEATURES)
+    context_need: int = field(init=False)  # what a remote backend's context must hold
+
+    def __post_init__(self) -> None:  # once per request, not once per candidate backend
+        object.__setattr__(self, "context_need", max_tokens_context_need(
+            asked=self.max_tokens if self.max_tokens_set else None,
+            worst_prompt_tokens=self.prompt_tokens))
 
 
 def route_supports(route: Route, need: Need) -> bool:
@@ -148,9 +154,7 @@ def route_supports(route: Route, need: Need) -> bool:
         return False
     if spec.kind == "anthropic" and (need.kind != "chat" or need.n > 1):
         return False
-    return max_tokens_fit(asked=need.max_tokens if need.max_tokens_set else None,
-                          context_length=spec.context_length,
-                          worst_prompt_tokens=need.prompt_tokens)
+    return not spec.context_length or need.context_need <= spec.context_length
 
 
 _HEALTH_RANK = {Health.LIVE: 0, Health.UNKNOWN: 1, Health.STALE: 2}
