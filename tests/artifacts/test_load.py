@@ -36,9 +36,9 @@ def builds(monkeypatch):
     built = []
     real = host_module.AsyncEngine.from_config
 
-    def spy(config):
+    def spy(config, **options):  # options: the host's scheduling policy
         built.append(config.model)
-        return real(config)
+        return real(config, **options)
     monkeypatch.setattr(host_module.AsyncEngine, "from_config", staticmethod(spy))
     return built
 
