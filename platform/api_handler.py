@@ -3,10 +3,21 @@
 Django runs each MiddlewareMixin middleware of an async request through two thread hops
 (process_request, process_response); with sessions, CSRF, auth, messages and the rest that is
 a dozen hops per request, for features an API-key endpoint does not use. /v1 views validate
-the Host header and record their own metrics (routing.apis)."""
+the Host header and record their own metrics (routing.apis).
 
-from django.core.handlers.asgi import ASGIHandler
+The request signals' receivers (close_old_connections, reset_queries, close_caches; all
+synchronous) are called in place. Django's handler would run them on asgiref's one thread: two
+hops per request, each queued behind every other request's. Here they find nothing to do: the
+loop's thread holds no database connection, since views do their database work on pool threads
+that close their own (routing/sync.py)."""
+
+import asyncio
+
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
+from django.urls import set_script_prefix
 
 API_PREFIX = "/v1/"
 
@@ -18,6 +29,57 @@ class ApiASGIHandler(ASGIHandler):
         # receivers. /v1 views do their database work on the loop's pool (routing/sync.py),
         # so those receivers share asgiref's one thread instead.
         await self.handle(scope, receive, send)
+
+    async def handle(self, scope, receive, send):
+        """Django's ASGIHandler.handle (5.2), with the signals sent and the response closed in
+        place rather than on asgiref's thread."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            body_file.close()
+            await self.send_response(error_response, send)
+            error_response.close()
+            return
+
+        async def process_request(request, send):
+            response = await self.run_get_response(request)
+            try:
+                await self.send_response(response, send)
+            except asyncio.CancelledError:
+                pass  # the client left while the answer was sent
+            return response
+
+        # The disconnect listener goes first: it cancels the view when the client leaves.
+        tasks = [asyncio.create_task(self.listen_for_disconnect(receive)),
+                 asyncio.create_task(process_request(request, send))]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            if task.done():
+                try:
+                    task.result()
+                except RequestAborted:
+                    pass
+                except AssertionError:
+                    body_file.close()
+                    raise
+            else:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        try:
+            response = tasks[1].result()
+        except asyncio.CancelledError:
+            signals.request_finished.send(sender=self.__class__)
+        else:
+            response.close()
+        body_file.close()
 
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware = []

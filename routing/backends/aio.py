@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from urllib.request import getproxies
 
 import aiohttp
 import certifi
@@ -59,9 +60,12 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             connector = aiohttp.TCPConnector(
                 limit=self.limit, limit_per_host=self.limit_per_host,
                 ssl=ssl.create_default_context(cafile=certifi.where()))
-            # httpx decodes content-encoding itself; proxies from the environment as httpx
-            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                                  trust_env=True, cookie_jar=aiohttp.DummyCookieJar())
+            # httpx decodes content-encoding itself; proxies from the environment as httpx.
+            # aiohttp reads the environment (and ~/.netrc) again on every request when it
+            # trusts it: only when a proxy is set at all.
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, trust_env=bool(getproxies()),
+                cookie_jar=aiohttp.DummyCookieJar())
         return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
