@@ -98,9 +98,10 @@ FAIRLANE_VLLM_START_TIMEOUT_SECONDS = env_int("FAIRLANE_VLLM_START_TIMEOUT_SECON
 # How often a running child's /health and /metrics are read.
 FAIRLANE_VLLM_HEALTH_SECONDS = float(os.environ.get("FAIRLANE_VLLM_HEALTH_SECONDS", "2"))
 # --- fair queue -----------------------------------------------------------------------------
-# A taken request's lease; the worker's heartbeat renews it. Lapsed: the worker died, and the
-# request goes back to the head of its tenant's queue.
-FAIRLANE_LEASE_SECONDS = env_int("FAIRLANE_LEASE_SECONDS", 10)
+# A taken request's claim by its worker; the worker's heartbeat renews it. Lapsed: the worker
+# died, and the request goes back to the head of its tenant's queue. FAIRLANE_LEASE_SECONDS,
+# its former name, is still read when FAIRLANE_CLAIM_SECONDS is unset.
+FAIRLANE_CLAIM_SECONDS = env_int("FAIRLANE_CLAIM_SECONDS", env_int("FAIRLANE_LEASE_SECONDS", 10))
 # Prefix of the queues' Redis keys, to run separate deployments (or test runs) on one Redis.
 FAIRLANE_QUEUE_NAMESPACE = os.environ.get("FAIRLANE_QUEUE_NAMESPACE", "")
 # Minimum shares of recent dispatches for the lower lanes while higher lanes are backlogged.
