@@ -62,6 +62,10 @@ if FAIRLANE_ENGINE_MODE == "celery":
     FAIRLANE_ENGINE_MODE = "distributed"
 if FAIRLANE_ENGINE_MODE not in {"embedded", "distributed"}:
     raise ImproperlyConfigured("FAIRLANE_ENGINE_MODE must be 'embedded' or 'distributed'")
+# Decided by the mode, not read from the environment: without Celery and its beat (embedded),
+# the server process sends budget alerts and sweeps their rules on a thread of its own
+# (tenants/services/alerts/deliver.py); tenants may not ask workers/modes.py.
+FAIRLANE_ALERTS_IN_PROCESS = FAIRLANE_ENGINE_MODE == "embedded"
 FAIRLANE_GPU_QUEUE = os.environ.get("FAIRLANE_GPU_QUEUE", "gpu")
 # Where presets are generated and model directories live.
 FAIRLANE_MODEL_DIR = Path(os.environ.get("FAIRLANE_MODEL_DIR", DATA_DIR / "models"))

@@ -33,3 +33,9 @@ def test_the_claim_time_is_read_from_its_former_name_too():
 def test_the_claim_time_under_its_new_name_wins_over_the_former_one():
     assert settings_read("FAIRLANE_CLAIM_SECONDS", FAIRLANE_CLAIM_SECONDS="3",
                          FAIRLANE_LEASE_SECONDS="7") == "3"
+
+
+def test_alerts_are_sent_in_process_exactly_when_the_engines_are_embedded():
+    """The alerts code (tenants) reads this instead of the mode, which workers/modes.py owns."""
+    assert settings_read("FAIRLANE_ALERTS_IN_PROCESS", FAIRLANE_ENGINE_MODE="embedded") == "True"
+    assert settings_read("FAIRLANE_ALERTS_IN_PROCESS", FAIRLANE_ENGINE_MODE="celery") == "False"
