@@ -62,6 +62,10 @@ if FAIRLANE_ENGINE_MODE == "celery":
     FAIRLANE_ENGINE_MODE = "distributed"
 if FAIRLANE_ENGINE_MODE not in {"embedded", "distributed"}:
     raise ImproperlyConfigured("FAIRLANE_ENGINE_MODE must be 'embedded' or 'distributed'")
+# Decided by the mode, not read from the environment: without Celery and its beat (embedded),
+# the server process sends budget alerts and sweeps their rules on a thread of its own
+# (tenants/services/alerts/deliver.py); tenants may not ask workers/modes.py.
+FAIRLANE_ALERTS_IN_PROCESS = FAIRLANE_ENGINE_MODE == "embedded"
 FAIRLANE_GPU_QUEUE = os.environ.get("FAIRLANE_GPU_QUEUE", "gpu")
 # Where presets are generated and model directories live.
 FAIRLANE_MODEL_DIR = Path(os.environ.get("FAIRLANE_MODEL_DIR", DATA_DIR / "models"))
@@ -98,9 +102,10 @@ FAIRLANE_VLLM_START_TIMEOUT_SECONDS = env_int("FAIRLANE_VLLM_START_TIMEOUT_SECON
 # How often a running child's /health and /metrics are read.
 FAIRLANE_VLLM_HEALTH_SECONDS = float(os.environ.get("FAIRLANE_VLLM_HEALTH_SECONDS", "2"))
 # --- fair queue -----------------------------------------------------------------------------
-# A taken request's lease; the worker's heartbeat renews it. Lapsed: the worker died, and the
-# request goes back to the head of its tenant's queue.
-FAIRLANE_LEASE_SECONDS = env_int("FAIRLANE_LEASE_SECONDS", 10)
+# A taken request's claim by its worker; the worker's heartbeat renews it. Lapsed: the worker
+# died, and the request goes back to the head of its tenant's queue. FAIRLANE_LEASE_SECONDS,
+# its former name, is still read when FAIRLANE_CLAIM_SECONDS is unset.
+FAIRLANE_CLAIM_SECONDS = env_int("FAIRLANE_CLAIM_SECONDS", env_int("FAIRLANE_LEASE_SECONDS", 10))
 # Prefix of the queues' Redis keys, to run separate deployments (or test runs) on one Redis.
 FAIRLANE_QUEUE_NAMESPACE = os.environ.get("FAIRLANE_QUEUE_NAMESPACE", "")
 # Minimum shares of recent dispatches for the lower lanes while higher lanes are backlogged.

@@ -149,14 +149,14 @@ async def _answer(started: services.Started) -> HttpResponse:
 
 @openai_view("POST")
 async def chat_completions(request, caller):
-    started = await services.generation_start(caller=caller, kind="chat",
+    started = await services.generation_start(caller=caller, endpoint="chat",
                                               body=_json_body(request))
     return await _answer(started)
 
 
 @openai_view("POST")
 async def completions(request, caller):
-    started = await services.generation_start(caller=caller, kind="completion",
+    started = await services.generation_start(caller=caller, endpoint="completion",
                                               body=_json_body(request))
     return await _answer(started)
 

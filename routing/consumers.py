@@ -44,7 +44,8 @@ MAX_REQUESTS_PER_SOCKET = 32
 AUTH_TIMEOUT_SECONDS = 10
 CLOSE_AUTH_FAILED = 4001
 CLOSE_TRY_AGAIN = 1013  # RFC 6455: try again later
-KINDS = {"chat.completions": "chat", "completions": "completion"}
+# A request frame's type -> the /v1 endpoint it stands for.
+ENDPOINTS = {"chat.completions": "chat", "completions": "completion"}
 
 
 class CompletionConsumer(AsyncWebsocketConsumer):
@@ -95,8 +96,8 @@ class CompletionConsumer(AsyncWebsocketConsumer):
         if not isinstance(frame, dict):
             await self._send_error(None, InvalidRequest("Frames must be JSON objects."))
             return
-        kind, frame_id = frame.get("type"), frame.get("id")
-        if kind == "auth":
+        frame_type, frame_id = frame.get("type"), frame.get("id")
+        if frame_type == "auth":
             if self.caller is None:
                 await self._authenticate(f"Bearer {frame.get('api_key') or ''}")
             return
@@ -104,7 +105,7 @@ class CompletionConsumer(AsyncWebsocketConsumer):
             await self._send_error(frame_id, AuthenticationFailed("Authenticate first."))
             await self.close(code=CLOSE_AUTH_FAILED)
             return
-        if kind == "cancel":
+        if frame_type == "cancel":
             task = self.runs.get(frame_id) if isinstance(frame_id, str) else None
             if task is None:
                 await self._send_error(frame_id, InvalidRequest("No such request in flight.",
@@ -112,9 +113,9 @@ class CompletionConsumer(AsyncWebsocketConsumer):
             else:
                 task.cancel()
             return
-        if kind not in KINDS:
+        if frame_type not in ENDPOINTS:
             await self._send_error(frame_id, InvalidRequest(
-                f"Unknown frame type {kind!r}; use auth, {', '.join(KINDS)} or cancel.",
+                f"Unknown frame type {frame_type!r}; use auth, {', '.join(ENDPOINTS)} or cancel.",
                 param="type"))
             return
         if not isinstance(frame_id, str) or not 0 < len(frame_id) <= 64 or frame_id in self.runs:
@@ -134,16 +135,16 @@ class CompletionConsumer(AsyncWebsocketConsumer):
         if not isinstance(parent, str):
             parent = dict(self.scope.get("headers", [])).get(b"traceparent", b"").decode(
                 "latin-1")
-        task = asyncio.create_task(self._run(frame_id, KINDS[kind], body, parent))
+        task = asyncio.create_task(self._run(frame_id, ENDPOINTS[frame_type], body, parent))
         self.runs[frame_id] = task
         task.add_done_callback(lambda _t, i=frame_id: self.runs.pop(i, None))
 
-    async def _run(self, frame_id: str, kind: str, body, traceparent: str) -> None:
-        span = span_start(f"WS {kind}", kind="server", parent=traceparent, frame=frame_id)
+    async def _run(self, frame_id: str, endpoint: str, body, traceparent: str) -> None:
+        span = span_start(f"WS {endpoint}", kind="server", parent=traceparent, frame=frame_id)
         trace_enter(span.trace, received=time.time())  # this task is the request's own
         try:
             async with drain.watch():  # a shutdown's deadline cuts it cleanly
-                await self._stream(frame_id, kind, body)
+                await self._stream(frame_id, endpoint, body)
         except ApplicationError as exc:
             await self._send_error(frame_id, exc)
         except TRANSIENT:  # the database blinked: retry
@@ -158,8 +159,9 @@ class CompletionConsumer(AsyncWebsocketConsumer):
         finally:
             span.end()
 
-    async def _stream(self, frame_id: str, kind: str, body) -> None:
-        started = await services.generation_start(caller=self.caller, kind=kind, body=body)
+    async def _stream(self, frame_id: str, endpoint: str, body) -> None:
+        started = await services.generation_start(caller=self.caller, endpoint=endpoint,
+                                                  body=body)
         async for rendered in services.started_chunks(started):
             match rendered:
                 case Chunk(body=chunk):

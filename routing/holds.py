@@ -1,6 +1,6 @@
 """Budget holds live as long as their requests: this process renews the holds of the requests
 it is serving (every third of FAIRLANE_RESERVATION_TTL_SECONDS, one UPDATE for all of them),
-as a GPU worker's heartbeat renews the fair queue's leases. A process that dies stops renewing,
+as a GPU worker's heartbeat renews its claims on the fair queue's requests. A process that dies stops renewing,
 and the beat releases its holds once they expire."""
 
 from __future__ import annotations

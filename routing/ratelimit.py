@@ -70,10 +70,10 @@ def _window(now: float) -> int:
     return int(now // WINDOW_SECONDS)
 
 
-def _refusal(kind: str, scope: str, now: float) -> RateLimited:
-    retry = 1 if kind == "concurrency" else math.ceil(WINDOW_SECONDS - now % WINDOW_SECONDS)
+def _refusal(limit: str, scope: str, now: float) -> RateLimited:
+    retry = 1 if limit == "concurrency" else math.ceil(WINDOW_SECONDS - now % WINDOW_SECONDS)
     what = {"rpm": "requests per minute", "tpm": "tokens per minute",
-            "concurrency": "requests at once"}[kind]
+            "concurrency": "requests at once"}[limit]
     level = scope.split(":", 1)[0]
     return RateLimited(f"Rate limit reached: {what} for this {level.replace('_', ' ')}.",
                        retry_after=retry)

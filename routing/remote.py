@@ -34,7 +34,7 @@ async def remote_start(route: Route, call: Call, job: GenerationJob, started: fl
                        reserved: int) -> AsyncIterator[Event]:
     """Send the call and wait for its first token (a failure before it raises
     UpstreamError, for the next backend); the answer's events, settled when they end."""
-    if call.kind == "embed":
+    if call.endpoint == "embed":
         result = await backend_embed(route, call.inputs)
         return _embedding_events(job, route, call, result, started)
     span = span_start("fairlane.upstream", parent=job.trace, kind="client",

@@ -120,7 +120,7 @@ for _model in (Backend, BackendModel, AgentRouting, ServedModel, ModelVersion):
 class Need:
     """What a request needs from a backend."""
 
-    kind: str  # chat | completion | embed
+    endpoint: str  # chat | completion | embed: which of the /v1 endpoints asks
     prompt_tokens: int = 0  # worst case, for prices
     max_tokens: int = 0
     n: int = 1
@@ -146,13 +146,13 @@ def route_supports(route: Route, need: Need) -> bool:
     if spec.is_local:
         return True
     same_tokenizer = spec.kind == "fairlane"  # another Fairlane serves our models' tokenizers
-    if need.kind == "embed":
+    if need.endpoint == "embed":
         return spec.hidden_states and spec.kind in {"fairlane", "openai_compatible", "openai"}
     if (need.token_prompts or need.logit_bias) and not same_tokenizer:
         return False
-    if need.logprobs and (need.kind == "completion" or spec.kind == "anthropic"):
+    if need.logprobs and (need.endpoint == "completion" or spec.kind == "anthropic"):
         return False
-    if spec.kind == "anthropic" and (need.kind != "chat" or need.n > 1):
+    if spec.kind == "anthropic" and (need.endpoint != "chat" or need.n > 1):
         return False
     return not spec.context_length or need.context_need <= spec.context_length
 

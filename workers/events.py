@@ -152,31 +152,31 @@ def _tuple(values) -> tuple | None:
 
 
 def event_from_dict(wire: dict) -> Event:
-    kind = wire.get("type")
-    if kind == "accepted":
+    event_type = wire.get("type")
+    if event_type == "accepted":
         return Accepted()
-    if kind == "token":
+    if event_type == "token":
         return Tokens(choice=wire["choice"], text=wire["text"],
                       token_ids=tuple(wire.get("token_ids") or ()),
                       logprobs=_tuple(wire.get("logprobs")),
                       top_logprobs=_tuple(wire.get("top_logprobs")),
                       entries=_tuple(wire.get("entries")),
                       tool_calls=tuple(ToolCallDelta(**c) for c in wire.get("tool_calls") or ()))
-    if kind == "finish":
+    if event_type == "finish":
         return Finish(choice=wire["choice"], reason=wire["reason"])
-    if kind == "embedding":
+    if event_type == "embedding":
         return Embedding(index=wire["index"], b64=wire["b64"])
-    if kind == "error":
+    if event_type == "error":
         return Failed(code=wire["code"], message=wire["message"], param=wire.get("param"),
                       retryable=bool(wire.get("retryable")), retry_after=wire.get("retry_after"))
-    if kind == "done":
+    if event_type == "done":
         usage = wire["usage"]
         return Done(status=wire["status"],
                     usage=TokenUsage(prompt_tokens=usage["prompt_tokens"],
                                      completion_tokens=usage["completion_tokens"],
                                      cached_tokens=usage.get("cached_tokens", 0)),
                     cost_microcents=usage.get("cost_microcents", 0))
-    raise ValueError(f"unknown event type {kind!r}")
+    raise ValueError(f"unknown event type {event_type!r}")
 
 
 def event_encode(event: Event) -> str:

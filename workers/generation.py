@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 
 class LostOwnership(Exception):
-    """Another worker took this request over (this one's lease lapsed): stop at once, and
+    """Another worker took this request over (this one's claim lapsed): stop at once, and
     leave its settlement to the new owner."""
 
 

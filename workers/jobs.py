@@ -27,7 +27,7 @@ class GenerationJob:
     """Everything a worker needs to run and bill one request; JSON-serialisable."""
 
     request_id: str
-    kind: str  # "generate" | "embed"
+    task: str  # "generate" | "embed": what the engine does with the prompts
     model: dict  # ModelInfo.to_dict()
     prompts: list[list[int]]
     n: int = 1
@@ -56,6 +56,8 @@ class GenerationJob:
 
     @classmethod
     def from_dict(cls, data: dict) -> GenerationJob:
+        # `task` was `kind` before: a job queued by an API process of that version still runs.
+        data = {("task" if key == "kind" else key): value for key, value in data.items()}
         job = cls(**data)
         job.resumed = {int(k): v for k, v in job.resumed.items()}  # JSON keys are strings
         return job

@@ -204,7 +204,7 @@ class DistributedMode:
             queue = queue_for(client, model)
             states.append(QueueState(model, tuple(lane_state_redis(queue, lane, now_ms)
                                                   for lane in Lane.values),
-                                     queue.drain_rate(RATE_SECONDS), queue.leased()))
+                                     queue.drain_rate(RATE_SECONDS), queue.claimed()))
         return states
 
     def worker_states(self) -> list:

@@ -82,14 +82,14 @@ def _run_taken(queue: FairQueue, taken: Taken, job: GenerationJob, *, worker_id:
                 generation_run_blocking(job, engine, emit, backend=backend)
         except ModelLoadFailed as exc:  # nothing ran: the API falls through, or answers 503
             emit(load_failed_event(exc))
-    except LostOwnership:  # its lease lapsed and another worker resumed it: that one settles
+    except LostOwnership:  # its claim lapsed and another worker resumed it: that one settles
         logger.warning("request %s: taken over by another worker; stopped", job.request_id)
     except Exception:  # a worker thread is a process boundary
         logger.exception("request %s failed", job.request_id)
     finally:
         try:
             queue.ack(id=taken.id, worker=worker_id)
-        except Exception:  # Redis trouble: the lease lapses, and the next owner sees `done`
+        except Exception:  # Redis trouble: the claim lapses, and the next owner sees `done`
             logger.warning("request %s: not acknowledged", job.request_id, exc_info=True)
 
 
@@ -149,7 +149,7 @@ class Puller:
 
     def stop(self, drain_timeout: float) -> None:
         """Take nothing more; let what runs finish (the drain), for up to `drain_timeout`
-        seconds. Whatever is still running then is resumed elsewhere when its lease lapses."""
+        seconds. Whatever is still running then is resumed elsewhere when its claim lapses."""
         self._stop.set()
         for thread in list(self._threads.values()):
             thread.join(timeout=5)
@@ -162,7 +162,7 @@ class Puller:
         with self._lock:
             return len(self.taken)
 
-    def renew_leases(self) -> None:
+    def renew_claims(self) -> None:
         with self._lock:
             by_queue: dict[FairQueue, list[str]] = {}
             for queue, queue_id in self.taken.values():
@@ -170,7 +170,7 @@ class Puller:
         for queue, ids in by_queue.items():
             lost = queue.renew(worker=self.worker_id, ids=ids)
             if lost:
-                logger.warning("lost leases (another worker took them over): %s", lost)
+                logger.warning("lost claims (another worker took them over): %s", lost)
 
     def _current(self, info: ModelInfo, queue: FairQueue) -> ModelInfo | None:
         """The model as the registry has it now; the last one known while its queue drains
@@ -223,8 +223,8 @@ class Puller:
                 with self._lock:
                     again = taken.payload["request_id"] in self.taken
                     self.taken[taken.payload["request_id"]] = (queue, taken.id)
-                if again:  # its lease lapsed while it ran here (Redis was slow): it runs on
-                    logger.warning("request %s: lease lapsed and taken back; still running",
+                if again:  # its claim lapsed while it ran here (Redis was slow): it runs on
+                    logger.warning("request %s: claim lapsed and taken back; still running",
                                    taken.payload["request_id"])
                     continue
                 self.pool.submit(self._run, queue, taken)

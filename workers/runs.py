@@ -103,7 +103,7 @@ class GenerationRun:
             common = {"request_id": engine_id, "tenant": str(job.tenant_id), "lane": job.lane}
             if job.cache_salt:  # the engine's salt defaults to the tenant: keep it in front
                 common["salt"] = f"{job.tenant_id}:{job.cache_salt}"
-            if job.kind == "embed":
+            if job.task == "embed":
                 self.engine.submit(prompt, None, sink_for(index), is_embedding=True,
                                    pooling="mean", **common)
             else:
@@ -133,7 +133,7 @@ class GenerationRun:
             self.remaining -= 1
             if item.finish_reason == "abort":
                 self.status = UsageRecord.Status.CANCELLED
-            if self.job.kind != "embed":
+            if self.job.task != "embed":
                 events.append(Finish(choice=index, reason=item.finish_reason))
         return events
 
@@ -162,7 +162,7 @@ class GenerationRun:
         prompt_tokens = sum(len(p) for p in job.prompts)
         # Copies of one prompt (n > 1) share its blocks; count each prompt's cache hits once.
         cached = sum(self.num_cached_tokens.get(p * job.n, 0) for p in range(len(job.prompts)))
-        completion = sum(self.num_output_tokens.values()) if job.kind != "embed" else 0
+        completion = sum(self.num_output_tokens.values()) if job.task != "embed" else 0
         return TokenUsage(prompt_tokens=prompt_tokens, completion_tokens=completion,
                           cached_tokens=min(cached, prompt_tokens))
 

@@ -27,7 +27,7 @@ class QueueState:
     model: str
     lanes: tuple[LaneState, ...]
     dispatch_rate: float  # requests taken per second over the last RATE_SECONDS
-    leased: int  # taken by a worker, not finished (distributed)
+    claimed: int  # taken by a worker, not finished (distributed)
 
     @property
     def depth(self) -> int:

@@ -55,7 +55,7 @@ def redis_sync() -> redis.Redis:
 
 
 # Append to a request's stream only while this worker owns the request (the fence): a worker
-# whose lease lapsed (it was slow, or its bytes were still in flight when it died) can no
+# whose claim lapsed (it was slow, or its bytes were still in flight when it died) can no
 # longer write after the next worker claimed the request. KEYS: stream, owner; ARGV: worker,
 # event, ttl.
 _FENCED_XADD = """
@@ -178,7 +178,7 @@ class EmbeddedDispatcher:
 def queue_for(client: redis.Redis, model: str) -> FairQueue:
     """The fair queue of one model, shared by every API process and GPU worker."""
     return FairQueue(client, settings.FAIRLANE_QUEUE_NAMESPACE + model,
-                     lease_seconds=settings.FAIRLANE_LEASE_SECONDS,
+                     claim_seconds=settings.FAIRLANE_CLAIM_SECONDS,
                      min_share_standard=settings.FAIRLANE_MIN_SHARE_STANDARD,
                      min_share_bulk=settings.FAIRLANE_MIN_SHARE_BULK)
 

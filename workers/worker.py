@@ -1,6 +1,6 @@
 """A GPU worker's life: load its models at start, take requests from the fair queue while its
 engines have room (workers/pulling.py), advertise what it hosts and how loaded it is in a
-Redis heartbeat that also renews its leases, hear cancellations, and drain on shutdown.
+Redis heartbeat that also renews its claims on the requests it runs, hear cancellations, and drain on shutdown.
 
 A GPU worker is a Celery worker consuming the `gpu` queue (`make worker`, or
 `PYTHONPATH=.:platform celery -A celery_app worker -Q gpu,default -P threads -c 4`); its
@@ -78,7 +78,7 @@ class WorkerServices:
                                    grace=settings.FAIRLANE_ROUTING_CACHE_SECONDS + 1.0)
         self.client.set(HEARTBEAT_PREFIX + WORKER_ID, json.dumps(heartbeat_payload(self.puller)),
                         ex=settings.FAIRLANE_HEARTBEAT_TTL_SECONDS)
-        self.puller.renew_leases()
+        self.puller.renew_claims()
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
@@ -135,7 +135,7 @@ def worker_start(sender=None, **kwargs) -> None:
 @signals.worker_shutdown.connect
 def worker_stop(sender=None, **kwargs) -> None:
     """Warm shutdown: stop taking requests, let the running ones finish (heartbeats keep
-    renewing their leases meanwhile), then stop."""
+    renewing their claims meanwhile), then stop."""
     if _services is not None:
         _services.puller.stop(drain_timeout=settings.FAIRLANE_DRAIN_TIMEOUT_SECONDS)
         _services.stop()

@@ -62,10 +62,10 @@ class _Blocks:
             index=call, id=block.get("id") or "", name=block.get("name") or ""),))
 
     def delta(self, index: int, delta: dict) -> Tokens | None:
-        kind = delta.get("type")
-        if kind == "text_delta" and delta.get("text"):
+        delta_type = delta.get("type")
+        if delta_type == "text_delta" and delta.get("text"):
             return Tokens(choice=0, text=delta.get("text"))
-        piece = delta.get("partial_json") if kind == "input_json_delta" else None
+        piece = delta.get("partial_json") if delta_type == "input_json_delta" else None
         if not piece:
             return None
         self.with_input.add(index)

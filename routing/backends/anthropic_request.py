@@ -121,19 +121,19 @@ def tools_translate(use: ToolUse) -> tuple[list[dict], dict | None]:
         tools.append(forced)
         if named is None and (not use.tools or choice == "none"):
             named = forced.get("name")
-        kind = "tool" if named else "any"  # a tool or the answer: either way, through a tool
+        choice_type = "tool" if named else "any"  # a tool or the answer: either way, through a tool
     elif named is not None:
-        kind = "tool"
+        choice_type = "tool"
     else:
-        kind = {"auto": "auto", "required": "any", "none": "none"}.get(choice)
-    if kind is None and use.parallel_tool_calls is False and tools:
-        kind = "auto"
-    if kind is None:
+        choice_type = {"auto": "auto", "required": "any", "none": "none"}.get(choice)
+    if choice_type is None and use.parallel_tool_calls is False and tools:
+        choice_type = "auto"
+    if choice_type is None:
         return tools, None
-    out = {"type": kind}
-    if kind == "tool":
+    out = {"type": choice_type}
+    if choice_type == "tool":
         out["name"] = named
-    if use.parallel_tool_calls is False and kind != "none":
+    if use.parallel_tool_calls is False and choice_type != "none":
         out["disable_parallel_tool_use"] = True
     return tools, out
 

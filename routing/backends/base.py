@@ -111,7 +111,7 @@ class Route:
 class Call:
     """What a remote backend is asked: OpenAI-shaped, translated by each adapter."""
 
-    kind: str  # "chat" | "completion" | "embed"
+    endpoint: str  # "chat" | "completion" | "embed"
     upstream: str
     sampling: Sampling | None
     max_tokens: int

@@ -65,7 +65,7 @@ def request_body(spec: BackendSpec, call: Call) -> tuple[str, dict]:
             body["min_tokens"] = s.min_tokens
     if s.logit_bias:
         body["logit_bias"] = {str(k): v for k, v in s.logit_bias}
-    if call.kind == "chat":
+    if call.endpoint == "chat":
         body["messages"] = call.messages
         use = call.tool_use
         for name, value in (("tools", list(use.tools) or None), ("tool_choice", use.tool_choice),
@@ -117,21 +117,21 @@ def _tool_calls(choice: dict, seen: dict[tuple[int, int], str]) -> tuple[ToolCal
     return tuple(pieces)
 
 
-def _token_event(choice: dict, kind: str,
+def _token_event(choice: dict, endpoint: str,
                  seen: dict[tuple[int, int], str]) -> Tokens | None:
     index = choice.get("index", 0)
-    text = (choice.get("delta") or {}).get("content") if kind == "chat" else choice.get("text")
+    text = (choice.get("delta") or {}).get("content") if endpoint == "chat" else choice.get("text")
     logprobs = choice.get("logprobs")
-    calls = _tool_calls(choice, seen) if kind == "chat" else ()
+    calls = _tool_calls(choice, seen) if endpoint == "chat" else ()
     if not text and not logprobs and not calls:
         return None
     if calls:
         return Tokens(choice=index, text=text or "", tool_calls=calls)
-    if kind == "chat" and logprobs and logprobs.get("content"):
+    if endpoint == "chat" and logprobs and logprobs.get("content"):
         entries = tuple(logprobs["content"])
         return Tokens(choice=index, text=text or "", entries=entries,
                       logprobs=tuple(entry.get("logprob") for entry in entries))
-    if kind == "completion" and logprobs and logprobs.get("token_logprobs"):
+    if endpoint == "completion" and logprobs and logprobs.get("token_logprobs"):
         return Tokens(choice=index, text=text or "",
                       logprobs=tuple(logprobs["token_logprobs"]))
     return Tokens(choice=index, text=text or "")
@@ -169,7 +169,7 @@ async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call
                 error = chunk["error"]
                 raise UpstreamError("backend_unavailable", str(error.get("message", error)))
             for choice in chunk.get("choices") or ():
-                event = _token_event(choice, call.kind, seen)
+                event = _token_event(choice, call.endpoint, seen)
                 if event is not None:
                     yield event
                 reason = choice.get("finish_reason")

@@ -89,8 +89,9 @@ def _state(names: list[str], rng: random.Random) -> None:
 
 
 def _needs(rng: random.Random, count: int) -> list[Need]:
-    return [Need(kind="chat", prompt_tokens=rng.randint(10, 4000), max_tokens=rng.randint(16, 1024),
-                 tenant=str(rng.randint(1, 50)), prefix=f"system prompt {rng.randint(1, 200)}")
+    return [Need(endpoint="chat", prompt_tokens=rng.randint(10, 4000),
+                 max_tokens=rng.randint(16, 1024), tenant=str(rng.randint(1, 50)),
+                 prefix=f"system prompt {rng.randint(1, 200)}")
             for _ in range(count)]
 
 

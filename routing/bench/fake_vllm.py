@@ -130,8 +130,8 @@ class FakeVllm:
             ("vllm:prefix_cache_queries_total", "counter", s["cache_queries"]),
             ("vllm:prefix_cache_hits_total", "counter", s["cache_hits"]),
         ]
-        text = "".join(f"# TYPE {name} {kind}\n{name}{label} {float(value)}\n"
-                       for name, kind, value in lines)
+        text = "".join(f"# TYPE {name} {metric_type}\n{name}{label} {float(value)}\n"
+                       for name, metric_type, value in lines)
         text += "# TYPE vllm:request_success_total counter\n" + "".join(
             f'vllm:request_success_total{{engine="0",finished_reason="{reason}",model_name='
             f'"{self.model}"}} {float(s[key])}\n' for reason, key in (("stop", "finished"),
@@ -281,8 +281,8 @@ def _prompt_tokens(body: dict) -> int:
     return len(prompt) if isinstance(prompt, list) else _words(prompt)
 
 
-async def _error(send, status: int, kind: str, message: str) -> None:
-    await _send_json(send, status, {"error": {"message": message, "type": kind, "param": None,
+async def _error(send, status: int, error_type: str, message: str) -> None:
+    await _send_json(send, status, {"error": {"message": message, "type": error_type, "param": None,
                                               "code": status}})
 
 

@@ -27,14 +27,14 @@ from workers.events import Done, Event, Failed, Tokens
 logger = logging.getLogger(__name__)
 
 
-async def cascade_run(caller: Caller, kind: str, request, tiers: list[str], threshold: float,
+async def cascade_run(caller: Caller, endpoint: str, request, tiers: list[str], threshold: float,
                       *, start) -> Started:
     """Answer from the first confident tier, escalating as described above. `start` runs one
     tier's request (admission, routes walk) as generation does."""
     fallback: Started | None = None
     for tier in tiers[:-1]:
         try:
-            scored = await _tier_try(caller, kind, request, tier, threshold, start)
+            scored = await _tier_try(caller, endpoint, request, tier, threshold, start)
         except BudgetExhausted:
             if fallback is not None:
                 return _with_budget_note(fallback)
@@ -46,7 +46,7 @@ async def cascade_run(caller: Caller, kind: str, request, tiers: list[str], thre
             fallback = replay
     last = dataclasses.replace(request, model=tiers[-1])
     try:
-        generation, served = await start(caller, kind, last)
+        generation, served = await start(caller, endpoint, last)
     except BudgetExhausted:
         if fallback is not None:
             return _with_budget_note(fallback)
@@ -59,7 +59,7 @@ def _with_budget_note(replay: Started) -> Started:
     return replay
 
 
-async def _tier_try(caller: Caller, kind: str, request, tier: str, threshold: float,
+async def _tier_try(caller: Caller, endpoint: str, request, tier: str, threshold: float,
                     start) -> tuple[bool, Started] | None:
     """Ask a cheaper tier, whole, with log-probabilities: (whether its mean log-probability
     reaches the threshold, its answer to replay); None when it could not answer."""
@@ -68,7 +68,7 @@ async def _tier_try(caller: Caller, kind: str, request, tier: str, threshold: fl
         sampling = dataclasses.replace(sampling, logprobs=0)
     try:
         generation, served = await start(
-            caller, kind, dataclasses.replace(request, model=tier, stream=False,
+            caller, endpoint, dataclasses.replace(request, model=tier, stream=False,
                                               sampling=sampling))
     except (BudgetExhausted, RateLimited):
         raise

@@ -43,7 +43,7 @@ class _Embedding(Routed):
         texts = [i for i in request.inputs if isinstance(i, str)]
         self.remote_tokens = sum(worst_prompt_tokens([], t) for t in texts) + sum(
             len(i) for i in request.inputs if isinstance(i, list))
-        self.need = Need(kind="embed", prompt_tokens=self.remote_tokens,
+        self.need = Need(endpoint="embed", prompt_tokens=self.remote_tokens,
                          token_prompts=len(texts) < len(request.inputs),
                          tenant=str(caller.tenant.pk))
         self.first_plan = self.plan()
@@ -76,10 +76,10 @@ class _Embedding(Routed):
             except ApplicationError as exc:
                 refusal = exc
         else:
-            call = Call(kind="embed", upstream=route.upstream, sampling=None, max_tokens=0,
+            call = Call(endpoint="embed", upstream=route.upstream, sampling=None, max_tokens=0,
                         inputs=list(self.request.inputs))
         caller = self.caller
-        job = GenerationJob(request_id=self.request_id, kind="embed",
+        job = GenerationJob(request_id=self.request_id, task="embed",
                             model=version_choose(route.info).to_dict(),
                             prompts=self.token_prompts if call is None else [],
                             tenant_id=caller.tenant.pk, agent_id=str(caller.agent.pk),

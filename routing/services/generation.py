@@ -50,28 +50,28 @@ class _Generation(Routed):
     """Chat or completions between parsing and dispatch: what each route would be sent and
     cost."""
 
-    def __init__(self, caller: Caller, kind: str, request) -> None:
+    def __init__(self, caller: Caller, endpoint: str, request) -> None:
         super().__init__(caller, request.model)
-        self.kind, self.request = kind, request
+        self.endpoint, self.request = endpoint, request
         self.sampling = request.sampling
-        self.messages, self.prompt = prompt_texts(kind, request)
+        self.messages, self.prompt = prompt_texts(endpoint, request)
         routes = self.routes
         self.tokenizer, self.token_prompts, self.local_max = None, None, 0
-        self.tool_use = request.tool_use if kind == "chat" else ToolUse()
-        features = request.features if kind == "chat" else frozenset()
+        self.tool_use = request.tool_use if endpoint == "chat" else ToolUse()
+        features = request.features if endpoint == "chat" else frozenset()
         if self.local is not None and not features <= self.local.features:
             self.local = None  # tools, JSON schemas, images: not for our engine (yet)
         self.guide = local_guide(self.tool_use)
         if self.local is not None:
             self._local_prepare(remote_too=len(routes) > 1)
-        token_ids = kind == "completion" and (len(request.prompts) > 1 or any(
+        token_ids = endpoint == "completion" and (len(request.prompts) > 1 or any(
             isinstance(p, list) for p in request.prompts))
         self.remote_prompt_tokens = worst_prompt_tokens(self.messages, self.prompt,
                                                         self.tool_use)
         self.num_prompts = len(self.token_prompts) if self.token_prompts else 1
         remote = [r for r in routes if not r.backend.is_local]
         worst_max = max([self.local_max] + [self._remote_max(r) for r in remote])
-        self.need = Need(kind=kind, prompt_tokens=self._prompt_tokens(None),
+        self.need = Need(endpoint=endpoint, prompt_tokens=self._prompt_tokens(None),
                          max_tokens=worst_max,
                          max_tokens_set=self.sampling.max_tokens is not None,
                          n=self.sampling.n, token_prompts=token_ids,
@@ -96,7 +96,7 @@ class _Generation(Routed):
         info, request = self.local.info, self.request
         tokenizer = model_tokenizer(info)
         try:
-            if self.kind == "chat":
+            if self.endpoint == "chat":
                 native = tools_active(self.tool_use) and tokenizer.template_has_tools
                 prompts = [chat_prompt(
                     tokenizer, local_messages(request.messages, self.tool_use, native=native),
@@ -137,7 +137,7 @@ class _Generation(Routed):
                 refusal = exc
         else:
             max_tokens = self._remote_max(route)
-            call = Call(kind=self.kind, upstream=route.upstream, sampling=self.sampling,
+            call = Call(endpoint=self.endpoint, upstream=route.upstream, sampling=self.sampling,
                         max_tokens=max_tokens, messages=self.messages, prompt=self.prompt,
                         wants_logprobs=self.sampling.logprobs is not None,
                         tool_use=self.tool_use,
@@ -145,7 +145,7 @@ class _Generation(Routed):
                                                      salt=self.request.cache_salt))
         caller = self.caller
         job = GenerationJob(
-            request_id=self.request_id, kind="generate",
+            request_id=self.request_id, task="generate",
             model=version_choose(route.info, key=self.conversation_key()).to_dict(),
             prompts=self.token_prompts if call is None else [],
             n=self.sampling.n,
@@ -190,7 +190,7 @@ class _Generation(Routed):
                   "num_choices": num_choices, "tokenizer": self.tokenizer if is_local else None,
                   "wants_logprobs": wants_logprobs,
                   "fingerprint": version_fingerprint(served.job.model) if is_local else None}
-        if self.kind == "chat":
+        if self.endpoint == "chat":
             formatter = ChatFormat(**common)
         else:
             echo = None
@@ -209,10 +209,10 @@ class _Generation(Routed):
                        backend=served.route.backend.name)
 
 
-def _admit_generation(caller: Caller, kind: str, request) -> _Generation:
+def _admit_generation(caller: Caller, endpoint: str, request) -> _Generation:
     """Everything before dispatch (synchronous: database and tokenizer work): the rate-limit
     slot, the offers, and the first offer's budget hold in the same hop."""
-    generation = _Generation(caller, kind, request)
+    generation = _Generation(caller, endpoint, request)
     generation.admitted = limiter_get().acquire(request_id=generation.request_id,
                                                 scopes=scopes_for(caller),
                                                 tokens=generation.worst_tokens())
@@ -225,9 +225,9 @@ def _admit_generation(caller: Caller, kind: str, request) -> _Generation:
     return generation
 
 
-async def _start(caller: Caller, kind: str, request) -> tuple[_Generation, Served]:
+async def _start(caller: Caller, endpoint: str, request) -> tuple[_Generation, Served]:
     """One cascade tier: its admission, then its walk."""
-    generation = await _admission(_admit_generation, caller, kind, request)
+    generation = await _admission(_admit_generation, caller, endpoint, request)
     return generation, await generation.walk(generation.first_offers)
 
 
@@ -262,22 +262,22 @@ class _Cascade:
     threshold: float
 
 
-def _admit_or_tiers(caller: Caller, kind: str, request) -> _Generation | _Cascade:
+def _admit_or_tiers(caller: Caller, endpoint: str, request) -> _Generation | _Cascade:
     """One hop for the usual request: its admission; the cascade's tiers and threshold when
     the agent has a cascade listing the model asked for."""
     tiers, threshold = _cascade_tiers(caller, request.model)
     if len(tiers) > 1:
         return _Cascade(tiers, threshold)
-    return _admit_generation(caller, kind, request)
+    return _admit_generation(caller, endpoint, request)
 
 
-async def generation_start(*, caller: Caller, kind: str, body) -> Started:
+async def generation_start(*, caller: Caller, endpoint: str, body) -> Started:
     request_arrived()  # the start of its time to first token (routing/metrics.py)
-    request = (parse.chat_request_parse(body) if kind == "chat"
+    request = (parse.chat_request_parse(body) if endpoint == "chat"
                else parse.completion_request_parse(body))
-    match await _admission(_admit_or_tiers, caller, kind, request):
+    match await _admission(_admit_or_tiers, caller, endpoint, request):
         case _Cascade(tiers=tiers, threshold=threshold):
-            return await cascade_run(caller, kind, request, tiers, threshold, start=_start)
+            return await cascade_run(caller, endpoint, request, tiers, threshold, start=_start)
         case _Generation() as generation:
             return generation.started(await generation.walk(generation.first_offers))
 

@@ -127,10 +127,10 @@ def completion_prompts(info: ModelInfo, tokenizer, prompts: list, param: str) ->
     return [p if isinstance(p, list) else tokenizer.encode(p) for p in prompts]
 
 
-def prompt_texts(kind: str, request) -> tuple[list[dict], str | list]:
+def prompt_texts(endpoint: str, request) -> tuple[list[dict], str | list]:
     """What a remote backend is sent: the messages, or the prompt as given (token ids and
     batches only reach backends sharing our tokenizers; see router.route_supports)."""
-    if kind == "chat":
+    if endpoint == "chat":
         return request.messages, ""
     prompts = request.prompts
     return [], prompts[0] if len(prompts) == 1 else prompts

@@ -76,10 +76,10 @@ def _user_content(content: list, param: str) -> str | list[dict]:
         return _text_parts(content, param)
     parts = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
+        part_type = part.get("type") if isinstance(part, dict) else None
+        if part_type == "text" and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": part.get("text")})
-        elif kind == "image_url":
+        elif part_type == "image_url":
             parts.append(_image_part(part, param))
         else:
             raise InvalidRequest(f"Content part {j} must be a text or image_url part.",

@@ -36,9 +36,10 @@ class ToolUse:
         return (self.response_format.get("json_schema") or {}).get("name") or "json_object"
 
 
-def _optional(value: dict, key: str, kind: type, param: str) -> None:
-    if value.get(key) is not None and type(value.get(key)) is not kind:  # JSON: exact types
-        raise InvalidRequest(f"'{key}' must be of type {kind.__name__}.", param=f"{param}.{key}")
+def _optional(value: dict, key: str, expected: type, param: str) -> None:
+    if value.get(key) is not None and type(value.get(key)) is not expected:  # JSON: exact types
+        raise InvalidRequest(f"'{key}' must be of type {expected.__name__}.",
+                             param=f"{param}.{key}")
 
 
 def _function(tool: Any, i: int) -> dict:
@@ -122,12 +123,12 @@ def _response_format(body: dict) -> dict | None:
     value = body.get("response_format")
     if value is None:
         return None
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "text" and set(value) == {"type"}:
+    format_type = value.get("type") if isinstance(value, dict) else None
+    if format_type == "text" and set(value) == {"type"}:
         return None
-    if kind == "json_object" and set(value) == {"type"}:
+    if format_type == "json_object" and set(value) == {"type"}:
         return {"type": "json_object"}
-    if kind == "json_schema" and set(value) <= {"type", "json_schema"}:
+    if format_type == "json_schema" and set(value) <= {"type", "json_schema"}:
         return {"type": "json_schema", "json_schema": _json_schema(value.get("json_schema"))}
     raise InvalidRequest("'response_format' must be {'type': 'text'}, {'type': 'json_object'} "
                          "or {'type': 'json_schema', 'json_schema': {...}}.",

@@ -1,5 +1,5 @@
 """A GPU worker stalls, then is killed with -9, while Redis is slow (every byte to and from it
-~50 ms late, through a proxy of our own). Frozen (SIGSTOP) long enough for its leases to lapse,
+~50 ms late, through a proxy of our own). Frozen (SIGSTOP) long enough for its claims to lapse,
 its requests are resumed by the other worker, once, after the tokens already streamed; thawed,
 it finds them owned by another and stops writing to them (the fence), then it is killed. The
 clients get whole streams, no token twice, and the ledger one row each."""
@@ -33,7 +33,7 @@ def test_a_stalled_then_killed_worker_is_resumed_once_and_fenced_off(chaos_key):
     proxy = SlowProxy(redis_server.port, delay=0.05)
     env = child_env(REDIS_URL=proxy.url, FAIRLANE_ENGINE_MODE="celery",
                     FAIRLANE_HEARTBEAT_SECONDS="1", FAIRLANE_HEARTBEAT_TTL_SECONDS="3",
-                    FAIRLANE_LEASE_SECONDS="4",
+                    FAIRLANE_CLAIM_SECONDS="4",
                     FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-")
     doomed = CeleryWorker(env, name="doomed", concurrency=8)
     server = AsgiServer(env)
@@ -57,7 +57,7 @@ def test_a_stalled_then_killed_worker_is_resumed_once_and_fenced_off(chaos_key):
             started = started_ref
             load = asyncio.ensure_future(storm(server.url, chaos_key, BODY, 6, started))
             await until(lambda: len(started) == 6, 120, "streams in flight")
-            doomed.proc.send_signal(signal.SIGSTOP)  # stalled: its leases lapse
+            doomed.proc.send_signal(signal.SIGSTOP)  # stalled: its claims lapse
             await until(resumed, 60, "the heir resuming the stalled worker's requests")
             doomed.proc.send_signal(signal.SIGCONT)  # back: its writes must be refused
             await asyncio.sleep(1.0)

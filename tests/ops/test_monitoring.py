@@ -92,6 +92,7 @@ def activity(tenant, agent, tiny, settings, django_capture_on_commit_callbacks, 
 
     rules_cache_clear()
     settings.FAIRLANE_ENGINE_MODE = "embedded"
+    settings.FAIRLANE_ALERTS_IN_PROCESS = True  # as the embedded mode has it: no Celery
     host_get().load(model_get(name="tiny"))
     budget_create(tenant=tenant, agent=agent, limit_microcents=1_000)
     alert_destination_add(tenant=tenant, kind="email", target="ops@acme.example")

@@ -136,7 +136,7 @@ async def test_a_request_cancelled_during_its_admission_gives_its_hold_back(tena
     caller = await sync_to_async(caller_authenticate)(authorization=f"Bearer {key}")
     body = {"model": "paid-model", "max_tokens": MAX_TOKENS,
             "messages": [{"role": "user", "content": "leaving"}]}
-    task = asyncio.ensure_future(generation_start(caller=caller, kind="chat", body=body))
+    task = asyncio.ensure_future(generation_start(caller=caller, endpoint="chat", body=body))
     await asyncio.sleep(0)  # the request is in its admission hop now
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -17,7 +17,7 @@ from routing.bench.fakes import FakeProvider, server_error
 
 pytestmark = pytest.mark.django_db
 KIND = {"openai": "openai", "openrouter": "openrouter", "anthropic": "anthropic"}
-CHAT = Need(kind="chat", prompt_tokens=20, max_tokens=5)
+CHAT = Need(endpoint="chat", prompt_tokens=20, max_tokens=5)
 
 
 def register(name: str, fake: FakeProvider, *, credential: str | None = None,

@@ -99,7 +99,7 @@ async def test_without_strict_a_keyword_the_engine_lacks_is_ignored_and_the_rest
 
 
 def test_a_resumed_json_mode_job_replays_its_output_into_the_guide():
-    job = GenerationJob(request_id="r", kind="generate", model={}, prompts=[[1]],
+    job = GenerationJob(request_id="r", task="generate", model={}, prompts=[[1]],
                         sampling={"max_tokens": 10, "guide": "json_object"}, resumed={0: [128]})
     params = job.choice_params(0)
     assert params.guide_prefix == (128,) and params.max_tokens == 9

@@ -12,7 +12,7 @@ from routing.router import (
 )
 from workers.registry import ModelInfo, model_register
 
-CHAT = Need(kind="chat", prompt_tokens=40, max_tokens=10)
+CHAT = Need(endpoint="chat", prompt_tokens=40, max_tokens=10)
 AGENT = "agent-1"
 
 

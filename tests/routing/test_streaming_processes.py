@@ -181,11 +181,11 @@ def test_worker_warm_shutdown_drains_requests_in_flight(django_db_setup, key, sl
 
 def test_a_worker_killed_mid_stream_is_resumed_elsewhere_and_billed_once(django_db_setup, key,
                                                                          slow):
-    """Its lease lapses, the fair queue hands the request to another worker, which continues
+    """Its claim lapses, the fair queue hands the request to another worker, which continues
     each choice after the tokens already streamed: one whole stream, one ledger row."""
     import redis as redis_lib
 
-    env = distributed_env(FAIRLANE_LEASE_SECONDS="2", FAIRLANE_HEARTBEAT_TTL_SECONDS="2")
+    env = distributed_env(FAIRLANE_CLAIM_SECONDS="2", FAIRLANE_HEARTBEAT_TTL_SECONDS="2")
     first = CeleryWorker(env, name="doomed")
     server = AsgiServer(env)
     workers = [first]

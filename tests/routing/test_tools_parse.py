@@ -135,9 +135,9 @@ def test_tools_and_images_count_in_the_worst_case_and_when_unreported(settings):
     plain = worst_prompt_tokens(MSG, "")
     worst = worst_prompt_tokens(request.messages, "", request.tool_use)
     assert worst >= plain + settings.FAIRLANE_IMAGE_WORST_TOKENS + len(str(WEATHER)) // 2
-    call = Call(kind="chat", upstream="u", sampling=request.sampling, max_tokens=5,
+    call = Call(endpoint="chat", upstream="u", sampling=request.sampling, max_tokens=5,
                 messages=request.messages, tool_use=request.tool_use)
-    bare = Call(kind="chat", upstream="u", sampling=request.sampling, max_tokens=5,
+    bare = Call(endpoint="chat", upstream="u", sampling=request.sampling, max_tokens=5,
                 messages=MSG)
     answer = [Tokens(choice=0, text="", tool_calls=(
         ToolCallDelta(index=0, id="c", name="get_weather", arguments='{"city": "Oslo"}'),))]

@@ -115,7 +115,7 @@ def assert_signed_and_retried(hook: Receiver, delivery: AlertDelivery, tenant) -
 @pytest.mark.django_db(transaction=True)
 def test_a_webhook_is_signed_retried_with_backoff_and_delivered_by_the_embedded_sender(
         tenant, agent, receiver, settings):
-    settings.FAIRLANE_ENGINE_MODE = "embedded"  # no Celery: the server's own sender thread
+    settings.FAIRLANE_ALERTS_IN_PROCESS = True  # no Celery: the server's own sender thread
     hook = receiver(failures=2)
     destination, secret = alert_destination_add(tenant=tenant, kind="webhook", target=hook.url)
     hook.secret = secret

@@ -15,7 +15,7 @@ def test_a_run_hands_the_engine_its_tenant_lane_and_weight(tmp_path):
                                       policy=engine_policy()).start()
     inbox = queue.Queue()
     try:
-        jobs = [GenerationJob(request_id=f"r{i}", kind="generate",
+        jobs = [GenerationJob(request_id=f"r{i}", task="generate",
                               model=ModelInfo(name="tiny", source="preset:tiny").to_dict(),
                               prompts=[[5, 6, 7]],
                               sampling={"max_tokens": max_tokens, "temperature": 0,

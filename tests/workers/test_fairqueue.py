@@ -1,5 +1,5 @@
 """The Redis fair queue on real Redis: lanes, weighted fairness, idling earns no credit,
-starvation guard, leases that bring back the requests of dead workers."""
+starvation guard, claims that bring back the requests of dead workers."""
 
 import threading
 import time
@@ -16,7 +16,7 @@ from workers.fairqueue import FairQueue
 @pytest.fixture
 def fq():
     queue = FairQueue(redis.Redis.from_url(settings.REDIS_URL), f"test-{uuid.uuid4().hex[:8]}",
-                      lease_seconds=0.3)
+                      claim_seconds=0.3)
     yield queue
     queue.clear()
 
@@ -43,7 +43,7 @@ def test_fifo_within_a_tenant_and_payloads_round_trip(fq):
     taken = take_all(fq)
     assert [t.id for t in taken] == ids
     assert taken[0].payload == {"tenant": "a", "id": ids[0]} and taken[0].lane == "standard"
-    assert fq.depth() == 0 and fq.leased() == 0
+    assert fq.depth() == 0 and fq.claimed() == 0
 
 
 def test_lanes_are_strict_priority(fq):
@@ -93,19 +93,31 @@ def test_lower_lanes_get_their_minimum_share_when_higher_ones_are_backlogged(fq)
     assert 0.04 <= lanes["bulk"] / 400 <= 0.07
 
 
-def test_an_expired_lease_puts_the_request_back_first(fq):
+def test_an_expired_claim_puts_the_request_back_first(fq):
     first, second = put(fq, "a", n=2)
     taken = fq.dequeue(worker="dies")
-    assert taken.id == first and fq.leased() == 1
+    assert taken.id == first and fq.claimed() == 1
     time.sleep(0.35)
     again = fq.dequeue(worker="heir")
     assert again.id == first and again.payload == taken.payload
-    assert fq.ack(id=first, worker="dies") is False  # its lease was lost
+    assert fq.ack(id=first, worker="dies") is False  # its claim was lost
     assert fq.ack(id=first, worker="heir") is True
     assert fq.dequeue(worker="heir").id == second
 
 
-def test_renewed_leases_are_kept(fq):
+def test_a_claim_kept_under_its_former_name_still_expires(fq):
+    """A worker of the version before claims were renamed keeps them in 'leases'; during a
+    rolling upgrade, one that dies there still has its request put back."""
+    (only,) = put(fq, "a")
+    fq.dequeue(worker="old")
+    fq.client.zrem(fq.prefix + "claims", only)
+    fq.client.zadd(fq.prefix + "leases", {only: int(time.time() * 1000) - 1})
+    again = fq.dequeue(worker="heir")
+    assert again.id == only and fq.claimed() == 1
+    assert fq.client.zcard(fq.prefix + "leases") == 0
+
+
+def test_renewed_claims_are_kept(fq):
     (only,) = put(fq, "a")
     fq.dequeue(worker="w")
     for _ in range(4):
@@ -122,7 +134,7 @@ def test_concurrent_workers_never_take_a_request_twice(fq):
 
     def worker(name):
         client = FairQueue(redis.Redis.from_url(settings.REDIS_URL), fq.prefix[4:-2],
-                           lease_seconds=30)
+                           claim_seconds=30)
         while (item := client.dequeue(worker=name)) is not None:
             with lock:
                 taken.append(item.id)

@@ -14,7 +14,7 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": [
 
 
 def job_with(params: SamplingParams, **fields) -> GenerationJob:
-    return GenerationJob(request_id="r", kind="generate", model={}, prompts=[[1, 2]],
+    return GenerationJob(request_id="r", task="generate", model={}, prompts=[[1, 2]],
                          sampling=params, **fields)
 
 
@@ -29,6 +29,13 @@ def test_a_jobs_sampling_survives_the_round_trip_through_redis():
     job = job_with(sampling_for_engine(chat_request_parse(BODY).sampling, 10), n=2)
     back = GenerationJob.from_dict(json.loads(json.dumps(job.to_dict())))
     assert back == job and isinstance(back.sampling, SamplingParams)
+
+
+def test_a_job_queued_before_its_task_was_named_task_still_reads():
+    """During a rolling upgrade, API processes of the previous version queue `kind`."""
+    job = job_with(SamplingParams(max_tokens=10))
+    wire = {("kind" if key == "task" else key): value for key, value in job.to_dict().items()}
+    assert GenerationJob.from_dict(json.loads(json.dumps(wire))) == job
 
 
 def test_each_choice_gets_its_seed_and_a_resumed_one_what_is_left():

@@ -174,7 +174,7 @@ def test_a_swap_a_canary_and_a_rollback_under_load_fail_nothing(inference_key):
 
 def test_a_worker_killed_in_a_pool_of_two_fails_no_request(inference_key):
     model_register(name="tiny", source="preset:tiny", min_replicas=2, max_replicas=2)
-    env = pool_env(FAIRLANE_LEASE_SECONDS="2")
+    env = pool_env(FAIRLANE_CLAIM_SECONDS="2")
     first = CeleryWorker(env, name="first", concurrency=4)
     second = CeleryWorker(env, name="second", concurrency=4)
     server = AsgiServer(env)
@@ -190,7 +190,7 @@ def test_a_worker_killed_in_a_pool_of_two_fails_no_request(inference_key):
                 return UsageRecord.objects.filter(request_id__in=ids).values(
                     "backend").distinct().count() == 2
             wait_for(both_served, 60, "work spread over both replicas")
-            # Killed while it runs a request (its lease names it), which the other resumes.
+            # Killed while it runs a request (its claim names it), which the other resumes.
             queue = FairQueue(redis.Redis.from_url(settings.REDIS_URL),
                               env["FAIRLANE_QUEUE_NAMESPACE"] + "tiny")
             def first_runs() -> list[str]:
@@ -211,7 +211,7 @@ def test_a_worker_killed_in_a_pool_of_two_fails_no_request(inference_key):
     assert not failed(answers), failed(answers)[:5]
     assert UsageRecord.objects.filter(
         request_id__in=[a.request_id for a in answers]).count() == len(answers)
-    # What the killed worker was running was finished by the other one (its lease lapsed).
+    # What the killed worker was running was finished by the other one (its claim lapsed).
     finished_by = dict(UsageRecord.objects.filter(request_id__in=running).values_list(
         "request_id", "backend"))
     assert any(b.endswith(f":{second.proc.pid}") for b in finished_by.values()), finished_by

@@ -7,8 +7,9 @@ Redis; every operation is one Lua script, so it is atomic.
   A tenant is charged its input tokens / weight when a request is taken and its output tokens /
   weight as they are generated; the backlogged tenant with the lowest counter goes next; a
   tenant that comes back from idle is lifted to the lowest counter of the active ones.
-- Reliable: a taken request is leased to its worker, which renews the lease while it runs; a
-  lease that expires (the worker died) puts the request back at the head of its tenant's queue.
+- Reliable: a taken request is claimed by its worker, which renews the claim while it runs; a
+  claim that expires (the worker died) puts the request back at the head of its tenant's queue.
+  (A claim is not a lease: leases are on scarce backends, routing/leases.py.)
 
 All keys share the hash tag `{fq:<model>}`, so one queue lives in one Redis Cluster slot.
 """
@@ -47,12 +48,12 @@ def _now_ms() -> int:
 class FairQueue:
     """One model's queue. `prefix` namespaces it (one queue per model, or per test)."""
 
-    def __init__(self, client: redis.Redis, name: str, *, lease_seconds: float = 10.0,
+    def __init__(self, client: redis.Redis, name: str, *, claim_seconds: float = 10.0,
                  min_share_standard: float = 0.10, min_share_bulk: float = 0.05,
                  decay: float = 0.99) -> None:
         self.client = client
         self.prefix = f"{{fq:{name}}}:"
-        self.lease_ms = int(lease_seconds * 1000)
+        self.claim_ms = int(claim_seconds * 1000)
         shares = {Lane.STANDARD: min_share_standard, Lane.BULK: min_share_bulk}
         self._lanes = [arg for lane in Lane.values for arg in (lane, shares.get(lane, 0.0))]
         self.decay = decay
@@ -70,9 +71,9 @@ class FairQueue:
                              _now_ms()))
 
     def dequeue(self, *, worker: str, realtime_only: bool = False) -> Taken | None:
-        """The next request by lane, then fairness, leased to `worker`; None if none waits.
+        """The next request by lane, then fairness, claimed by `worker`; None if none waits.
         `realtime_only` takes only realtime requests (a worker's reserved last slots)."""
-        reply = self._run("dequeue", worker, self.lease_ms, _now_ms(), self.decay,
+        reply = self._run("dequeue", worker, self.claim_ms, _now_ms(), self.decay,
                           1 if realtime_only else len(Lane), *self._lanes)
         if not reply:
             return None
@@ -86,14 +87,14 @@ class FairQueue:
         return float(self._run("charge", tenant, lane, tokens))
 
     def ack(self, *, id: str, worker: str) -> bool:
-        """The request is done; False if the lease had already been lost."""
+        """The request is done; False if its claim had already been lost."""
         return bool(self._run("ack", id, worker))
 
     def renew(self, *, worker: str, ids: list[str]) -> list[str]:
-        """Extend this worker's leases; returns the ids it no longer holds."""
+        """Extend this worker's claims; returns the ids it no longer holds."""
         if not ids:
             return []
-        lost = self._run("renew", worker, _now_ms() + self.lease_ms, *ids)
+        lost = self._run("renew", worker, _now_ms() + self.claim_ms, *ids)
         return [i.decode() for i in lost]
 
     def wait_for_work(self, timeout: float) -> None:
@@ -117,8 +118,9 @@ class FairQueue:
         return {k.decode(): float(v) for k, v in
                 self.client.hgetall(self.prefix + f"vtc:{lane}").items()}
 
-    def leased(self) -> int:
-        return int(self.client.zcard(self.prefix + "leases"))
+    def claimed(self) -> int:
+        """Requests taken by a worker and not finished."""
+        return int(self.client.zcard(self.prefix + "claims"))
 
     def clear(self) -> None:
         """Delete every key of this queue (tests, benchmarks)."""

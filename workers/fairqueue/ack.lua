@@ -1,10 +1,10 @@
--- A request finished: drop its lease and payload, if this worker still holds it (1), else 0.
+-- A request finished: drop its claim and payload, if this worker still holds it (1), else 0.
 -- KEYS[1] prefix; ARGV: id worker
 local p, id, worker = KEYS[1], ARGV[1], ARGV[2]
 if redis.call('HGET', p .. 'holder', id) ~= worker then
-  return 0  -- the lease expired and the request went to another worker, which owns it now
+  return 0  -- the claim expired and the request went to another worker, which owns it now
 end
-redis.call('ZREM', p .. 'leases', id)
+redis.call('ZREM', p .. 'claims', id)
 redis.call('HDEL', p .. 'holder', id)
 redis.call('DEL', p .. 'job:' .. id, p .. 'meta:' .. id)
 return 1

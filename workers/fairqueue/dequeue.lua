@@ -1,12 +1,12 @@
--- Take the next request: first put back requests whose lease expired (their worker died),
+-- Take the next request: first put back requests whose claim expired (their worker died),
 -- then choose the lane (strict priority, except a lower lane below its minimum share of recent
 -- dispatches goes first), then the backlogged tenant with the lowest virtual token counter,
--- charge it the request's input tokens divided by its weight, and lease the request.
--- KEYS[1] prefix; ARGV: worker lease_ms now_ms decay lowest_lane, then each lane from first
+-- charge it the request's input tokens divided by its weight, and claim the request.
+-- KEYS[1] prefix; ARGV: worker claim_ms now_ms decay lowest_lane, then each lane from first
 -- to last and its minimum share (lowest_lane 1 takes the first lane only: a worker keeps its
 -- last slots for realtime requests).
 local p, worker = KEYS[1], ARGV[1]
-local lease_ms, now, decay = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local claim_ms, now, decay = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local lowest = tonumber(ARGV[5])
 local lanes, min_share = {}, {}
 for i = 6, #ARGV, 2 do
@@ -26,18 +26,22 @@ local function activate(lane, tenant)
   end
 end
 
-local expired = redis.call('ZRANGEBYSCORE', p .. 'leases', '-inf', now, 'LIMIT', 0, 100)
-for _, id in ipairs(expired) do
-  local meta = redis.call('HMGET', p .. 'meta:' .. id, 'tenant', 'lane')
-  redis.call('ZREM', p .. 'leases', id)
-  redis.call('HDEL', p .. 'holder', id)
-  if meta[1] then
-    -- Back to the head of its tenant's queue: it has waited longest.
-    redis.call('LPUSH', p .. 'q:' .. meta[2] .. ':' .. meta[1], id)
-    redis.call('HINCRBY', p .. 'depth', meta[2], 1)
-    redis.call('HINCRBY', p .. 'tdepth:' .. meta[2], meta[1], 1)
-    redis.call('HINCRBY', p .. 'requeued', 'total', 1)
-    activate(meta[2], meta[1])
+-- 'leases' is the name the claims had before they were renamed: a worker of that version may
+-- still hold requests there during a rolling upgrade, and they too come back when they expire.
+for _, claims in ipairs({p .. 'claims', p .. 'leases'}) do
+  local expired = redis.call('ZRANGEBYSCORE', claims, '-inf', now, 'LIMIT', 0, 100)
+  for _, id in ipairs(expired) do
+    local meta = redis.call('HMGET', p .. 'meta:' .. id, 'tenant', 'lane')
+    redis.call('ZREM', claims, id)
+    redis.call('HDEL', p .. 'holder', id)
+    if meta[1] then
+      -- Back to the head of its tenant's queue: it has waited longest.
+      redis.call('LPUSH', p .. 'q:' .. meta[2] .. ':' .. meta[1], id)
+      redis.call('HINCRBY', p .. 'depth', meta[2], 1)
+      redis.call('HINCRBY', p .. 'tdepth:' .. meta[2], meta[1], 1)
+      redis.call('HINCRBY', p .. 'requeued', 'total', 1)
+      activate(meta[2], meta[1])
+    end
   end
 end
 
@@ -97,7 +101,7 @@ for _ = 1, 16 do
     redis.call('EXPIRE', second, 120)
     local enq = tonumber(redis.call('HGET', p .. 'meta:' .. id, 'enq') or now)
     local pos = redis.call('HGET', p .. 'meta:' .. id, 'pos') or '0'
-    redis.call('ZADD', p .. 'leases', now + lease_ms, id)
+    redis.call('ZADD', p .. 'claims', now + claim_ms, id)
     redis.call('HSET', p .. 'holder', id, worker)
     return {id, redis.call('GET', p .. 'job:' .. id), tenant, lane, tostring(now - enq), pos}
   end

@@ -3,10 +3,10 @@ senders never send it at once, retried with exponential backoff (FAIRLANE_ALERT_
 SECONDS doubling, up to FAIRLANE_ALERT_DELIVERY_ATTEMPTS attempts), every attempt logged on
 the delivery and in the process log. Webhook receivers should deduplicate on `webhook-id`.
 
-Who sends: in the distributed mode a Celery task per delivery (on the `default` queue),
-re-queued with a countdown after a failure, and the beat's sweep for any that were lost; in
-the embedded mode one thread of the server process (which also runs the sweep, as there is no
-beat).
+Who sends (FAIRLANE_ALERTS_IN_PROCESS, decided by the mode): in the distributed mode a Celery
+task per delivery (on the `default` queue), re-queued with a countdown after a failure, and
+the beat's sweep for any that were lost; in the embedded mode one thread of the server process
+(which also runs the sweep, as there is no beat).
 """
 
 from __future__ import annotations
@@ -124,13 +124,13 @@ def deliveries_kick(ids: list[str]) -> None:
     """Start sending new deliveries (called once their alert has committed)."""
     if not ids:
         return
-    if settings.FAIRLANE_ENGINE_MODE != "embedded":
+    if settings.FAIRLANE_ALERTS_IN_PROCESS:
+        embedded_sender.wake()
+    else:
         from tenants.tasks import alert_delivery_send as task
 
         for delivery_id in ids:
             task.apply_async((delivery_id,), ignore_result=True)
-    else:
-        embedded_sender.wake()
 
 
 class EmbeddedSender:
@@ -157,7 +157,7 @@ class EmbeddedSender:
         from tenants.services.alerts.evaluate import budget_alerts_sweep
 
         swept = 0.0
-        while settings.FAIRLANE_ENGINE_MODE == "embedded":  # else Celery and the beat send
+        while settings.FAIRLANE_ALERTS_IN_PROCESS:  # else Celery and the beat send
             self._wake.clear()
             try:
                 if time.monotonic() - swept >= settings.FAIRLANE_ALERT_SWEEP_SECONDS:

@@ -65,7 +65,7 @@ def budget_alerts_evaluate(*, tenant: Tenant, window_ids: Iterable[int | None],
 
     def after_commit() -> None:
         try:
-            if settings.FAIRLANE_ENGINE_MODE == "embedded":  # no beat: the server sweeps
+            if settings.FAIRLANE_ALERTS_IN_PROCESS:  # no beat: the server sweeps
                 embedded_sender.start()
             _spend_count(tenant_id=tenant.pk, charge=charge)
             if ids:

@@ -21,9 +21,9 @@ class Command(BaseCommand):
         parser.add_argument("name", help="the id clients send as `model`")
         parser.add_argument("source", help="preset:<name>[@seed] or an absolute directory path")
         parser.add_argument("--description", default="")
-        for kind in ("input", "output", "cached"):
-            parser.add_argument(f"--price-{kind}", type=int, default=0,
-                                help=f"{kind} tokens: micro-cents per million (10_000_000 = $0.10)")
+        for tokens in ("input", "output", "cached"):
+            parser.add_argument(f"--price-{tokens}", type=int, default=0, help=(
+                f"{tokens} tokens: micro-cents per million (10_000_000 = $0.10)"))
         parser.add_argument("--runtime", choices=["engine", "vllm"], default="engine",
                             help="engine: our engine; vllm: a `vllm serve` child of each worker "
                                  "hosting it (FAIRLANE_VLLM_COMMAND)")
