@@ -24,6 +24,14 @@ from workers.events import RemoteEvent
 _clients: dict = {}
 
 
+class _NoCookies(httpx.Cookies):
+    """The shared client keeps no cookies: what one tenant's upstream response set must never
+    ride on another tenant's call (and parsing them cost ~2 % of a gateway request's CPU)."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        pass
+
+
 def http_client() -> httpx.AsyncClient:
     """This loop's client: httpx's API over aiohttp's pool and parser (routing/backends/aio.py)."""
     loop = asyncio.get_running_loop()
@@ -32,6 +40,7 @@ def http_client() -> httpx.AsyncClient:
         _abandon(closed_only=True)
         transport = AiohttpTransport(limit=4096)
         client = httpx.AsyncClient(transport=transport)
+        client._cookies = _NoCookies()  # the constructor copies whatever jar it is given
         _clients[loop] = (client, transport)
     return client
 
