@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -46,6 +45,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--modes", default="json,stream", help="json, stream or both")
     p.add_argument("--api-workers", default="2", help="Fairlane API processes (comma list)")
     p.add_argument("--litellm", type=Path, default=None, help="a venv with litellm[proxy]")
+    p.add_argument("--passthrough", action="store_true",
+                   help="also a bare uvicorn + aiohttp pass-through with each --api-workers count "
+                        "(routing/bench/passthrough.py): the ceiling on this machine")
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per round")
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per round")
     p.add_argument("--rounds", type=int, default=3, help="rounds per setting and target")
@@ -155,6 +157,17 @@ def fairlane_start(workers: int) -> tuple[Process, int]:
     return process, port
 
 
+def passthrough_start(workers: int, upstream_url: str) -> tuple[Process, int]:
+    port = free_port()
+    process = Process([sys.executable, "-m", "uvicorn", "routing.bench.passthrough:app",
+                       "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
+                       "--loop", "uvloop", "--http", "httptools", "--lifespan", "off",
+                       "--no-access-log", "--log-level", "warning"],
+                      _env(UPSTREAM=upstream_url), f"bench-passthrough-{workers}")
+    _wait_ready(f"http://127.0.0.1:{port}/v1/models", process)
+    return process, port
+
+
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -209,6 +222,10 @@ def ratios(rows: list[dict], workers: list[int]) -> dict:
     out = {}
     by = {(r["target"], r["clients"], r["mode"]): r for r in rows}
     for (target, clients, mode), row in by.items():
+        if target.startswith("passthrough-") and target != "passthrough-1":
+            one = by.get(("passthrough-1", clients, mode))
+            if one and one["rps"]:
+                out[f"{target}/passthrough-1 {mode} {clients}"] = round(row["rps"] / one["rps"], 2)
         if not target.startswith("fairlane"):
             continue
         peer = by.get(("litellm", clients, mode))
@@ -262,6 +279,11 @@ def run(argv: list[str] | None = None) -> dict:
             process, port, master = litellm_start(args.litellm, upstream_url, workdir)
             started.append(process)
             targets["litellm"] = (Target("litellm", "127.0.0.1", port, master, MODEL), process)
+        for n in args.api_workers if args.passthrough else ():
+            process, port = passthrough_start(n, upstream_url)
+            started.append(process)
+            targets[f"passthrough-{n}"] = (Target(f"passthrough-{n}", "127.0.0.1", port, "sk-bench",
+                                                  "fake-model"), process)
         for n in args.api_workers:
             process, port = fairlane_start(n)
             started.append(process)
