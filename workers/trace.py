@@ -19,7 +19,7 @@ row; each unit of work on the way is a span of it.
 from __future__ import annotations
 
 import logging
-import os
+import random
 import re
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -60,7 +60,12 @@ def trace_parse(header: str | None) -> Trace | None:
 
 
 def _new_id(digits: int) -> str:
-    return os.urandom(digits // 2).hex()
+    """A random trace or span id, as OpenTelemetry's SDK makes them (random.getrandbits: ids
+    need to be unique, not secret; a system call for each cost more than the span itself)."""
+    while True:
+        value = random.getrandbits(digits * 4)
+        if value:  # all-zero ids are invalid in W3C trace context
+            return f"{value:0{digits}x}"
 
 
 @dataclass(slots=True)

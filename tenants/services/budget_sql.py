@@ -23,8 +23,14 @@ from psycopg.types.json import Jsonb
 from tenants.models import Reservation
 
 
+_vendor: str | None = None
+
+
 def enabled() -> bool:
-    return connection.vendor == "postgresql"
+    global _vendor
+    if _vendor is None:  # a process keeps its database
+        _vendor = connection.vendor
+    return _vendor == "postgresql"
 
 
 def hold(reservation: Reservation) -> str:
