@@ -14,6 +14,12 @@ not the engine's insides, not libraries) at four points of the request's path:
 A hop is one of our functions on one of those stacks; the figure is their union (each counted
 once), with the files they live in and the threads the path crossed. Run it in two checkouts
 to compare. The last line printed is one JSON object.
+
+`--distributed` counts the distributed mode (REDIS_URL and PostgreSQL): the API's side and a
+GPU worker's, whose pull, run and heartbeat threads are started in this process (a worker is
+the same code in its own process), with two more points: `enqueue` (the job put on the fair
+queue, workers.transport.QueueDispatcher._enqueue) and `receive` (an event read back from the
+worker's stream, workers.events.event_decode).
 """
 
 from __future__ import annotations
@@ -33,8 +39,11 @@ NOT_PATH = ("/bench/", "/management/")
 ENGINE_INSIDE = str(ROOT / "workers" / "engine") + "/"
 PROBES = {("budget_reserve", "tenants/services/budgets.py"): "admit",
           ("submit", "workers/engine/async_engine.py"): "engine",
-          ("_token_event", "workers/generation.py"): "answer",
-          ("settle_durably", "workers/outbox.py"): "settle"}
+          ("_token_event", "workers/runs.py"): "answer",
+          ("settle_durably", "workers/outbox.py"): "settle",
+          ("_enqueue", "workers/transport.py"): "enqueue",
+          ("event_decode", "workers/events.py"): "receive"}
+POINTS = ("admit", "enqueue", "engine", "answer", "receive", "settle")
 
 
 def _ours(filename: str) -> bool:
@@ -90,21 +99,57 @@ async def _one(model: str, key: str, recorder: Recorder) -> int:
         return response.status_code
 
 
+def _worker_start():
+    """A GPU worker's services in this process: its models loaded, its pull threads taking
+    from the fair queue, its heartbeat advertising them."""
+    from django.conf import settings
+
+    from workers.host import host_get
+    from workers.pulling import Puller
+    from workers.versions import versions_of
+    from workers.worker import WorkerServices, worker_models
+
+    for info in worker_models():
+        for version in versions_of(info):
+            host_get().load(version)
+    services = WorkerServices(Puller("bench-hops", settings.FAIRLANE_WORKER_CONCURRENCY))
+    services.beat()
+    services.start()
+    return services
+
+
 def run(argv: list[str] | None = None) -> None:
-    argparse.ArgumentParser(prog="manage.py bench hops", description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
+    p = argparse.ArgumentParser(prog="manage.py bench hops", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--distributed", action="store_true",
+                   help="the distributed mode: the API's side and a GPU worker's")
+    args = p.parse_args(argv)
+    from django.conf import settings
+
     from routing.bench.serving import _setup
 
+    if args.distributed:
+        if not settings.REDIS_URL:
+            raise SystemExit("bench hops --distributed needs REDIS_URL (and PostgreSQL)")
+        settings.FAIRLANE_ENGINE_MODE = "distributed"
+        settings.FAIRLANE_WORKER_MODELS = ["bench-tiny"]
     model, key, api_key = _setup("tiny")
     recorder = Recorder()
+    threading.setprofile(recorder)  # the worker's threads, started next, are profiled too
+    services = _worker_start() if args.distributed else None
     try:
         status = asyncio.run(_one(model, key, recorder))
     finally:
         from tenants.services.keys import api_key_revoke
 
         api_key_revoke(key=api_key)
+        if services is not None:
+            services.puller.stop(drain_timeout=10)
+            services.stop()
     hops: dict[tuple[str, str], None] = {}
-    for point in ("admit", "engine", "answer", "settle"):
+    for point in POINTS:
+        if point not in recorder.stacks and point in ("enqueue", "receive"):
+            continue  # the embedded mode has no queue between them
         stack = recorder.stacks.get(point, [])
         print(f"{point} ({recorder.threads.get(point, '-')}): {len(stack)} frames")
         for file, func in stack:
@@ -114,6 +159,7 @@ def run(argv: list[str] | None = None) -> None:
     threads = sorted(set(recorder.threads.values()))
     print(f"status {status}: {len(hops)} hops in {len(files)} files, "
           f"threads {', '.join(threads)}")
-    print(json.dumps({"status": status, "hops": len(hops), "files": len(files),
+    print(json.dumps({"mode": "distributed" if args.distributed else "embedded",
+                      "status": status, "hops": len(hops), "files": len(files),
                       "threads": len(threads),
                       "per_point": {p: len(s) for p, s in recorder.stacks.items()}}))
