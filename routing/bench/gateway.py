@@ -45,6 +45,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--modes", default="json,stream", help="json, stream or both")
     p.add_argument("--api-workers", default="2", help="Fairlane API processes (comma list)")
     p.add_argument("--litellm", type=Path, default=None, help="a venv with litellm[proxy]")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="another checkout of Fairlane (e.g. a `git worktree` of the previous "
+                        "commit), run beside this one with each --api-workers count: before/after")
     p.add_argument("--passthrough", action="store_true",
                    help="also a bare uvicorn + aiohttp pass-through with each --api-workers count "
                         "(routing/bench/passthrough.py): the ceiling on this machine")
@@ -146,13 +149,18 @@ def litellm_start(venv: Path, upstream_url: str, workdir: Path) -> tuple[Process
     return process, port, master
 
 
-def fairlane_start(workers: int) -> tuple[Process, int]:
+def fairlane_start(workers: int, checkout: Path = ROOT) -> tuple[Process, int]:
+    """uvicorn serving `checkout` (this one, or a --baseline), with this process's secret key
+    so that both read the same API keys and credentials."""
     port = free_port()
+    env = _env(FAIRLANE_ENGINE_MODE="distributed", SECRET_KEY=settings.SECRET_KEY,
+               PYTHONPATH=f"{checkout}:{checkout / 'platform'}")
     process = Process([sys.executable, "-m", "uvicorn", "asgi:application", "--host", "127.0.0.1",
                        "--port", str(port), "--workers", str(workers), "--loop", "uvloop",
                        "--http", "httptools", "--lifespan", "off", "--no-access-log",
                        "--log-level", "warning", "--timeout-worker-healthcheck", "120"],
-                      _env(FAIRLANE_ENGINE_MODE="celery"), f"bench-fairlane-{workers}")
+                      env, f"bench-{'fairlane' if checkout == ROOT else 'baseline'}-{workers}",
+                      cwd=checkout)
     _wait_ready(f"http://127.0.0.1:{port}/healthz", process)
     return process, port
 
@@ -231,6 +239,9 @@ def ratios(rows: list[dict], workers: list[int]) -> dict:
         peer = by.get(("litellm", clients, mode))
         if peer and peer["rps"]:
             out[f"{target}/litellm {mode} {clients}"] = round(row["rps"] / peer["rps"], 2)
+        before = by.get((target.replace("fairlane", "baseline"), clients, mode))
+        if before and before["rps"]:
+            out[f"{target}/baseline {mode} {clients}"] = round(row["rps"] / before["rps"], 2)
         one = by.get(("fairlane-1", clients, mode))
         if one and one["rps"] and target != "fairlane-1":
             out[f"{target}/fairlane-1 {mode} {clients}"] = round(row["rps"] / one["rps"], 2)
@@ -284,6 +295,11 @@ def run(argv: list[str] | None = None) -> dict:
             started.append(process)
             targets[f"passthrough-{n}"] = (Target(f"passthrough-{n}", "127.0.0.1", port, "sk-bench",
                                                   "fake-model"), process)
+        for n in args.api_workers if args.baseline else ():
+            process, port = fairlane_start(n, args.baseline.resolve())
+            started.append(process)
+            targets[f"baseline-{n}"] = (Target(f"baseline-{n}", "127.0.0.1", port, plain, MODEL),
+                                        process)
         for n in args.api_workers:
             process, port = fairlane_start(n)
             started.append(process)

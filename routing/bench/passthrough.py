@@ -12,6 +12,8 @@ import os
 
 import aiohttp
 
+from routing.bench.upstream import body_read
+
 UPSTREAM = os.environ.get("UPSTREAM", "http://127.0.0.1:9000")
 _session: aiohttp.ClientSession | None = None
 
@@ -20,12 +22,7 @@ async def app(scope, receive, send) -> None:
     global _session
     if scope["type"] != "http":
         return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await body_read(receive)
     if _session is None:
         _session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     async with _session.request(scope["method"], UPSTREAM + scope["path"], data=body,

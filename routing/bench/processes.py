@@ -23,10 +23,10 @@ def free_port() -> int:
 
 
 class Process:
-    def __init__(self, args: list[str], env: dict, log_name: str) -> None:
+    def __init__(self, args: list[str], env: dict, log_name: str, cwd: Path = ROOT) -> None:
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fairlane-{log_name}-{os.getpid()}.log"
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.log,
+        self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
     def output(self) -> str:

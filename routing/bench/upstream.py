@@ -20,6 +20,16 @@ import time
 TOKEN = "w{} "
 
 
+async def body_read(receive) -> bytes:
+    """An ASGI request's whole body."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 class Upstream:
     def __init__(self, tokens: int) -> None:
         self.tokens = tokens
@@ -29,12 +39,7 @@ class Upstream:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await body_read(receive)
         if path == "/v1/chat/completions" and method == "POST":
             await self._chat(json.loads(body), send)
         elif path == "/v1/models":

@@ -33,13 +33,15 @@ def test_bench_gateway_runs_the_distributed_configuration_and_meters_exactly(
         monkeypatch.setenv(name, subprocess_env[name])
     assert BENCHES["gateway"] == "routing.bench.gateway"
     figures = gateway.run(["--clients", "4", "--modes", "json,stream", "--api-workers", "1",
-                           "--passthrough", "--seconds", "2", "--warmup", "0.5", "--rounds", "1",
+                           "--passthrough", "--baseline", str(gateway.ROOT), "--seconds", "1",
+                           "--warmup", "0.3", "--rounds", "1",
                            "--json-out", str(tmp_path / "g.json")])
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["ledger"] == figures["ledger"] and figures["ledger"]["exact"]
     assert figures["ledger"]["ledger_rows"] > 0 and figures["ledger"]["reservations_held"] == 0
     rows = {(r["target"], r["mode"]): r for r in figures["rows"]}
     for mode in ("json", "stream"):
-        for target in ("fairlane-1", "passthrough-1"):  # the ceiling forwards, too
+        # The ceiling forwards too, and a --baseline checkout (here this one) serves and meters.
+        for target in ("fairlane-1", "passthrough-1", "baseline-1"):
             assert rows[(target, mode)]["rps"] > 0 and rows[(target, mode)]["errors"] == 0
     assert not Backend.objects.filter(name=gateway.BACKEND).exists()
