@@ -27,7 +27,7 @@ class ApiASGIHandler(ASGIHandler):
         # Django wraps each request in a ThreadSensitiveContext, which gives it an executor of
         # its own: a new thread per request for the request_started/finished signals' sync
         # receivers. /v1 views do their database work on the loop's pool (routing/sync.py),
-        # so those receivers share asgiref's one thread instead.
+        # and those receivers are called in place (handle, below).
         await self.handle(scope, receive, send)
 
     async def handle(self, scope, receive, send):
