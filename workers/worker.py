@@ -118,6 +118,12 @@ def worker_start(sender=None, **kwargs) -> None:
     global _services
     if sender is None or not _consumes_gpu_queue(sender):
         return
+    _services = worker_services_start()
+
+
+def worker_services_start() -> WorkerServices:
+    """Load this worker's models, then pull and heartbeat (a Celery GPU worker at start-up;
+    `bench hops --distributed` in its own process)."""
     for info in worker_models():
         if info.runtime == "vllm":  # its pull thread starts the child: a start can take
             continue                # minutes, and the other models need not wait for it
@@ -126,10 +132,11 @@ def worker_start(sender=None, **kwargs) -> None:
                 host_get().load(version)
             except ModelLoadFailed:  # logged (refusals counted); the other models still
                 pass                 # load, and its pull thread retries it with a backoff
-    _services = WorkerServices(Puller(WORKER_ID, settings.FAIRLANE_WORKER_CONCURRENCY))
-    _services.beat()
-    _services.start()
+    services = WorkerServices(Puller(WORKER_ID, settings.FAIRLANE_WORKER_CONCURRENCY))
+    services.beat()
+    services.start()
     logger.info("worker %s hosts %s", WORKER_ID, host_get().hosted())
+    return services
 
 
 @signals.worker_shutdown.connect

@@ -99,25 +99,6 @@ async def _one(model: str, key: str, recorder: Recorder) -> int:
         return response.status_code
 
 
-def _worker_start():
-    """A GPU worker's services in this process: its models loaded, its pull threads taking
-    from the fair queue, its heartbeat advertising them."""
-    from django.conf import settings
-
-    from workers.host import host_get
-    from workers.pulling import Puller
-    from workers.versions import versions_of
-    from workers.worker import WorkerServices, worker_models
-
-    for info in worker_models():
-        for version in versions_of(info):
-            host_get().load(version)
-    services = WorkerServices(Puller("bench-hops", settings.FAIRLANE_WORKER_CONCURRENCY))
-    services.beat()
-    services.start()
-    return services
-
-
 def run(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="manage.py bench hops", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,6 +108,7 @@ def run(argv: list[str] | None = None) -> None:
     from django.conf import settings
 
     from routing.bench.serving import _setup
+    from workers.worker import worker_services_start
 
     if args.distributed:
         if not settings.REDIS_URL:
@@ -136,7 +118,7 @@ def run(argv: list[str] | None = None) -> None:
     model, key, api_key = _setup("tiny")
     recorder = Recorder()
     threading.setprofile(recorder)  # the worker's threads, started next, are profiled too
-    services = _worker_start() if args.distributed else None
+    services = worker_services_start() if args.distributed else None
     try:
         status = asyncio.run(_one(model, key, recorder))
     finally:
