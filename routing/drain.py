@@ -6,7 +6,12 @@ OpenAI shape (503 with Retry-After before the answer started; an error chunk the
 stream), so it can retry on another replica.
 
 uvicorn owns the signal: the first request installs a handler that starts the drain clock and
-then hands the signal on to uvicorn's own."""
+then hands the signal on to uvicorn's own.
+
+The cut is sent again every CUT_REPEAT_SECONDS to whatever is still running uncut (a
+cancellation that library code swallowed, a request between its view and its stream when the
+clock ran out, and so entered its stream's watch after the deadline): past the deadline nothing
+keeps the process from exiting. Each is cut inside its stream, so its run is settled."""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from workers.settlement import settlements_finish
 
 logger = logging.getLogger(__name__)
 SETTLE_WAIT_SECONDS = 10.0
+CUT_REPEAT_SECONDS = 1.0
 
 
 class Drained(ServiceUnavailable):
@@ -35,6 +41,7 @@ class Drain:
         self.tasks: set[asyncio.Task] = set()
         self.cut: set[asyncio.Task] = set()
         self.is_draining = False
+        self.is_past_deadline = False
 
     def install(self) -> None:
         """Chain a SIGTERM handler in front of the server's (from the loop's main thread)."""
@@ -60,11 +67,15 @@ class Drain:
         asyncio.get_running_loop().call_later(timeout, self._cut_all)
 
     def _cut_all(self) -> None:
+        # What is still here has not heard a cut yet (a task that did left `tasks`).
         if self.tasks:
-            logger.warning("drain time is up: cutting %d request(s)", len(self.tasks))
+            logger.warning("drain time is up: cutting %d request(s)%s", len(self.tasks),
+                           " (again)" if self.is_past_deadline else "")
+        self.is_past_deadline = True
         for task in list(self.tasks):
             self.cut.add(task)
             task.cancel()
+        asyncio.get_running_loop().call_later(CUT_REPEAT_SECONDS, self._cut_all)
 
     @contextlib.asynccontextmanager
     async def watch(self):
@@ -77,6 +88,7 @@ class Drain:
         except asyncio.CancelledError:
             if task not in self.cut:
                 raise
+            self.tasks.discard(task)  # it heard the cut: no second one while it settles
             task.uncancel()
             await settlements_finish(SETTLE_WAIT_SECONDS)
             raise Drained(retry_after=1) from None

@@ -54,7 +54,8 @@ def assert_drained(outcomes, short, refused, took, server):
     assert server.proc.returncode in (0, -signal.SIGTERM), server.output()[-3000:]
     assert short.status == 200 and short.has_done and not short.errors  # finished in time
     for outcome in outcomes:  # cut at the deadline, cleanly
-        assert outcome.status == 200 and outcome.is_clean() and len(outcome.errors) == 1, outcome
+        assert outcome.status == 200 and outcome.is_clean() and len(outcome.errors) == 1, (
+            outcome, took, _drain_lines(server))
         assert outcome.errors[0]["error"]["code"] == "service_unavailable"
     assert DRAIN - 1 < took < DRAIN + 20, took
     wait_for(lambda: not Reservation.objects.filter(status=Reservation.Status.HELD).exists(),
@@ -64,6 +65,12 @@ def assert_drained(outcomes, short, refused, took, server):
             request_id=outcome.request_id).first(), timeout=30, what="a ledger row")
         assert record.status == UsageRecord.Status.CANCELLED and record.completion_tokens > 0
     assert UsageRecord.objects.get(request_id=short.request_id).status == UsageRecord.Status.OK
+
+
+def _drain_lines(server: AsgiServer) -> list[str]:
+    """The server's own account of the drain (what it saw in flight, what it cut)."""
+    return [line for line in server.output().splitlines()
+            if "routing.drain" in line or "Shutting down" in line or "Finished" in line]
 
 
 @pytest.fixture
