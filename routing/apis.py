@@ -21,7 +21,7 @@ from routing.errors import ServiceUnavailable
 from routing.metrics import API_REQUESTS, API_RESPONSE_START
 from routing.sync import db_call
 from routing.wire.render import (
-    SSE_DONE, Chunk, ErrorChunk, UsageChunk, model_object, sse,
+    SSE_DONE, Chunk, ErrorChunk, UsageChunk, json_bytes, model_object, sse,
 )
 from tenants.apis.errors import error_response
 from tenants.errors import (
@@ -144,7 +144,8 @@ async def _answer(started: services.Started) -> HttpResponse:
         return StreamingHttpResponse(
             _sse(started), content_type="text/event-stream",
             headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return JsonResponse(await services.started_collect(started), headers=headers)
+    return HttpResponse(json_bytes(await services.started_collect(started)),
+                        content_type="application/json", headers=headers)
 
 
 @openai_view("POST")

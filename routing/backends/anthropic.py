@@ -15,7 +15,7 @@ import httpx
 
 from routing.backends.anthropic_request import request_body
 from routing.backends.base import (
-    BackendSpec, Call, UpstreamError, error_for_status, retry_after_parse,
+    BackendSpec, Call, UpstreamError, error_for_status, retry_after_parse, sse_lines,
 )
 from workers.events import Finish, RemoteEvent, Reported, Tokens, ToolCallDelta
 
@@ -103,11 +103,11 @@ async def anthropic_stream(client: httpx.AsyncClient, spec: BackendSpec, call: C
         await _raise_for_status(response)
         usage = Reported()
         name, is_done = "", False
-        async for line in response.aiter_lines():
-            if line.startswith("event:"):
-                name = line[6:].strip()
+        async for line in sse_lines(response):
+            if line.startswith(b"event:"):
+                name = line[6:].strip().decode(errors="replace")
                 continue
-            if not line.startswith("data:"):
+            if not line.startswith(b"data:"):
                 continue
             try:
                 data = json.loads(line[5:].strip())

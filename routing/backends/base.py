@@ -12,7 +12,10 @@ from __future__ import annotations
 import email.utils
 import math
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+
+import httpx
 
 from routing.wire.parse import Sampling
 from routing.wire.tools import ToolUse
@@ -192,3 +195,19 @@ async def models_probe(client, url: str, headers: dict[str, str], timeout) -> No
     if response.status_code >= 400:
         raise error_for_status(response.status_code, response.text[:200],
                                retry_after_parse(response.headers))
+
+
+async def sse_lines(response: httpx.Response) -> AsyncIterator[bytes]:
+    """An event stream's lines as bytes, without their line ends (LF or CRLF; a lone CR
+    splits a line too, as the SSE format allows). httpx's aiter_lines decodes every chunk to
+    text and splits it in Python; the adapters only look for `data:` and `event:` and hand
+    the rest to json.loads, which takes bytes."""
+    pending = b""
+    async for piece in response.aiter_bytes():
+        *lines, pending = (pending + piece).split(b"\n")
+        for line in lines:
+            for part in line.removesuffix(b"\r").split(b"\r"):
+                yield part
+    if pending:
+        for part in pending.removesuffix(b"\r").split(b"\r"):
+            yield part

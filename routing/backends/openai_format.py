@@ -15,9 +15,10 @@ import secrets
 from collections.abc import AsyncIterator
 
 import httpx
+import orjson
 
 from routing.backends.base import (
-    BackendSpec, Call, UpstreamError, error_for_status, retry_after_parse,
+    BackendSpec, Call, UpstreamError, error_for_status, retry_after_parse, sse_lines,
 )
 from workers.events import Finish, RemoteEvent, Reported, Tokens, ToolCallDelta
 
@@ -120,9 +121,13 @@ def _tool_calls(choice: dict, seen: dict[tuple[int, int], str]) -> tuple[ToolCal
 def _token_event(choice: dict, endpoint: str,
                  seen: dict[tuple[int, int], str]) -> Tokens | None:
     index = choice.get("index", 0)
-    text = (choice.get("delta") or {}).get("content") if endpoint == "chat" else choice.get("text")
+    if endpoint == "chat":
+        delta = choice.get("delta") or {}
+        text = delta.get("content")
+        calls = _tool_calls(choice, seen) if delta.get("tool_calls") else ()
+    else:
+        text, calls = choice.get("text"), ()
     logprobs = choice.get("logprobs")
-    calls = _tool_calls(choice, seen) if endpoint == "chat" else ()
     if not text and not logprobs and not calls:
         return None
     if calls:
@@ -154,15 +159,15 @@ async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call
                              timeout=timeout) as response:
         await _raise_for_status(response)
         is_done, seen = False, {}
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
+        async for line in sse_lines(response):
+            if not line.startswith(b"data:"):
                 continue  # blank lines, `event:` and comments such as OpenRouter's keep-alive
             data = line[5:].strip()
-            if data == "[DONE]":
+            if data == b"[DONE]":
                 is_done = True
                 break
             try:
-                chunk = json.loads(data)
+                chunk = orjson.loads(data)
             except ValueError:
                 raise UpstreamError("backend_unavailable", "unparseable stream chunk") from None
             if chunk.get("error"):  # OpenRouter reports upstream failures mid-stream

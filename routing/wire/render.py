@@ -4,11 +4,11 @@ embeddings, models, and the SSE framing around them."""
 from __future__ import annotations
 
 import base64
-import json
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 
 from tenants.errors import ApplicationError
 from workers.events import Finish, Tokens, TokenUsage, ToolCallDelta
@@ -16,8 +16,22 @@ from workers.events import Finish, Tokens, TokenUsage, ToolCallDelta
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+def _plain(value):
+    """What orjson does not know: numpy's scalars (a logprob straight from the engine)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def json_bytes(payload) -> bytes:
+    """An answer as JSON (orjson: a tenth of the stdlib encoder's CPU on the request path).
+    A float that is not finite becomes null, where the stdlib would write an invalid
+    `NaN`."""
+    return orjson.dumps(payload, default=_plain)
+
+
 def sse(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(payload, default=_plain) + b"\n\n"
 
 
 @dataclass(frozen=True, slots=True)
