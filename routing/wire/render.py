@@ -24,14 +24,14 @@ def _plain(value):
 
 
 def json_bytes(payload) -> bytes:
-    """An answer as JSON (orjson: a tenth of the stdlib encoder's CPU on the request path).
-    A float that is not finite becomes null, where the stdlib would write an invalid
-    `NaN`."""
+    """An answer as JSON, by orjson (the stdlib encoder was a visible share of a gateway
+    request's CPU). A float that is not finite becomes null, where the stdlib would write an
+    invalid `NaN`."""
     return orjson.dumps(payload, default=_plain)
 
 
 def sse(payload: dict) -> bytes:
-    return b"data: " + orjson.dumps(payload, default=_plain) + b"\n\n"
+    return b"data: " + json_bytes(payload) + b"\n\n"
 
 
 @dataclass(frozen=True, slots=True)
