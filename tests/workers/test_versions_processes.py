@@ -5,6 +5,7 @@ takes its weight, and the swapped-out versions are drained and unloaded without 
 pool of two workers, one killed fails no request."""
 
 import asyncio
+import os
 import signal
 import threading
 import time
@@ -198,7 +199,22 @@ def test_a_worker_killed_in_a_pool_of_two_fails_no_request(inference_key):
                         queue.client.hgetall(queue.prefix + "holder").items()
                         if holder.decode().endswith(f":{first.proc.pid}")]
 
-            running = wait_for(first_runs, 60, "a request running on the first worker")
+            def frozen_while_running() -> set[str]:
+                # Frozen first, then read: a request it holds and has not settled can only be
+                # finished by the other worker (a running one could finish between a read and
+                # the kill, as CI once saw). A settlement it sent just before freezing still
+                # commits: read after it has.
+                os.killpg(first.proc.pid, signal.SIGSTOP)
+                time.sleep(0.5)
+                held = set(first_runs())
+                held -= set(UsageRecord.objects.filter(request_id__in=held).values_list(
+                    "request_id", flat=True))
+                if not held:
+                    os.killpg(first.proc.pid, signal.SIGCONT)
+                    time.sleep(0.05)
+                return held
+
+            running = wait_for(frozen_while_running, 60, "a request running on the first worker")
             killed_at = time.monotonic()
             first.stop(signal.SIGKILL)
             wait_for(lambda: len(load.since(killed_at)) >= 40, 60, "requests after the kill")
@@ -214,6 +230,7 @@ def test_a_worker_killed_in_a_pool_of_two_fails_no_request(inference_key):
     # What the killed worker was running was finished by the other one (its claim lapsed).
     finished_by = dict(UsageRecord.objects.filter(request_id__in=running).values_list(
         "request_id", "backend"))
-    assert any(b.endswith(f":{second.proc.pid}") for b in finished_by.values()), finished_by
+    assert set(finished_by) == running, (finished_by, running)
+    assert all(b.endswith(f":{second.proc.pid}") for b in finished_by.values()), finished_by
     wait_for(lambda: not Reservation.objects.filter(status=Reservation.Status.HELD).exists(),
              30, "every hold settled")
