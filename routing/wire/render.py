@@ -30,8 +30,18 @@ def json_bytes(payload) -> bytes:
     return orjson.dumps(payload, default=_plain)
 
 
+# Characters orjson writes raw (the stdlib's ASCII encoder escaped them) at which a client's
+# str.splitlines() ends a line, httpx's aiter_lines among them: an SSE line must not hold one.
+_LINE_BREAKS = ((b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"),
+                (b"\xc2\x85", b"\\u0085"))
+
+
 def sse(payload: dict) -> bytes:
-    return b"data: " + json_bytes(payload) + b"\n\n"
+    data = json_bytes(payload)
+    if b"\xe2\x80" in data or b"\xc2\x85" in data:
+        for raw, escaped in _LINE_BREAKS:
+            data = data.replace(raw, escaped)
+    return b"data: " + data + b"\n\n"
 
 
 @dataclass(frozen=True, slots=True)

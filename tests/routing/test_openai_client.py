@@ -73,6 +73,22 @@ def test_completions_streaming_and_not(client):
     assert text.startswith("count:")
 
 
+def test_a_stream_echoing_unicode_line_breaks_reads_line_by_line(embedded_server, key):
+    """The byte-level `tiny` model can write any character; a line reader that splits where
+    str.splitlines() does (httpx's aiter_lines) still reads one chunk a line."""
+    import httpx
+
+    prompt = "a\u2028b\u2029c\x85d"
+    with httpx.stream("POST", embedded_server.url + "/v1/completions", timeout=60,
+                      headers={"Authorization": f"Bearer {key}"},
+                      json={"model": "tiny", "prompt": prompt, "max_tokens": 4, "echo": True,
+                            "stream": True, "temperature": 0}) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]).startswith(prompt)
+
+
 def test_embeddings_base64_default_and_float(client):
     reply = client.embeddings.create(model="tiny", input=["hello", "world!"])
     vectors = [np.array(d.embedding) for d in reply.data]

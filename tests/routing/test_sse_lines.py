@@ -1,6 +1,8 @@
 """Event-stream lines as the adapters read them (routing.backends.base.sse_lines): the same
 lines httpx's aiter_lines gives, however the bytes are split into pieces."""
 
+import json
+
 import httpx
 import pytest
 
@@ -43,3 +45,14 @@ async def test_lines_match_httpx_whatever_the_pieces(size):
 
 async def test_a_crlf_split_between_pieces_is_one_line_end():
     assert await _lines([b"data: 1\r", b"\ndata: 2\r\n"]) == [b"data: 1", b"data: 2"]
+
+
+@pytest.mark.parametrize("text", ["a\u2028b", "a\u2029b", "a\x85b", "\u2028\x85\u2029é\n"])
+async def test_a_chunk_holding_a_unicode_line_break_stays_one_line(text):
+    """orjson writes U+2028, U+2029 and U+0085 raw; str.splitlines() ends a line at each."""
+    from routing.wire.render import sse
+
+    frame = sse({"choices": [{"delta": {"content": text}}]})
+    lines = await _httpx_lines([frame])
+    assert lines[0].startswith(b"data: ") and lines[1:] == [b""]
+    assert json.loads(lines[0][6:])["choices"][0]["delta"]["content"] == text
