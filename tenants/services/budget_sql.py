@@ -14,13 +14,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contextlib import nullcontext
-
 import psycopg
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from psycopg.types.json import Jsonb
 
 from tenants.models import Reservation
+from tenants.services.group_commit import GroupCommit
+
+HOLD = "SELECT fairlane_budget_hold(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+SETTLE = ("SELECT * FROM fairlane_budget_settle(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+          "%s, %s)")
+# Concurrent requests' calls, batched (migration 0007's functions; one array per parameter).
+_holds = GroupCommit(HOLD, "SELECT * FROM fairlane_budget_hold_many(%s::uuid[], "
+                     "%s::varchar[], %s::bigint[], %s::uuid[], %s::uuid[], %s::bigint[], "
+                     "%s::bigint[], %s::bigint[], %s::timestamptz[], %s::timestamptz[])")
+_settlements = GroupCommit(SETTLE, "SELECT * FROM fairlane_budget_settle_many(%s::varchar[], "
+                           "%s::bigint[], %s::bigint[], %s::varchar[], %s::varchar[], "
+                           "%s::integer[], %s::integer[], %s::integer[], %s::integer[], "
+                           "%s::varchar[], %s::timestamptz[], %s::varchar[], %s::varchar[], "
+                           "%s::jsonb[])")
 
 
 _vendor: str | None = None
@@ -38,18 +50,21 @@ def hold(reservation: Reservation) -> str:
     window could not cover it ("agent" or "tenant"), with nothing held. IntegrityError when
     the request id has a reservation already."""
     r = reservation
-    # Inside a caller's transaction a refused insert must not abort it: a savepoint. On the
-    # request path (autocommit) the call is its own transaction.
-    with transaction.atomic() if connection.in_atomic_block else nullcontext():
-        return _call_one(
-            "SELECT fairlane_budget_hold(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            [r.id, r.request_id, r.tenant_id, r.agent_id, r.api_key_id, r.amount_microcents,
-             r.agent_window_id, r.tenant_window_id, r.created_at, r.expires_at])[0]
+    params = [r.id, r.request_id, r.tenant_id, r.agent_id, r.api_key_id, r.amount_microcents,
+              r.agent_window_id, r.tenant_window_id, r.created_at, r.expires_at]
+    if not connection.in_atomic_block:  # the request path: batched with its neighbours'
+        refused = _holds.run(params)[0]
+        if refused == "duplicate":
+            raise IntegrityError(f"a reservation for request {r.request_id} exists")
+        return refused
+    # Inside a caller's transaction a refused insert must not abort it: a savepoint.
+    with transaction.atomic():
+        return _call_one(HOLD, params)[0]
 
 
 def _call_one(sql: str, params: list) -> tuple:
-    """One row of `sql`, bound server-side on this thread's Django connection (and inside its
-    transaction, if any)."""
+    """One row of `sql`, bound server-side on this thread's Django connection, inside its
+    transaction."""
     connection.ensure_connection()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, params)
@@ -72,10 +87,9 @@ class Settled:
 
 
 def settle(*, request_id: str, tenant_id: int, cost: int, usage, now) -> Settled:
-    outcome, charge, held, prior, usage_id, *rest = _call_one(
-        "SELECT * FROM fairlane_budget_settle(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-        "%s, %s)",
-        [request_id, tenant_id, cost, usage.backend, usage.model, usage.prompt_tokens,
-         usage.completion_tokens, usage.cached_tokens, usage.latency_ms, usage.status, now,
-         usage.trace_id, usage.model_version, Jsonb(usage.timeline or {})])
+    params = [request_id, tenant_id, cost, usage.backend, usage.model, usage.prompt_tokens,
+              usage.completion_tokens, usage.cached_tokens, usage.latency_ms, usage.status, now,
+              usage.trace_id, usage.model_version, Jsonb(usage.timeline or {})]
+    outcome, charge, held, prior, usage_id, *rest = (
+        _call_one(SETTLE, params) if connection.in_atomic_block else _settlements.run(params))
     return Settled(outcome, charge or 0, held or 0, prior or "", usage_id, *rest)
