@@ -164,6 +164,12 @@ FAIRLANE_RETRY_BACKOFF_SECONDS = float(os.environ.get("FAIRLANE_RETRY_BACKOFF_SE
 # max_tokens sent to a remote backend when the request sets none and the backend's context
 # length is not configured (the budget reserves for it, so it is never left open-ended).
 FAIRLANE_DEFAULT_MAX_TOKENS = env_int("FAIRLANE_DEFAULT_MAX_TOKENS", 4096)
+# A client that does not stream is answered from a call that does not stream (one body, not a
+# chunk per token) when even a backend this slow writes the whole answer within the backend's
+# timeout (max_tokens <= timeout_seconds x this), since that timeout bounds the wait for a
+# response's first byte; longer answers are streamed upstream. 0: every call streams.
+FAIRLANE_WHOLE_ANSWER_TOKENS_PER_SECOND = float(
+    os.environ.get("FAIRLANE_WHOLE_ANSWER_TOKENS_PER_SECOND", "10"))
 # Images in chat requests: what one counts for a budget hold (and when a provider reports no
 # usage): above GPT-4o's 1,105 and Claude's ~1,600 at their largest; raise it for models that
 # bill images as many more tokens (gpt-4o-mini: up to ~37,000).

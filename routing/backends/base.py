@@ -10,12 +10,15 @@ content filter).
 from __future__ import annotations
 
 import email.utils
+import json
 import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import httpx
+import orjson
+from django.conf import settings
 
 from routing.wire.parse import Sampling
 from routing.wire.tools import ToolUse
@@ -127,6 +130,27 @@ class Call:
     cache_salt: str = ""
     tool_use: ToolUse = field(default_factory=ToolUse)  # chat: tools and response_format
     traceparent: str = ""  # the request's trace, for backends of our own (workers/trace.py)
+    stream: bool = True  # False: asked for the whole answer in one body (call_streams)
+
+
+def call_streams(*, client_streams: bool, spec: BackendSpec, max_tokens: int) -> bool:
+    """Whether a call is streamed upstream. Always for a client that streams. For one that
+    does not, only when the whole answer might not arrive within the backend's timeout (which
+    bounds the wait for a response's first byte, and a stream's between chunks) from a backend
+    as slow as FAIRLANE_WHOLE_ANSWER_TOKENS_PER_SECOND. A whole answer is one body to read
+    where a stream is a chunk per token; a client leaving before it arrives is, as before a
+    stream's first token, charged nothing."""
+    rate = settings.FAIRLANE_WHOLE_ANSWER_TOKENS_PER_SECOND
+    return client_streams or rate <= 0 or max_tokens > spec.timeout_seconds * rate
+
+
+def body_json(body: dict) -> bytes:
+    """A request body as JSON (orjson; the stdlib's encoder for what orjson refuses: a lone
+    surrogate the client's JSON escaped, which the stdlib escapes again)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps(body).encode()
 
 
 class UpstreamError(Exception):

@@ -2,14 +2,16 @@
 (the same format with a `cost` in its usage, and `: OPENROUTER PROCESSING` comment lines) and
 remote Fairlane engines (our own /v1 API, which also serves embeddings: hidden states).
 
-Every call is streamed upstream with `stream_options.include_usage`, so usage comes from the
-provider's final chunk; a non-streaming client gets the collected answer. Tools,
+A call is streamed upstream with `stream_options.include_usage`, so usage comes from the
+provider's final chunk; a client that does not stream is asked the whole answer in one body
+when it is short enough (routing.backends.base.call_streams), read as the same events. Tools,
 tool_choice, parallel_tool_calls, response_format and image parts are forwarded as the client
 sent them (parsed and checked in routing/wire/); streamed tool calls come back as
 ToolCallDelta pieces in OpenAI's shape: a call's id and name once, then its arguments."""
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -18,7 +20,7 @@ import httpx
 import orjson
 
 from routing.backends.base import (
-    BackendSpec, Call, UpstreamError, error_for_status, retry_after_parse, sse_lines,
+    BackendSpec, Call, UpstreamError, body_json, error_for_status, retry_after_parse, sse_lines,
 )
 from workers.events import Finish, RemoteEvent, Reported, Tokens, ToolCallDelta
 
@@ -41,9 +43,10 @@ def call_headers(spec: BackendSpec, call: Call, secret: str) -> dict[str, str]:
 
 def request_body(spec: BackendSpec, call: Call) -> tuple[str, dict]:
     s = call.sampling
-    body: dict = {"model": call.upstream, "stream": True,
-                  "stream_options": {"include_usage": True},
+    body: dict = {"model": call.upstream, "stream": call.stream,
                   "temperature": s.temperature, "top_p": s.top_p, "n": s.n}
+    if call.stream:
+        body["stream_options"] = {"include_usage": True}
     # OpenAI's newer models take only max_completion_tokens; servers that copy the API take
     # max_tokens.
     body["max_completion_tokens" if spec.kind == "openai" else "max_tokens"] = call.max_tokens
@@ -151,11 +154,30 @@ def usage_event(usage: dict) -> Reported:
                     cost_usd=None if cost is None else float(cost))
 
 
+@functools.lru_cache(maxsize=256)
+def _url(base_url: str, path: str) -> httpx.URL:
+    """Parsed once per backend and path (httpx parses a str URL on every call)."""
+    return httpx.URL(base_url.rstrip("/") + path)
+
+
 async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call,
                         secret: str, timeout: httpx.Timeout) -> AsyncIterator[RemoteEvent]:
+    """The call's answer as events: from its stream's chunks, or from the one body of a call
+    that does not stream."""
     path, body = request_body(spec, call)
-    async with client.stream("POST", spec.base_url.rstrip("/") + path, json=body,
-                             headers=call_headers(spec, call, secret),
+    url, content = _url(spec.base_url, path), body_json(body)
+    headers = {**call_headers(spec, call, secret), "Content-Type": "application/json"}
+    if not call.stream:
+        response = await client.post(url, content=content, headers=headers, timeout=timeout)
+        await _raise_for_status(response)
+        try:
+            answer = orjson.loads(response.content)
+        except ValueError:
+            raise UpstreamError("backend_unavailable", "unparseable answer") from None
+        for event in _answer_events(answer, call.endpoint):
+            yield event
+        return
+    async with client.stream("POST", url, content=content, headers=headers,
                              timeout=timeout) as response:
         await _raise_for_status(response)
         is_done, seen = False, {}
@@ -173,22 +195,51 @@ async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call
             if chunk.get("error"):  # OpenRouter reports upstream failures mid-stream
                 error = chunk["error"]
                 raise UpstreamError("backend_unavailable", str(error.get("message", error)))
-            for choice in chunk.get("choices") or ():
-                event = _token_event(choice, call.endpoint, seen)
-                if event is not None:
-                    yield event
-                reason = choice.get("finish_reason")
-                if reason == "content_filter":
-                    raise UpstreamError("content_filtered",
-                                        "The provider's content filter stopped the answer.")
-                if reason:
-                    yield Finish(choice=choice.get("index", 0),
-                                 reason=FINISH_REASONS.get(reason, "stop"))
-            if chunk.get("usage"):
-                yield usage_event(chunk["usage"])
+            for event in _choice_events(chunk, call.endpoint, seen):
+                yield event
         if not is_done:
             raise UpstreamError("backend_unavailable", "the stream ended without [DONE]")
 
+
+def _choice_events(chunk: dict, endpoint: str,
+                   seen: dict[tuple[int, int], str]) -> list[RemoteEvent]:
+    """A stream chunk's events, or a whole answer's (its choices' messages read as deltas):
+    each choice's tokens and finish, then the usage."""
+    events: list[RemoteEvent] = []
+    for choice in chunk.get("choices") or ():
+        event = _token_event(choice, endpoint, seen)
+        if event is not None:
+            events.append(event)
+        reason = choice.get("finish_reason")
+        if reason == "content_filter":
+            raise UpstreamError("content_filtered",
+                                "The provider's content filter stopped the answer.")
+        if reason:
+            events.append(Finish(choice=choice.get("index", 0),
+                                 reason=FINISH_REASONS.get(reason, "stop")))
+    if chunk.get("usage"):
+        events.append(usage_event(chunk["usage"]))
+    return events
+
+
+def _answer_events(answer: dict, endpoint: str) -> list[RemoteEvent]:
+    """A whole answer (`chat.completion` or `text_completion`) as the stream's events."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
+        raise UpstreamError("backend_unavailable", "an answer without choices")
+    if endpoint == "chat":
+        choices = []
+        for choice in answer["choices"]:
+            message = choice.get("message") or {}
+            calls = [{**call, "index": i} for i, call in enumerate(message.get("tool_calls")
+                                                                   or ())]
+            choices.append({**choice, "delta": {"content": message.get("content"),
+                                                "tool_calls": calls}})
+        answer = {**answer, "choices": choices}
+    events = _choice_events(answer, endpoint, {})
+    for choice in answer["choices"]:  # a whole answer always ends
+        if not choice.get("finish_reason"):
+            events.append(Finish(choice=choice.get("index", 0), reason="stop"))
+    return events
 
 
 async def openai_embed(client: httpx.AsyncClient, spec: BackendSpec, upstream: str,

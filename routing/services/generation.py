@@ -11,6 +11,7 @@ from routing.admission import Caller, sampling_for_engine
 from routing.max_tokens import max_tokens_local, max_tokens_remote
 from routing.attempts import Offer, Offers, attempt_release
 from routing.backends import Call, Route
+from routing.backends.base import call_streams
 from routing.dispatch import Served, offer_first_prepare
 from routing.metrics import request_arrived
 from routing.overload import load_admit
@@ -141,6 +142,8 @@ class _Generation(Routed):
                         max_tokens=max_tokens, messages=self.messages, prompt=self.prompt,
                         wants_logprobs=self.sampling.logprobs is not None,
                         tool_use=self.tool_use,
+                        stream=call_streams(client_streams=self.request.stream,
+                                            spec=route.backend, max_tokens=max_tokens),
                         cache_salt=tenant_cache_salt(tenant_id=self.caller.tenant.pk,
                                                      salt=self.request.cache_salt))
         caller = self.caller
