@@ -9,6 +9,7 @@ import json
 import logging
 import time
 
+import orjson
 from channels.db import database_sync_to_async
 from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -107,7 +108,11 @@ def _json_body(request: HttpRequest):
     if request.content_type != "application/json":
         raise InvalidRequest("Send a JSON body with Content-Type: application/json.")
     try:
-        return json.loads(request.body)
+        body = request.body
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:  # the stdlib's reading (NaN, a lone surrogate, ...)
+            return json.loads(body)
     except RequestDataTooBig:
         raise InvalidRequest("The request body is too large.") from None
     except RecursionError:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -73,7 +73,10 @@ def budget_alerts_evaluate(*, tenant: Tenant, window_ids: Iterable[int | None],
         except Exception:  # alerts are a side effect: the settlement stands
             logger.exception("budget alerts: evaluating windows %s failed", ids)
 
-    transaction.on_commit(after_commit)
+    if connection.in_atomic_block:
+        transaction.on_commit(after_commit)
+    else:  # committed already (on_commit would take a connection only to learn that)
+        after_commit()
 
 
 def _spend_count(*, tenant_id: int, charge: int) -> None:
