@@ -88,6 +88,8 @@ class RedisLimiter:
     def acquire(self, *, request_id: str, scopes: tuple[LimitScope, ...], tokens: int) -> Admitted:
         now = time.time()
         window = _window(now)
+        if not scopes:  # no limits apply: nothing to check or take (no round trip)
+            return Admitted(request_id, scopes, window, tokens)
         args, keys = [int(now * 1000), request_id, tokens, INFLIGHT_TTL_MS], []
         for scope in scopes:
             args += [scope.name, scope.rpm, scope.tpm, scope.concurrency]
@@ -99,7 +101,7 @@ class RedisLimiter:
                                      retry_after=2) from exc
         if refused:
             raise _refusal(refused[0].decode(), refused[1].decode(), now)
-        return Admitted(request_id, scopes, _window(now), tokens)
+        return Admitted(request_id, scopes, window, tokens)
 
     def release(self, admitted: Admitted, *, tokens_used: int) -> None:
         """Free the concurrency slots and give the unused worst case back to the window it

@@ -100,3 +100,15 @@ def test_a_limit_holds_exactly_across_two_api_processes(agent, key):
     finally:
         for server in servers:
             server.stop()
+
+
+def test_a_caller_without_limits_needs_no_redis():
+    """Nothing to check or take: no round trip, so an unreachable Redis does not refuse it;
+    a caller with a limit still gets a clear 503 then."""
+    from routing.errors import ServiceUnavailable
+
+    down = RedisLimiter(redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5))
+    admitted = down.acquire(request_id="r1", scopes=(), tokens=10)
+    down.release(admitted, tokens_used=3)
+    with pytest.raises(ServiceUnavailable):
+        down.acquire(request_id="r2", scopes=(scope(rpm=5),), tokens=10)
