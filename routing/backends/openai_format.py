@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import orjson
@@ -202,24 +202,22 @@ async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call
 
 
 def _choice_events(chunk: dict, endpoint: str,
-                   seen: dict[tuple[int, int], str]) -> list[RemoteEvent]:
+                   seen: dict[tuple[int, int], str]) -> Iterator[RemoteEvent]:
     """A stream chunk's events, or a whole answer's (its choices' messages read as deltas):
-    each choice's tokens and finish, then the usage."""
-    events: list[RemoteEvent] = []
+    each choice's tokens and finish, then the usage. A content filter raises after the tokens
+    before it, so a stream hands those on first."""
     for choice in chunk.get("choices") or ():
         event = _token_event(choice, endpoint, seen)
         if event is not None:
-            events.append(event)
+            yield event
         reason = choice.get("finish_reason")
         if reason == "content_filter":
             raise UpstreamError("content_filtered",
                                 "The provider's content filter stopped the answer.")
         if reason:
-            events.append(Finish(choice=choice.get("index", 0),
-                                 reason=FINISH_REASONS.get(reason, "stop")))
+            yield Finish(choice=choice.get("index", 0), reason=FINISH_REASONS.get(reason, "stop"))
     if chunk.get("usage"):
-        events.append(usage_event(chunk["usage"]))
-    return events
+        yield usage_event(chunk["usage"])
 
 
 def _answer_events(answer: dict, endpoint: str) -> list[RemoteEvent]:
@@ -235,7 +233,7 @@ def _answer_events(answer: dict, endpoint: str) -> list[RemoteEvent]:
             choices.append({**choice, "delta": {"content": message.get("content"),
                                                 "tool_calls": calls}})
         answer = {**answer, "choices": choices}
-    events = _choice_events(answer, endpoint, {})
+    events = list(_choice_events(answer, endpoint, {}))  # a filtered answer raises whole
     for choice in answer["choices"]:  # a whole answer always ends
         if not choice.get("finish_reason"):
             events.append(Finish(choice=choice.get("index", 0), reason="stop"))
