@@ -170,6 +170,12 @@ FAIRLANE_DEFAULT_MAX_TOKENS = env_int("FAIRLANE_DEFAULT_MAX_TOKENS", 4096)
 # response's first byte; longer answers are streamed upstream. 0: every call streams.
 FAIRLANE_WHOLE_ANSWER_TOKENS_PER_SECOND = float(
     os.environ.get("FAIRLANE_WHOLE_ANSWER_TOKENS_PER_SECOND", "10"))
+# Threads in each API process's event loop pool, where /v1 does its database work (holds,
+# settlements: routing/sync.py) and its other blocking calls. asyncio's default is
+# min(32, cores + 4), six on two cores: under load every hold and settlement queued for those
+# six, and group commit (tenants/services/group_commit.py) could batch only as many as had a
+# thread. Threads past FAIRLANE_DB_POOL_SIZE wait for a connection. 0: asyncio's default.
+FAIRLANE_API_THREADS = env_int("FAIRLANE_API_THREADS", 16)
 # Images in chat requests: what one counts for a budget hold (and when a provider reports no
 # usage): above GPT-4o's 1,105 and Claude's ~1,600 at their largest; raise it for models that
 # bill images as many more tokens (gpt-4o-mini: up to ~37,000).
