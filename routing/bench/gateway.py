@@ -20,6 +20,7 @@ equals what the upstream served. The last line is one JSON object (also under be
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -31,7 +32,7 @@ from django.conf import settings
 
 from routing.bench.loadgen import Target, load
 from routing.bench.processes import Process, free_port
-from routing.bench.sysstat import cpu_seconds, server_cpu_seconds
+from routing.bench.sysstat import Sample
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "bench-gateway"
@@ -190,17 +191,14 @@ def measure(targets: dict[str, tuple[Target, Process | None]], args) -> list[dic
             rounds: dict[str, list[dict]] = {name: [] for name in targets}
             for _ in range(args.rounds):
                 for name, (target, process) in targets.items():
-                    cpu0, db0 = cpu_seconds(process), server_cpu_seconds()
-                    result, seconds = load(target, clients=clients, stream=mode == "stream",
-                                           seconds=args.seconds, warmup=args.warmup)
-                    cpu, db = cpu_seconds(process) - cpu0, server_cpu_seconds() - db0
-                    served = max(result.completed, 1)
+                    result, seconds, (start, end) = load(
+                        target, clients=clients, stream=mode == "stream", seconds=args.seconds,
+                        warmup=args.warmup, probe=functools.partial(Sample.take, process))
                     rounds[name].append({
                         "rps": result.completed / seconds, "errors": result.errors,
                         "p50_ms": _pct(result.latencies, 0.5), "p99_ms": _pct(result.latencies, 0.99),
                         "ttft_p50_ms": _pct(result.ttfts, 0.5),
-                        "cpu_ms_per_request": round(cpu * 1000 / served, 3) if process else None,
-                        "db_redis_cpu_ms_per_request": round(db * 1000 / served, 3),
+                        **start.until(end, result.completed),
                         "error_samples": result.error_samples})
             for name, runs in rounds.items():
                 median = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
@@ -222,7 +220,9 @@ def _print_setting(rows: list[dict]) -> None:
                 added = f" added {'TTFT ' if r['mode'] == 'stream' else ''}p50 {r['added_p50_ms']} ms"
         print(f"{r['mode']:6} {r['clients']:3} clients  {r['target']:12} {r['rps']:8.1f} req/s  "
               f"p50 {r['p50_ms']} ms  p99 {r['p99_ms']} ms  TTFT p50 {r['ttft_p50_ms']} ms"
-              f"{added}  cpu/req {r['cpu_ms_per_request']} ms  errors {r['errors']}  "
+              f"{added}  cpu/req {r['cpu_ms_per_request']} ms (db+redis {r['db_redis_cpu_ms_per_request']}, "
+              f"load {r['loadgen_cpu_ms_per_request']})  machine busy {r['machine_busy_pct']} % "
+              f"(stolen {r['machine_stolen_pct']} %)  errors {r['errors']}  "
               f"rounds {r['rps_rounds']}", flush=True)
 
 

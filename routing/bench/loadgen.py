@@ -12,6 +12,7 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 FIRST_TOKEN = re.compile(rb'"content":\s*"w')
@@ -120,19 +121,31 @@ async def _client(target: Target, payload: bytes, stream: bool, stop_at: float,
 
 
 async def load_run(target: Target, *, clients: int, stream: bool, seconds: float,
-                   warmup: float) -> tuple[Result, float]:
+                   warmup: float, probe: Callable[[], object] | None = None,
+                   ) -> tuple[Result, float, list]:
     """Run `clients` closed-loop clients for warmup + seconds; only requests started after the
-    warm-up count. Returns the result and the measured window's length."""
+    warm-up count. Returns the result, the measured window's length and, with `probe`, what it
+    returned as the window opened and as it closed (CPU counters: the warm-up's CPU would
+    otherwise be charged to the measured window's requests)."""
     payload = request_bytes(target, stream=stream)
     result = Result()
     now = time.perf_counter()
     record_from, stop_at = now + warmup, now + warmup + seconds
-    await asyncio.gather(*(_client(target, payload, stream, stop_at, record_from, result)
-                           for _ in range(clients)))
-    return result, seconds
+    samples: list = []
+
+    async def window() -> None:
+        for at in (record_from, stop_at):
+            while (left := at - time.perf_counter()) > 0:  # the loop's timers round to 1 ms
+                await asyncio.sleep(left)
+            samples.append(probe())
+
+    clients_done = asyncio.gather(*(_client(target, payload, stream, stop_at, record_from, result)
+                                    for _ in range(clients)))
+    await asyncio.gather(clients_done, *([window()] if probe else []))
+    return result, seconds, samples
 
 
-def load(target: Target, **kwargs) -> tuple[Result, float]:
+def load(target: Target, **kwargs) -> tuple[Result, float, list]:
     try:
         import uvloop
         return uvloop.run(load_run(target, **kwargs))

@@ -1,9 +1,12 @@
-"""CPU time of benchmarked processes, read from /proc (Linux): a server's whole process group
-(uvicorn's workers, LiteLLM's), and the PostgreSQL and Redis servers a gateway leans on."""
+"""CPU time read from /proc (Linux): a benchmarked server's whole process group (uvicorn's
+workers, LiteLLM's), the PostgreSQL and Redis servers a gateway leans on, this process (the
+load generator) and the whole machine (how busy its cores were, and what the host stole)."""
 
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -40,3 +43,45 @@ def server_cpu_seconds() -> float:
     else runs: an upper bound of what the benchmarked gateway cost them)."""
     return sum(cpu for name, _, cpu in _all()
                if name.startswith(("postgres", "redis-server")))
+
+
+def machine_seconds() -> tuple[float, float, float]:
+    """(busy, stolen, all) CPU seconds of every core since boot: /proc/stat's first line. Busy
+    is user, nice, system, irq and softirq time; stolen is what the hypervisor gave to other
+    guests (a shared host's slow phases); the rest is idle and I/O wait."""
+    line = Path("/proc/stat").read_text().split("\n", 1)[0]
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in line.split()[1:9])
+    busy = user + nice + system + irq + softirq
+    return busy / TICKS, steal / TICKS, (busy + idle + iowait + steal) / TICKS
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """CPU counters at one moment, for the difference over a measured window."""
+
+    server: float
+    db_redis: float
+    loadgen: float
+    busy: float
+    stolen: float
+    all: float
+
+    @classmethod
+    def take(cls, process) -> Sample:
+        busy, stolen, every = machine_seconds()
+        return cls(cpu_seconds(process), server_cpu_seconds(), time.process_time(), busy,
+                   stolen, every)
+
+    def until(self, end: Sample, served: int) -> dict:
+        """The window's figures: CPU per request of each part, and the machine's cores' busy
+        and stolen shares (percent of all cores' time)."""
+        served, every = max(served, 1), max(end.all - self.all, 1e-9)
+
+        def per_request(name: str) -> float:
+            return round((getattr(end, name) - getattr(self, name)) * 1000 / served, 3)
+
+        return {"cpu_ms_per_request": per_request("server"),
+                "db_redis_cpu_ms_per_request": per_request("db_redis"),
+                "loadgen_cpu_ms_per_request": per_request("loadgen"),
+                "machine_busy_pct": round((end.busy - self.busy) * 100 / every, 1),
+                "machine_stolen_pct": round((end.stolen - self.stolen) * 100 / every, 1)}

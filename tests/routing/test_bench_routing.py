@@ -43,5 +43,36 @@ def test_bench_gateway_runs_the_distributed_configuration_and_meters_exactly(
     for mode in ("json", "stream"):
         # The ceiling forwards too, and a --baseline checkout (here this one) serves and meters.
         for target in ("fairlane-1", "passthrough-1", "baseline-1"):
-            assert rows[(target, mode)]["rps"] > 0 and rows[(target, mode)]["errors"] == 0
+            row = rows[(target, mode)]
+            assert row["rps"] > 0 and row["errors"] == 0
+            # CPU over the measured window only: the server's, the load generator's, and the
+            # machine's (busy and stolen shares of every core).
+            assert row["cpu_ms_per_request"] > 0 and row["loadgen_cpu_ms_per_request"] > 0
+            assert 0 < row["machine_busy_pct"] <= 100 and 0 <= row["machine_stolen_pct"] <= 100
     assert not Backend.objects.filter(name=gateway.BACKEND).exists()
+
+
+def test_the_load_samples_its_counters_as_the_measured_window_opens_and_closes():
+    """The probe runs after the warm-up and at the window's end, not around the whole run: CPU
+    spent in the warm-up is not charged to the measured requests."""
+    import sys
+    import time
+
+    from routing.bench import gateway
+    from routing.bench.loadgen import Target, load
+    from routing.bench.processes import Process, free_port
+
+    port = free_port()
+    upstream = Process([sys.executable, "-m", "routing.bench.upstream", "--port", str(port),
+                        "--tokens", "4"], gateway._env(), "test-bench-upstream")
+    try:
+        gateway._wait_ready(f"http://127.0.0.1:{port}/v1/models", upstream)
+        started = time.perf_counter()
+        result, seconds, samples = load(Target("direct", "127.0.0.1", port, "sk-x", "m"),
+                                        clients=2, stream=False, seconds=0.5, warmup=0.4,
+                                        probe=time.perf_counter)
+    finally:
+        upstream.stop()
+    assert seconds == 0.5 and result.completed > 0 and result.errors == 0
+    opened, closed = samples
+    assert opened - started >= 0.4 and closed - opened >= 0.5
