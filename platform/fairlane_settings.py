@@ -176,6 +176,12 @@ FAIRLANE_WHOLE_ANSWER_TOKENS_PER_SECOND = float(
 # six, and group commit (tenants/services/group_commit.py) could batch only as many as had a
 # thread. Threads past FAIRLANE_DB_POOL_SIZE wait for a connection. 0: asyncio's default.
 FAIRLANE_API_THREADS = env_int("FAIRLANE_API_THREADS", 16)
+# The hold's and the settlement's statements (tenants/services/budget_sql.py) are prepared on
+# each database connection the first time it runs them. Django leaves psycopg's prepared
+# statements off for everything else, for the sake of transaction-mode poolers; set 0 behind
+# one that cannot keep protocol-level prepared statements (PgBouncer before 1.21, or without
+# max_prepared_statements).
+FAIRLANE_DB_PREPARE = env_bool("FAIRLANE_DB_PREPARE", True)
 # Images in chat requests: what one counts for a budget hold (and when a provider reports no
 # usage): above GPT-4o's 1,105 and Claude's ~1,600 at their largest; raise it for models that
 # bill images as many more tokens (gpt-4o-mini: up to ~37,000).

@@ -90,10 +90,17 @@ else:
     # own, so without it 500 concurrent requests would open 500 connections (PostgreSQL's
     # default limit is 100). A request waits for a free connection instead.
     # FAIRLANE_DB_POOL_SIZE=0: a connection per thread, no pool.
+    options = DATABASES["default"].setdefault("OPTIONS", {})
     if env_int("FAIRLANE_DB_POOL_SIZE", 16):
-        DATABASES["default"]["OPTIONS"] = {"pool": {
+        options["pool"] = {
             "min_size": 1, "max_size": env_int("FAIRLANE_DB_POOL_SIZE", 16),
-            "timeout": float(os.environ.get("FAIRLANE_DB_POOL_TIMEOUT_SECONDS", "30"))}}
+            "timeout": float(os.environ.get("FAIRLANE_DB_POOL_TIMEOUT_SECONDS", "30"))}
+    # Django turns psycopg's prepared statements off (prepare_threshold None) for poolers; a
+    # threshold lets the budget statements, on psycopg's own cursors, be prepared (see
+    # FAIRLANE_DB_PREPARE). Django's client-side-binding cursors never prepare, so nothing
+    # else changes.
+    if env_bool("FAIRLANE_DB_PREPARE", True):
+        options["prepare_threshold"] = 5
     # A connection the server ended (a restart, pg_terminate_backend, a proxy's idle cut) is
     # noticed and replaced before a request gets it (the pool's check; without a pool, before
     # a persistent connection is reused); one found dead has the pool check all its idle

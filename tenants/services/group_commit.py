@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass, field
 
 import psycopg
+from django.conf import settings
 from django.db import connection, utils
 
 logger = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ class GroupCommit:
     def _alone(self, conn: psycopg.Connection, call: Call) -> None:
         try:
             with psycopg.Cursor(conn) as cursor:
-                cursor.execute(self.single, call.params)
+                cursor.execute(self.single, call.params, prepare=prepared())
                 call.row = cursor.fetchone()
         except psycopg.Error as exc:
             if conn.closed or conn.broken:
@@ -122,7 +123,7 @@ class GroupCommit:
         columns = [list(column) for column in zip(*(call.params for call in batch))]
         try:
             with psycopg.Cursor(conn) as cursor:
-                cursor.execute(self.many, columns)
+                cursor.execute(self.many, columns, prepare=prepared())
                 rows = cursor.fetchall()
         except psycopg.Error as exc:
             if conn.closed or conn.broken:
@@ -134,6 +135,12 @@ class GroupCommit:
             return
         for call, row in zip(batch, rows, strict=True):
             call.row = row
+
+
+def prepared() -> bool:
+    """psycopg's `prepare` for the budget statements: on first use on each connection, unless
+    FAIRLANE_DB_PREPARE is off (settings.py then leaves Django's never on the connection)."""
+    return settings.FAIRLANE_DB_PREPARE
 
 
 def _django_error(exc: BaseException) -> BaseException:

@@ -130,3 +130,29 @@ def test_the_batch_functions_give_what_the_single_calls_give(tenant, agent):
     window.refresh_from_db()
     assert window.reserved_microcents == 450
     assert set(Reservation.objects.values_list("request_id", flat=True)) == set(ids[:2])
+
+
+def _prepared_here() -> list[str]:
+    """The statements prepared on this thread's connection (PostgreSQL's view of it)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.mark.parametrize("prepare", [True, False])
+def test_the_hold_and_the_settlement_are_prepared_on_the_connection(tenant, agent, settings,
+                                                                    prepare):
+    """Django turns psycopg's prepared statements off; the two budget statements of every
+    request are prepared on their connection at first use, unless FAIRLANE_DB_PREPARE is off
+    (a pooler that cannot keep them), and answer the same either way."""
+    settings.FAIRLANE_DB_PREPARE = prepare
+    connection.close()  # a fresh connection: nothing prepared on it yet
+    budget_create(tenant=tenant, agent=agent, limit_microcents=10_000)
+    request_id = rid()
+    budget_reserve(tenant=tenant, agent=agent, amount_microcents=700, request_id=request_id)
+    record = budget_settle(tenant=tenant, request_id=request_id, cost_microcents=300,
+                           usage=Usage(backend="b", model="m", completion_tokens=3))
+    assert record.cost_microcents == 300
+    prepared = _prepared_here()
+    assert any("fairlane_budget_hold(" in s for s in prepared) is prepare
+    assert any("fairlane_budget_settle(" in s for s in prepared) is prepare
