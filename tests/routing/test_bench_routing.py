@@ -75,4 +75,8 @@ def test_the_load_samples_its_counters_as_the_measured_window_opens_and_closes()
         upstream.stop()
     assert seconds == 0.5 and result.completed > 0 and result.errors == 0
     opened, closed = samples
-    assert opened - started >= 0.4 and closed - opened >= 0.5
+    # Each sample is taken once its instant has passed (the warm-up's end, the window's end),
+    # both counted from when load() began, which is after `started`. The gap between the two
+    # samples may be a hair under 0.5 s when the first one woke late, so it is not compared.
+    assert opened - started >= 0.4 and closed - started >= 0.9
+    assert opened < closed
