@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 import tempfile
 import time
@@ -245,7 +246,31 @@ def ratios(rows: list[dict], workers: list[int]) -> dict:
         one = by.get(("fairlane-1", clients, mode))
         if one and one["rps"] and target != "fairlane-1":
             out[f"{target}/fairlane-1 {mode} {clients}"] = round(row["rps"] / one["rps"], 2)
+            most = rps_ceiling(row, by.get(("direct", clients, mode)),
+                               processes=int(target.rsplit("-", 1)[1]))
+            if most is not None:
+                out[f"{target}/fairlane-1 ceiling {mode} {clients}"] = round(most / one["rps"], 2)
     return out
+
+
+def rps_ceiling(row: dict, direct: dict | None, *, processes: int,
+                cores: int | None = None) -> float | None:
+    """The most requests/s `processes` API processes could serve on this machine at the CPU
+    per request measured in `row`: each process at most one core (the GIL), and all of them
+    together at most the cores the host left (less its stolen share) after what every request
+    also costs PostgreSQL and Redis, the load generator and the upstream (its CPU per request
+    when called directly, `direct`). Set against one process's requests/s, it says how far a
+    second process can lift a gateway on this machine at all: on 2 cores shared with the
+    database and the load, less than 2x however the gateway is built."""
+    api = row.get("cpu_ms_per_request") or 0
+    if api <= 0:
+        return None
+    others = (row.get("db_redis_cpu_ms_per_request") or 0) + (
+        row.get("loadgen_cpu_ms_per_request") or 0) + (
+        (direct or {}).get("cpu_ms_per_request") or 0)
+    cores = cores or os.cpu_count() or 1
+    free = cores * (1 - (row.get("machine_stolen_pct") or 0) / 100)
+    return min(processes * 1000 / api, free * 1000 / (api + others))
 
 
 def ledger_check(agent, since, upstream_url: str) -> dict:

@@ -80,3 +80,31 @@ def test_the_load_samples_its_counters_as_the_measured_window_opens_and_closes()
     # samples may be a hair under 0.5 s when the first one woke late, so it is not compared.
     assert opened - started >= 0.4 and closed - started >= 0.9
     assert opened < closed
+
+
+def _row(target: str, rps: float, **cpu) -> dict:
+    return {"target": target, "clients": 16, "mode": "json", "rps": rps, **cpu}
+
+
+def test_the_second_process_ceiling_counts_what_shares_the_cores():
+    """How far a second API process can lift a gateway here: each process one core at most,
+    and the cores the host leaves shared with the database, the load and the upstream."""
+    from routing.bench.gateway import ratios, rps_ceiling
+
+    two = _row("fairlane-2", 300, cpu_ms_per_request=4.0, db_redis_cpu_ms_per_request=1.0,
+               loadgen_cpu_ms_per_request=0.2, machine_stolen_pct=0)
+    direct = _row("direct", 4000, cpu_ms_per_request=0.3)
+    # 2 cores / (4 + 1 + 0.2 + 0.3) ms = 363.6/s, under the two processes' 2 / 4 ms = 500/s.
+    assert rps_ceiling(two, direct, processes=2, cores=2) == pytest.approx(363.64, abs=0.01)
+    # Half of the cores stolen by the host: one core's worth is left.
+    stolen = two | {"machine_stolen_pct": 50}
+    assert rps_ceiling(stolen, direct, processes=2, cores=2) == pytest.approx(181.82, abs=0.01)
+    # Nothing else on the cores (a machine of 8): the processes themselves are the bound.
+    alone = two | {"db_redis_cpu_ms_per_request": 0, "loadgen_cpu_ms_per_request": 0}
+    assert rps_ceiling(alone, None, processes=2, cores=8) == 500
+    assert rps_ceiling(two | {"cpu_ms_per_request": 0}, direct, processes=2) is None
+    one = _row("fairlane-1", 200, cpu_ms_per_request=4.0)
+    out = ratios([one, two, direct], [1, 2])
+    assert out["fairlane-2/fairlane-1 json 16"] == 1.5
+    expected = round(rps_ceiling(two, direct, processes=2) / 200, 2)
+    assert out["fairlane-2/fairlane-1 ceiling json 16"] == expected
