@@ -108,3 +108,7 @@ def test_the_second_process_ceiling_counts_what_shares_the_cores():
     assert out["fairlane-2/fairlane-1 json 16"] == 1.5
     expected = round(rps_ceiling(two, direct, processes=2) / 200, 2)
     assert out["fairlane-2/fairlane-1 ceiling json 16"] == expected
+    # A lone client never fills a process: no ceiling is claimed for it.
+    lone = ratios([r | {"clients": 1} for r in (one, two, direct)], [1, 2])
+    assert "fairlane-2/fairlane-1 json 1" in lone
+    assert "fairlane-2/fairlane-1 ceiling json 1" not in lone
