@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import orjson
 
+from routing.backends.aio import post_whole
 from routing.backends.base import (
     BackendSpec, Call, UpstreamError, body_json, error_for_status, retry_after_parse, sse_lines,
 )
@@ -168,7 +169,8 @@ async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call
     url, content = _url(spec.base_url, path), body_json(body)
     headers = {**call_headers(spec, call, secret), "Content-Type": "application/json"}
     if not call.stream:
-        response = await client.post(url, content=content, headers=headers, timeout=timeout)
+        response = await post_whole(client, url, content=content, headers=headers,
+                                    timeout=timeout)
         await _raise_for_status(response)
         try:
             answer = orjson.loads(response.content)
