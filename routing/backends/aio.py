@@ -11,6 +11,7 @@ else from the connection an httpx.TransportError."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from urllib.request import getproxies
 
@@ -25,18 +26,30 @@ def _timeout(request: httpx.Request) -> aiohttp.ClientTimeout:
                                  sock_read=timeout.get("read"))
 
 
+@contextlib.contextmanager
+def _reading(request: httpx.Request):
+    """aiohttp's errors while a body is read, as httpx's."""
+    try:
+        yield
+    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise httpx.ReadTimeout(str(exc) or "read timed out", request=request) from exc
+    except aiohttp.ClientError as exc:
+        raise httpx.ReadError(str(exc) or type(exc).__name__, request=request) from exc
+
+
 class _Body(httpx.AsyncByteStream):
     def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
         self.response, self.request = response, request
 
     async def __aiter__(self):
-        try:
+        with _reading(self.request):
             async for chunk in self.response.content.iter_any():
                 yield chunk
-        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            raise httpx.ReadTimeout(str(exc) or "read timed out", request=self.request) from exc
-        except aiohttp.ClientError as exc:
-            raise httpx.ReadError(str(exc) or type(exc).__name__, request=self.request) from exc
+
+    async def read_all(self) -> bytes:
+        """The whole body in one piece."""
+        with _reading(self.request):
+            return await self.response.read()
 
     async def aclose(self) -> None:
         # Read to the end: the connection goes back to the pool. Left mid-way (the client
@@ -91,11 +104,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         response = await self.handle_async_request(request)
         body = response.stream
         try:
-            raw = await body.response.read()
-        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            raise httpx.ReadTimeout(str(exc) or "read timed out", request=request) from exc
-        except aiohttp.ClientError as exc:
-            raise httpx.ReadError(str(exc) or type(exc).__name__, request=request) from exc
+            raw = await body.read_all()
         finally:
             await body.aclose()
         return httpx.Response(response.status_code, headers=response.headers, content=raw,

@@ -246,10 +246,12 @@ def ratios(rows: list[dict], workers: list[int]) -> dict:
         one = by.get(("fairlane-1", clients, mode))
         if one and one["rps"] and target != "fairlane-1":
             out[f"{target}/fairlane-1 {mode} {clients}"] = round(row["rps"] / one["rps"], 2)
-            most = rps_ceiling(row, by.get(("direct", clients, mode)),
-                               processes=int(target.rsplit("-", 1)[1]))
-            if most is not None and clients > 1:  # a lone client never fills a process
-                out[f"{target}/fairlane-1 ceiling {mode} {clients}"] = round(most / one["rps"], 2)
+            if clients > 1:  # a lone client never fills a process: no ceiling for it
+                most = rps_ceiling(row, by.get(("direct", clients, mode)),
+                                   processes=int(target.rsplit("-", 1)[1]))
+                if most is not None:
+                    out[f"{target}/fairlane-1 ceiling {mode} {clients}"] = round(
+                        most / one["rps"], 2)
     return out
 
 
