@@ -10,10 +10,14 @@ PORT ?= 8000
 export PYTHONPATH := $(CURDIR):$(CURDIR)/platform
 export DJANGO_SETTINGS_MODULE := settings
 
+# The proxies whose X-Forwarded-For uvicorn believes (comma-separated addresses or networks):
+# none unless set, so a client on this host cannot pick the address the sign-in throttle counts.
+FORWARDED_ALLOW_IPS ?=
+
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/fairlane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test venv test-venv services chromium demo-key manage worker beat bench smoke clean sbom gpu-check
+.PHONY: run lint test venv test-venv docs services chromium demo-key manage worker beat bench smoke clean sbom gpu-check
 
 $(VENV)/.installed: requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,14 +28,28 @@ $(VENV)/.installed-test: requirements-test.txt $(VENV)/.installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
 	@touch $@
 
+# The docs site's tools only (no runtime requirements): `make docs` works on a fresh clone.
+$(VENV)/.installed-docs: requirements-docs.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-docs.txt
+	@touch $@
+
 venv: $(VENV)/.installed
 test-venv: $(VENV)/.installed-test
+
+# The docs site (docs/, mkdocs.yml) into site/, in strict mode: a broken link or anchor, a page
+# left out of the nav or a nav entry without its page fails it. `make test` runs it first.
+# NO_MKDOCS_2_WARNING: Material's notice about its own end of life, not about this site.
+# No --quiet: it hides the warnings from the count that --strict fails on (mkdocs 1.6.1).
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 run: venv
 	$(PY) manage.py migrate --noinput -v0
 	$(PY) manage.py collectstatic --noinput -v0
 	$(PY) manage.py demo_setup --base-url http://$(HOST):$(PORT)
-	$(PY) -m uvicorn asgi:application --host $(HOST) --port $(PORT) --no-server-header --lifespan off
+	FORWARDED_ALLOW_IPS="$(FORWARDED_ALLOW_IPS)" \
+		$(PY) -m uvicorn asgi:application --host $(HOST) --port $(PORT) --no-server-header --lifespan off
 
 services:
 	@DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
@@ -45,8 +63,16 @@ chromium:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
 		chromium >/dev/null; }
 
-test: test-venv services chromium
+# Style and types: ruff's lint and format check, mypy (configuration in pyproject.toml), and
+# the one-way import contracts.
+lint: test-venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
+
+# Lint first: a style or type error fails in seconds, before the suite's minutes.
+test: test-venv services chromium docs lint
 	$(PY) manage.py collectstatic --noinput -v0
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
 		FAIRLANE_DB_POOL_SIZE=0 $(PY) -m pytest $(ARGS)
@@ -79,9 +105,10 @@ SBOM ?= var/sbom.cdx.json
 sbom: test-venv
 	$(PY) deploy/sbom.py -o $(SBOM)
 
-# On a CUDA machine only: vLLM, the engine's equivalence tests and bench on the GPU (see README)
+# On a CUDA machine only: vLLM, the engine's equivalence tests and bench on the GPU
+# (docs/deploying.md)
 gpu-check:
 	bash deploy/gpu-check.sh
 
 clean:
-	rm -rf $(VENV) var staticfiles .pytest_cache
+	rm -rf $(VENV) var staticfiles .pytest_cache site

@@ -45,8 +45,9 @@ def closure(roots: list[Requirement]) -> set[str]:
             continue  # a marker excluded it here (another platform's dependency)
         for text in requires:
             req = Requirement(text)
-            if req.marker is None or any(req.marker.evaluate({"extra": e})
-                                         for e in (wanted[key] or {""})):
+            if req.marker is None or any(
+                req.marker.evaluate({"extra": e}) for e in (wanted[key] or {""})
+            ):
                 queue.append((req.name, set(req.extras)))
     return {name for name in wanted if _installed(name)}
 
@@ -61,8 +62,13 @@ def _installed(name: str) -> bool:
 
 def _version() -> str:
     try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "0+unknown"
 
@@ -73,22 +79,43 @@ def sbom_build() -> dict:
         # --no-validate: this raw BOM of the whole venv is not what is written (it is cut to
         # the runtime closure below); validating it cost ~30 s of CPU in lark's IRI grammar.
         # tests/deploy/test_sbom.py validates the BOM that is written, against the schema.
-        subprocess.run([sys.executable, "-m", "cyclonedx_py", "environment", sys.executable,
-                        "--output-reproducible", "--spec-version", "1.6", "--no-validate",
-                        "-o", str(raw)],
-                       check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cyclonedx_py",
+                "environment",
+                sys.executable,
+                "--output-reproducible",
+                "--spec-version",
+                "1.6",
+                "--no-validate",
+                "-o",
+                str(raw),
+            ],
+            check=True,
+        )
         bom = json.loads(raw.read_text())
     runtime = closure(pins())
     keep = [c for c in bom["components"] if canonicalize_name(c["name"]) in runtime]
     refs = {c["bom-ref"] for c in keep}
-    root_refs = sorted(c["bom-ref"] for c in keep if canonicalize_name(c["name"]) in
-                       {canonicalize_name(p.name) for p in pins()})
+    root_refs = sorted(
+        c["bom-ref"]
+        for c in keep
+        if canonicalize_name(c["name"]) in {canonicalize_name(p.name) for p in pins()}
+    )
     bom["components"] = keep
     bom["dependencies"] = [{"ref": "fairlane", "dependsOn": root_refs}] + [
         {"ref": d["ref"], "dependsOn": [r for r in d.get("dependsOn", []) if r in refs]}
-        for d in bom["dependencies"] if d["ref"] in refs]
-    bom["metadata"]["component"] = {"type": "application", "bom-ref": "fairlane",
-                                    "name": "fairlane", "version": _version()}
+        for d in bom["dependencies"]
+        if d["ref"] in refs
+    ]
+    bom["metadata"]["component"] = {
+        "type": "application",
+        "bom-ref": "fairlane",
+        "name": "fairlane",
+        "version": _version(),
+    }
     return bom
 
 
@@ -100,8 +127,9 @@ def main() -> None:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(bom, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {out}: {len(bom['components'])} runtime components (CycloneDX "
-          f"{bom['specVersion']})")
+    print(
+        f"wrote {out}: {len(bom['components'])} runtime components (CycloneDX {bom['specVersion']})"
+    )
 
 
 if __name__ == "__main__":

@@ -9,10 +9,12 @@ The request signals' receivers are called in place. Django's handler would run t
 asgiref's one thread: two hops per request, each queued behind every other request's. Django's
 own (close_old_connections, reset_queries, close_caches) are skipped: they have nothing to do
 on the loop's thread, which holds no database connection (views do their database work on pool
-threads that close their own, routing/sync.py), and walking the connections was ~4 % of a
-gateway request's samples in py-spy. Any other receiver is called as Django would."""
+threads that close their own, routing/sync.py), and walking the connections is a profile's
+measurable share of a gateway request. Any other receiver is called as Django would
+(docs/benchmarks.md has the figures)."""
 
 import asyncio
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 from django import db
@@ -23,8 +25,10 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 from django.urls import set_script_prefix
 
+from routing.runtimes import runtime_installed
+
 API_PREFIX = "/v1/"
-# Paths whose view is known (ResolverMatch is ~2 % of a gateway request's CPU); bounded, since
+# Paths whose view is known (resolving shows in a gateway request's profile); bounded, since
 # /v1/models/<id> takes any id.
 RESOLVED_MAX = 256
 # Django's receivers of the request signals that find nothing to do on the loop's thread.
@@ -41,10 +45,8 @@ def signal_send(signal, sender, **named) -> None:
 def response_close(response) -> None:
     """What Django's HttpResponseBase.close does, with the signal sent by signal_send."""
     for closer in response._resource_closers:
-        try:
+        with contextlib.suppress(Exception):
             closer()
-        except Exception:  # noqa: BLE001 - as Django's close
-            pass
     response._resource_closers.clear()
     response.closed = True
     signal_send(signals.request_finished, response._handler_class)
@@ -52,12 +54,12 @@ def response_close(response) -> None:
 
 def loop_threads(loop: asyncio.AbstractEventLoop) -> None:
     """The loop's pool for blocking calls: FAIRLANE_API_THREADS threads, not asyncio's default
-    of cores + 4 (see the setting). With six on two cores, 64 clients' holds and settlements
-    queued for them and batched six at most; with 16, `bench gateway --baseline` measured
-    1.23x the requests/s and 0.84x the CPU per request at 64 clients (JSON, one process)."""
+    of cores + 4 (see the setting): with few threads, many clients' reservations and
+    settlements queue for them; `bench gateway --baseline` measures the difference."""
     if settings.FAIRLANE_API_THREADS:
-        loop.set_default_executor(ThreadPoolExecutor(settings.FAIRLANE_API_THREADS,
-                                                     thread_name_prefix="fairlane-api"))
+        loop.set_default_executor(
+            ThreadPoolExecutor(settings.FAIRLANE_API_THREADS, thread_name_prefix="fairlane-api")
+        )
 
 
 class ApiASGIHandler(ASGIHandler):
@@ -102,8 +104,10 @@ class ApiASGIHandler(ASGIHandler):
             return response
 
         # The disconnect listener goes first: it cancels the view when the client leaves.
-        tasks = [asyncio.create_task(self.listen_for_disconnect(receive)),
-                 asyncio.create_task(process_request(request, send))]
+        tasks = [
+            asyncio.create_task(self.listen_for_disconnect(receive)),
+            asyncio.create_task(process_request(request, send)),
+        ]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in tasks:
             if task.done():
@@ -116,10 +120,8 @@ class ApiASGIHandler(ASGIHandler):
                     raise
             else:
                 task.cancel()
-                try:
+                with contextlib.suppress(asyncio.CancelledError):
                     await task
-                except asyncio.CancelledError:
-                    pass
         try:
             response = tasks[1].result()
         except asyncio.CancelledError:
@@ -127,6 +129,12 @@ class ApiASGIHandler(ASGIHandler):
         else:
             response_close(response)
         body_file.close()
+
+    def create_request(self, scope, body_file):
+        request, error_response = super().create_request(scope, body_file)
+        if request is not None:
+            request.runtime = runtime_installed()
+        return request, error_response
 
     def resolve_request(self, request):
         """Django's resolution, kept per path: /v1's URLs never change while a process runs."""
@@ -144,6 +152,17 @@ class ApiASGIHandler(ASGIHandler):
         self._exception_middleware = []
         handler = self._get_response_async if is_async else self._get_response
         self._middleware_chain = convert_exception_to_response(handler)
+
+
+class RuntimeScope:
+    """An ASGI wrapper that puts the process's runtime on a connection's scope (the websocket
+    consumers read `scope["runtime"]`)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        await self.app({**scope, "runtime": runtime_installed()}, receive, send)
 
 
 def split_http(api_app, site_app):

@@ -12,18 +12,24 @@ django_asgi_app = get_asgi_application()  # populates the app registry before ro
 
 # The Celery app must be the current app before any shared task is sent, or tasks go to
 # Celery's default broker instead of ours.
-import celery_app  # noqa: E402, F401
-
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from api_handler import ApiASGIHandler, split_http  # noqa: E402
+from routing.batches.runner import batch_runner_start  # noqa: E402
 from routing.consumers import websocket_urlpatterns  # noqa: E402
+from routing.runtimes import runtime_serve  # noqa: E402
+
+import celery_app  # noqa: E402, F401
+from api_handler import ApiASGIHandler, RuntimeScope, split_http  # noqa: E402
+
+# The process's runtime, built once from FAIRLANE_ENGINE_MODE (unless its start-up installed
+# one already) and handed to every request (request.runtime) and websocket (scope["runtime"]).
+batch_runner_start(runtime_serve())
 
 application = ProtocolTypeRouter(
     {
         "http": split_http(ApiASGIHandler(), django_asgi_app),
         # Routes wrap themselves in an Origin check where they use cookies; the /v1 sockets
         # authenticate with API keys, which programs send without an Origin header.
-        "websocket": URLRouter(websocket_urlpatterns),
+        "websocket": RuntimeScope(URLRouter(websocket_urlpatterns)),
     }
 )

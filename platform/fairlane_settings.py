@@ -1,6 +1,7 @@
 """Fairlane's own settings (FAIRLANE_*), read from the environment with the defaults documented
-here and in the README's configuration table; settings.py takes them all in."""
+here and in docs/configuration.md; settings.py takes them all in."""
 
+import json
 import os
 from pathlib import Path
 
@@ -22,7 +23,7 @@ FAIRLANE_KEY_LAST_USED_RESOLUTION_SECONDS = env_int("FAIRLANE_KEY_LAST_USED_RESO
 # them again (tenants/cache.py). Changes reach every process at once through Redis; this is
 # the bound when Redis could not tell them. 0 turns the cache off.
 FAIRLANE_AUTH_CACHE_SECONDS = float(os.environ.get("FAIRLANE_AUTH_CACHE_SECONDS", "30"))
-# Optional bearer token required to scrape /metrics.
+# The bearer token /metrics requires (see FAIRLANE_METRICS_LOOPBACK for none).
 FAIRLANE_METRICS_TOKEN = os.environ.get("FAIRLANE_METRICS_TOKEN", "")
 # Whether any signed-in user may create a tenant through the API (they become its owner).
 FAIRLANE_SELF_SERVICE_TENANTS = env_bool("FAIRLANE_SELF_SERVICE_TENANTS", True)
@@ -38,8 +39,7 @@ FAIRLANE_PLAYGROUND_KEY_SECONDS = env_int("FAIRLANE_PLAYGROUND_KEY_SECONDS", 360
 FAIRLANE_ALERT_WEBHOOK_ALLOW_PRIVATE = env_bool("FAIRLANE_ALERT_WEBHOOK_ALLOW_PRIVATE", False)
 # A failed delivery is retried after this many seconds, doubling (at most an hour), until it
 # has been attempted this many times.
-FAIRLANE_ALERT_RETRY_BASE_SECONDS = float(os.environ.get("FAIRLANE_ALERT_RETRY_BASE_SECONDS",
-                                                         "10"))
+FAIRLANE_ALERT_RETRY_BASE_SECONDS = float(os.environ.get("FAIRLANE_ALERT_RETRY_BASE_SECONDS", "10"))
 FAIRLANE_ALERT_DELIVERY_ATTEMPTS = env_int("FAIRLANE_ALERT_DELIVERY_ATTEMPTS", 8)
 # How often forecasts are evaluated (the beat; the embedded server's own thread).
 FAIRLANE_ALERT_SWEEP_SECONDS = float(os.environ.get("FAIRLANE_ALERT_SWEEP_SECONDS", "60"))
@@ -52,20 +52,54 @@ FAIRLANE_TRACING = os.environ.get("FAIRLANE_TRACING", "off")
 if FAIRLANE_TRACING not in ("off", "otlp"):
     raise ImproperlyConfigured("FAIRLANE_TRACING must be 'off' or 'otlp'")
 
+# --- governance: the audit log, single sign-on, SCIM (docs/configuration.md) ----
+# The Ed25519 key (a PEM file) that signs the audit log's checkpoints: the platform's key,
+# the one that signs models. Empty: the development key (FAIRLANE_DEV_SIGNING_KEY), if any.
+FAIRLANE_AUDIT_SIGNING_KEY = os.environ.get("FAIRLANE_AUDIT_SIGNING_KEY", "")
+# How often the beat signs a checkpoint of every chain's head.
+FAIRLANE_AUDIT_CHECKPOINT_SECONDS = env_int("FAIRLANE_AUDIT_CHECKPOINT_SECONDS", 3600)
+# Records older than this many days are deleted by the retention role (0: kept forever).
+FAIRLANE_AUDIT_RETENTION_DAYS = env_int("FAIRLANE_AUDIT_RETENTION_DAYS", 0)
+# The retention role's own connection (PostgreSQL): never the application's role.
+FAIRLANE_AUDIT_RETENTION_DATABASE_URL = os.environ.get("FAIRLANE_AUDIT_RETENTION_DATABASE_URL", "")
+# Request logs (opt-in per tenant): the Fernet keys that encrypt their content at rest, comma
+# separated, the first one encrypting and every one decrypting (rotation: put the new key first,
+# run `manage.py request_logs_rotate`, then drop the old one). Empty: one key derived from
+# SECRET_KEY (changing SECRET_KEY then makes the stored logs unreadable).
+FAIRLANE_REQUEST_LOG_KEYS = env_list("FAIRLANE_REQUEST_LOG_KEYS", "")
+# How often expired request logs are deleted (the beat; the embedded server's own thread).
+FAIRLANE_REQUEST_LOG_SWEEP_SECONDS = env_int("FAIRLANE_REQUEST_LOG_SWEEP_SECONDS", 3600)
+# How long a process remembers that a tenant keeps no request logs (its requests then skip the
+# database). Turning logs on reaches the other processes within this; turning them off is
+# immediate everywhere (a tenant keeping logs is read for every request). 0: read every time.
+FAIRLANE_REQUEST_LOG_OFF_CACHE_SECONDS = float(
+    os.environ.get("FAIRLANE_REQUEST_LOG_OFF_CACHE_SECONDS", "5")
+)
+from oidc_settings import oidc_providers_from_env  # noqa: E402
+
+# Single sign-on: the identity providers (FAIRLANE_OIDC_PROVIDERS and their own variables).
+FAIRLANE_OIDC_PROVIDERS = oidc_providers_from_env()
+# Seconds to wait for an identity provider (discovery, token, keys, userinfo).
+FAIRLANE_OIDC_TIMEOUT_SECONDS = float(os.environ.get("FAIRLANE_OIDC_TIMEOUT_SECONDS", "10"))
+
 # --- serving ----------------------------------------------------------------------------------
 # embedded: engines run in the API process (a thread pool); distributed: on GPU workers that
-# take requests from the Redis fair queue (workers/modes.py). "celery", its former name (it
-# runs no Celery task per request), is still accepted.
-FAIRLANE_ENGINE_MODE = os.environ.get("FAIRLANE_ENGINE_MODE") or ("distributed" if REDIS_URL
-                                                                  else "embedded")
+# take requests from the Redis fair queue. "celery", its former name (it runs no Celery task
+# per request), is still accepted. Each process builds its runtime from this one setting
+# (routing/runtimes.py); nothing else asks which mode it is in.
+FAIRLANE_ENGINE_MODE = os.environ.get("FAIRLANE_ENGINE_MODE") or (
+    "distributed" if REDIS_URL else "embedded"
+)
 if FAIRLANE_ENGINE_MODE == "celery":
     FAIRLANE_ENGINE_MODE = "distributed"
 if FAIRLANE_ENGINE_MODE not in {"embedded", "distributed"}:
     raise ImproperlyConfigured("FAIRLANE_ENGINE_MODE must be 'embedded' or 'distributed'")
-# Decided by the mode, not read from the environment: without Celery and its beat (embedded),
-# the server process sends budget alerts and sweeps their rules on a thread of its own
-# (tenants/services/alerts/deliver.py); tenants may not ask workers/modes.py.
-FAIRLANE_ALERTS_IN_PROCESS = FAIRLANE_ENGINE_MODE == "embedded"
+# Without FAIRLANE_METRICS_TOKEN, whether /metrics answers loopback clients: yes in the
+# embedded mode (one machine), no in the distributed one (a proxy on the host would make every
+# client look local); set a token there.
+FAIRLANE_METRICS_LOOPBACK = env_bool(
+    "FAIRLANE_METRICS_LOOPBACK", FAIRLANE_ENGINE_MODE == "embedded"
+)
 FAIRLANE_GPU_QUEUE = os.environ.get("FAIRLANE_GPU_QUEUE", "gpu")
 # Where presets are generated and model directories live.
 FAIRLANE_MODEL_DIR = Path(os.environ.get("FAIRLANE_MODEL_DIR", DATA_DIR / "models"))
@@ -74,15 +108,17 @@ FAIRLANE_MODEL_DIR = Path(os.environ.get("FAIRLANE_MODEL_DIR", DATA_DIR / "model
 # or one signed by a key not trusted here, loads with a warning. Integrity (hashes, extra or
 # missing files, links, pickles) is enforced under both. Distributed deployments require.
 FAIRLANE_MODEL_SIGNATURES = os.environ.get("FAIRLANE_MODEL_SIGNATURES") or (
-    "warn" if FAIRLANE_ENGINE_MODE == "embedded" else "require")
+    "warn" if FAIRLANE_ENGINE_MODE == "embedded" else "require"
+)
 if FAIRLANE_MODEL_SIGNATURES not in {"require", "warn"}:
     raise ImproperlyConfigured("FAIRLANE_MODEL_SIGNATURES must be 'require' or 'warn'")
 # Trusted public keys, comma-separated: `ed25519:<base64>` or paths of PEM files.
 FAIRLANE_TRUSTED_KEYS = env_list("FAIRLANE_TRUSTED_KEYS", "")
 # The local development key that signs presets and trained models when they are created (and
 # is trusted here); `make run` creates it once. Empty: none (production).
-FAIRLANE_DEV_SIGNING_KEY = os.environ.get("FAIRLANE_DEV_SIGNING_KEY",
-                                          str(DATA_DIR / "signing" / "dev-ed25519.pem"))
+FAIRLANE_DEV_SIGNING_KEY = os.environ.get(
+    "FAIRLANE_DEV_SIGNING_KEY", str(DATA_DIR / "signing" / "dev-ed25519.pem")
+)
 # Models a GPU worker loads at start (comma-separated names; empty: every enabled model).
 FAIRLANE_WORKER_MODELS = env_list("FAIRLANE_WORKER_MODELS", "")
 FAIRLANE_ENGINE_DEVICE = os.environ.get("FAIRLANE_ENGINE_DEVICE", "cpu")
@@ -95,7 +131,8 @@ FAIRLANE_HEARTBEAT_SECONDS = env_int("FAIRLANE_HEARTBEAT_SECONDS", 2)
 # --- models on vLLM (runtime "vllm": a `vllm serve` child process of the worker) -------------
 # The command (split like a shell would); the model directory and our flags are appended.
 FAIRLANE_VLLM_COMMAND = os.environ.get("FAIRLANE_VLLM_COMMAND") or "vllm serve"
-# Further flags for every vLLM child (e.g. "--gpu-memory-utilization 0.85 --tensor-parallel-size 2").
+# Further flags for every vLLM child (e.g. "--gpu-memory-utilization 0.85
+# --tensor-parallel-size 2").
 FAIRLANE_VLLM_ARGS = os.environ.get("FAIRLANE_VLLM_ARGS", "")
 # How long a child may take to answer /health after it is started (loading, compiling).
 FAIRLANE_VLLM_START_TIMEOUT_SECONDS = env_int("FAIRLANE_VLLM_START_TIMEOUT_SECONDS", 900)
@@ -134,10 +171,8 @@ FAIRLANE_FIRST_EVENT_TIMEOUT_SECONDS = env_int("FAIRLANE_FIRST_EVENT_TIMEOUT_SEC
 FAIRLANE_STREAM_IDLE_TIMEOUT_SECONDS = env_int("FAIRLANE_STREAM_IDLE_TIMEOUT_SECONDS", 60)
 # Settlements the ledger could not take (the database was unreachable) wait in an outbox and
 # are retried this often: a Redis stream where there is Redis, else files in this directory.
-FAIRLANE_SETTLEMENT_DIR = Path(os.environ.get("FAIRLANE_SETTLEMENT_DIR",
-                                              DATA_DIR / "settlements"))
-FAIRLANE_SETTLEMENT_RETRY_SECONDS = float(
-    os.environ.get("FAIRLANE_SETTLEMENT_RETRY_SECONDS", "2"))
+FAIRLANE_SETTLEMENT_DIR = Path(os.environ.get("FAIRLANE_SETTLEMENT_DIR", DATA_DIR / "settlements"))
+FAIRLANE_SETTLEMENT_RETRY_SECONDS = float(os.environ.get("FAIRLANE_SETTLEMENT_RETRY_SECONDS", "2"))
 
 # --- routing ----------------------------------------------------------------------------------
 # Key that provider credentials are encrypted under in the database (default: SECRET_KEY).
@@ -169,7 +204,8 @@ FAIRLANE_DEFAULT_MAX_TOKENS = env_int("FAIRLANE_DEFAULT_MAX_TOKENS", 4096)
 # timeout (max_tokens <= timeout_seconds x this), since that timeout bounds the wait for a
 # response's first byte; longer answers are streamed upstream. 0: every call streams.
 FAIRLANE_WHOLE_ANSWER_TOKENS_PER_SECOND = float(
-    os.environ.get("FAIRLANE_WHOLE_ANSWER_TOKENS_PER_SECOND", "10"))
+    os.environ.get("FAIRLANE_WHOLE_ANSWER_TOKENS_PER_SECOND", "10")
+)
 # Threads in each API process's event loop pool, where /v1 does its database work (holds,
 # settlements: routing/sync.py) and its other blocking calls. asyncio's default is
 # min(32, cores + 4), six on two cores: under load every hold and settlement queued for those
@@ -191,9 +227,78 @@ FAIRLANE_IMAGE_WORST_TOKENS = env_int("FAIRLANE_IMAGE_WORST_TOKENS", 2500)
 # addresses unless FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE is set (tests; a trusted network).
 FAIRLANE_IMAGE_MAX_BYTES = env_int("FAIRLANE_IMAGE_MAX_BYTES", 5 * 1024 * 1024)
 FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS = float(
-    os.environ.get("FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS", "10"))
+    os.environ.get("FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS", "10")
+)
 FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE = env_bool("FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE", False)
+# Responses API: stored responses (`store`, the default) are kept this many days, then
+# deleted (0: kept until deleted).
+FAIRLANE_RESPONSES_RETENTION_DAYS = env_int("FAIRLANE_RESPONSES_RETENTION_DAYS", 30)
 # How long a request waits in a scarce backend's lease queue before falling through.
 FAIRLANE_LEASE_WAIT_SECONDS = float(os.environ.get("FAIRLANE_LEASE_WAIT_SECONDS", "5"))
 # How long the registry read by the router is reused before it is read again (seconds).
 FAIRLANE_ROUTING_CACHE_SECONDS = float(os.environ.get("FAIRLANE_ROUTING_CACHE_SECONDS", "2"))
+
+# --- Files and batches (docs/api.md#files-and-batches) ----------------------------------------
+# Where uploaded files and batch outputs are kept: a Django storage class and its options
+# (JSON). The default is the local filesystem under FAIRLANE_FILES_DIR (the embedded mode).
+# FAIRLANE_FILES_S3_BUCKET selects an S3-compatible bucket instead (the distributed mode):
+# django-storages' S3 storage (routing/batches/s3.py streams its downloads), private objects,
+# signature v4, never overwriting. Its credentials are boto3's own chain (AWS_ACCESS_KEY_ID and
+# AWS_SECRET_ACCESS_KEY, a web identity, an instance role), never a Fairlane setting, so they
+# appear in no settings dump. FAIRLANE_FILES_STORAGE_OPTIONS, when set, is merged over these.
+FAIRLANE_FILES_DIR = Path(os.environ.get("FAIRLANE_FILES_DIR", DATA_DIR / "files"))
+FAIRLANE_FILES_S3_BUCKET = os.environ.get("FAIRLANE_FILES_S3_BUCKET", "")
+# The S3 API's URL for a store other than AWS (MinIO, Ceph, R2...); empty: AWS's own.
+FAIRLANE_FILES_S3_ENDPOINT_URL = os.environ.get("FAIRLANE_FILES_S3_ENDPOINT_URL", "")
+FAIRLANE_FILES_S3_REGION = os.environ.get("FAIRLANE_FILES_S3_REGION", "")
+# A key prefix inside the bucket (e.g. one per deployment sharing a bucket).
+FAIRLANE_FILES_S3_PREFIX = os.environ.get("FAIRLANE_FILES_S3_PREFIX", "")
+# "path" for stores that do not serve bucket subdomains (MinIO's default); empty: boto3's choice.
+FAIRLANE_FILES_S3_ADDRESSING_STYLE = os.environ.get("FAIRLANE_FILES_S3_ADDRESSING_STYLE", "")
+FAIRLANE_FILES_STORAGE_BACKEND = os.environ.get("FAIRLANE_FILES_STORAGE_BACKEND") or (
+    "routing.batches.s3.S3FilesStorage"
+    if FAIRLANE_FILES_S3_BUCKET
+    else "django.core.files.storage.FileSystemStorage"
+)
+_files_options: dict[str, object] = {}
+if "FileSystemStorage" in FAIRLANE_FILES_STORAGE_BACKEND:
+    _files_options = {"location": str(FAIRLANE_FILES_DIR)}
+elif FAIRLANE_FILES_S3_BUCKET:
+    _files_options = {
+        "bucket_name": FAIRLANE_FILES_S3_BUCKET,
+        "endpoint_url": FAIRLANE_FILES_S3_ENDPOINT_URL or None,
+        "region_name": FAIRLANE_FILES_S3_REGION or None,
+        "location": FAIRLANE_FILES_S3_PREFIX,
+        "addressing_style": FAIRLANE_FILES_S3_ADDRESSING_STYLE or None,
+        "signature_version": "s3v4",
+        "default_acl": None,
+        "querystring_auth": True,
+        "file_overwrite": False,
+    }
+FAIRLANE_FILES_STORAGE_OPTIONS = _files_options | json.loads(
+    os.environ.get("FAIRLANE_FILES_STORAGE_OPTIONS") or "{}"
+)
+# The largest file one upload may be (bytes; a larger one is a 413 naming the limit).
+FAIRLANE_FILE_MAX_BYTES = env_int("FAIRLANE_FILE_MAX_BYTES", 200 * 1024 * 1024)
+# What one tenant's files may take in all (bytes; batch outputs count too).
+FAIRLANE_FILES_TENANT_QUOTA_BYTES = env_int("FAIRLANE_FILES_TENANT_QUOTA_BYTES", 10 * 1024**3)
+# The most lines one batch may hold.
+FAIRLANE_BATCH_MAX_LINES = env_int("FAIRLANE_BATCH_MAX_LINES", 50_000)
+# How many lines of one batch a runner has in flight at a time (the batch's pace: the queue
+# holds at most this many of its requests per runner).
+FAIRLANE_BATCH_IN_FLIGHT = env_int("FAIRLANE_BATCH_IN_FLIGHT", 8)
+# Batch prices: each model's prices less this percentage, unless FAIRLANE_BATCH_DISCOUNTS
+# names the model ("model=percent,...").
+FAIRLANE_BATCH_DISCOUNT_PERCENT = env_int("FAIRLANE_BATCH_DISCOUNT_PERCENT", 50)
+FAIRLANE_BATCH_DISCOUNTS = {
+    name.strip(): int(percent)
+    for name, _, percent in (
+        item.rpartition("=") for item in env_list("FAIRLANE_BATCH_DISCOUNTS", "")
+    )
+}
+# How often an idle runner looks for batches to advance (seconds).
+FAIRLANE_BATCH_POLL_SECONDS = float(os.environ.get("FAIRLANE_BATCH_POLL_SECONDS", "2"))
+# How long a runner's claim on a line lasts before another runner may take the line over.
+FAIRLANE_BATCH_CLAIM_SECONDS = env_int("FAIRLANE_BATCH_CLAIM_SECONDS", 600)
+# Whether this process runs batches (the API processes do by default, in both modes).
+FAIRLANE_BATCH_RUNNER = env_bool("FAIRLANE_BATCH_RUNNER", True)

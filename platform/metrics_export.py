@@ -79,8 +79,12 @@ def metrics_registry():
         return prometheus_client.REGISTRY
     registry = prometheus_client.CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
-    per_process = (MetricWrapperBase, process_collector.ProcessCollector,
-                   platform_collector.PlatformCollector, gc_collector.GCCollector)
+    per_process = (
+        MetricWrapperBase,
+        process_collector.ProcessCollector,
+        platform_collector.PlatformCollector,
+        gc_collector.GCCollector,
+    )
     # Collectors the apps registered (apps.py): their figures come from shared state.
     for collector in list(prometheus_client.REGISTRY._collector_to_names):
         if not isinstance(collector, per_process):

@@ -28,14 +28,9 @@ def _check_database() -> str | None:
     return None
 
 
-def _check_redis() -> str | None:
-    import redis
-
+def _check_redis(client) -> str | None:
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2,
-                                      socket_connect_timeout=2)
         client.ping()
-        client.close()
     except Exception as exc:  # readiness reports any failure, it never raises
         return f"{type(exc).__name__}"
     return None
@@ -43,25 +38,42 @@ def _check_redis() -> str | None:
 
 @require_GET
 def readyz(request):
-    """Readiness: the database answers, and Redis when one is configured."""
+    """Readiness: the database answers, and the runtime's Redis when it has one."""
     checks = {"database": _check_database()}
-    if settings.REDIS_URL:
-        checks["redis"] = _check_redis()
+    if request.runtime.redis is not None:
+        checks["redis"] = _check_redis(request.runtime.redis)
     ready = all(error is None for error in checks.values())
-    body = {"status": "ok" if ready else "unavailable",
-            "checks": {name: error or "ok" for name, error in checks.items()}}
+    body = {
+        "status": "ok" if ready else "unavailable",
+        "checks": {name: error or "ok" for name, error in checks.items()},
+    }
     response = JsonResponse(body, status=200 if ready else 503)
     if not ready:
         response["Retry-After"] = "5"
     return response
 
 
-@require_GET
-def metrics(request):
+LOOPBACK = frozenset({"127.0.0.1", "::1"})
+
+
+def _metrics_allowed(request) -> bool:
+    """With FAIRLANE_METRICS_TOKEN, whoever presents it; without, loopback clients where
+    FAIRLANE_METRICS_LOOPBACK allows (the embedded mode's default), else nobody: the series
+    name tenants and their spend."""
     token = settings.FAIRLANE_METRICS_TOKEN
     if token:
         presented = request.META.get("HTTP_AUTHORIZATION", "").removeprefix("Bearer ")
-        if not hmac.compare_digest(presented.encode(), token.encode()):
-            return HttpResponse("metrics token required\n", status=401,
-                                content_type="text/plain")
+        return hmac.compare_digest(presented.encode(), token.encode())
+    return settings.FAIRLANE_METRICS_LOOPBACK and request.META.get("REMOTE_ADDR") in LOOPBACK
+
+
+@require_GET
+def metrics(request):
+    if not _metrics_allowed(request):
+        return HttpResponse(
+            "metrics token required (FAIRLANE_METRICS_TOKEN)\n",
+            status=401,
+            content_type="text/plain",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     return HttpResponse(generate_latest(metrics_registry()), content_type=CONTENT_TYPE_LATEST)

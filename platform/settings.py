@@ -1,5 +1,5 @@
 """Fairlane settings: every value comes from the environment, with the default documented here
-and in the README's configuration table.
+and in docs/configuration.md.
 
 Two ways to run share this file: embedded (no DATABASE_URL / REDIS_URL: a SQLite file, an
 in-process channel layer and counters) and distributed (PostgreSQL and Redis). Fairlane's own
@@ -8,17 +8,19 @@ settings (FAIRLANE_*) are in fairlane_settings.py; environment.py reads the envi
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
+from celery.schedules import crontab
 
-from environment import BASE_DIR, DATA_DIR, REDIS_URL, SECRET_KEY, env_bool, env_int, env_list
+from environment import BASE_DIR, DATA_DIR, REDIS_URL, env_bool, env_int, env_list
 
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "tenants.apps.AdminConfig",  # django.contrib.admin, its sign-in throttled
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -40,10 +42,14 @@ MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "middleware.StaticFilesMiddleware",
+    "middleware.RuntimeMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # The audit context (who, request id, trace id, address) and signed-out sessions' end,
+    # for the site; /v1 passes straight through.
+    "tenants.middleware.GovernanceMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
@@ -93,8 +99,10 @@ else:
     options = DATABASES["default"].setdefault("OPTIONS", {})
     if env_int("FAIRLANE_DB_POOL_SIZE", 16):
         options["pool"] = {
-            "min_size": 1, "max_size": env_int("FAIRLANE_DB_POOL_SIZE", 16),
-            "timeout": float(os.environ.get("FAIRLANE_DB_POOL_TIMEOUT_SECONDS", "30"))}
+            "min_size": 1,
+            "max_size": env_int("FAIRLANE_DB_POOL_SIZE", 16),
+            "timeout": float(os.environ.get("FAIRLANE_DB_POOL_TIMEOUT_SECONDS", "30")),
+        }
     # Django turns psycopg's prepared statements off (prepare_threshold None) for poolers; a
     # threshold lets the budget statements, on psycopg's own cursors, be prepared (see
     # FAIRLANE_DB_PREPARE). Django's client-side-binding cursors never prepare, so nothing
@@ -116,8 +124,9 @@ if REDIS_URL:
             "CONFIG": {"hosts": [REDIS_URL]},
         }
     }
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
-                          "LOCATION": REDIS_URL}}
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
@@ -135,8 +144,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "tenants.tasks.budget_reservations_expire",
         "schedule": 60.0,
     },
-    "settlements-drain": {
-        "task": "workers.tasks.settlements_drain",
+    "settlements-retry": {
+        "task": "workers.tasks.settlements_retry",
         "schedule": 30.0,
     },
     "backends-probe": {
@@ -147,6 +156,27 @@ CELERY_BEAT_SCHEDULE = {
         "task": "tenants.tasks.budget_alerts_sweep",
         "schedule": float(os.environ.get("FAIRLANE_ALERT_SWEEP_SECONDS", "60")),
     },
+    "audit-checkpoint": {
+        "task": "workers.tasks.audit_checkpoint",
+        "schedule": float(os.environ.get("FAIRLANE_AUDIT_CHECKPOINT_SECONDS", "3600")),
+    },
+    # Nightly, at an hour of little traffic: it locks each window for a moment.
+    "budget-windows-reconcile": {
+        "task": "tenants.tasks.budget_windows_reconcile",
+        "schedule": crontab(hour=3, minute=30),
+    },
+    "audit-retention": {
+        "task": "tenants.tasks.audit_retention",
+        "schedule": 86400.0,
+    },
+    "request-logs-expire": {
+        "task": "tenants.tasks.request_logs_expire",
+        "schedule": float(os.environ.get("FAIRLANE_REQUEST_LOG_SWEEP_SECONDS", "3600")),
+    },
+    "stored-responses-expire": {
+        "task": "routing.tasks.stored_responses_expire",
+        "schedule": 86400.0,
+    },
 }
 
 # --- auth, sessions, security ------------------------------------------------------------
@@ -155,6 +185,12 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+# Passwords (local accounts), then single sign-on's callback (tenants/sso/backend.py), which
+# answers only the requests its callback view hands it.
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "tenants.sso.backend.OidcBackend",
 ]
 LOGIN_URL = "/portal/login/"
 LOGIN_REDIRECT_URL = "/portal/"
@@ -171,9 +207,15 @@ X_FRAME_OPTIONS = "DENY"
 CONTENT_SECURITY_POLICY = {
     "EXCLUDE_URL_PREFIXES": ["/api/docs/"],
     "DIRECTIVES": {
-        "default-src": ["'self'"], "script-src": ["'self'"], "style-src": ["'self'"],
-        "img-src": ["'self'", "data:"], "connect-src": ["'self'"], "object-src": ["'none'"],
-        "base-uri": ["'self'"], "form-action": ["'self'"], "frame-ancestors": ["'none'"],
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
     },
 }
 # Password reset mails: the console in development, SMTP (EMAIL_HOST...) when configured.
@@ -193,13 +235,13 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", BASE_DIR / "staticfiles"))
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STORAGES = {
+STORAGES: dict[str, dict[str, Any]] = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
 # --- REST framework and the OpenAPI schema ---------------------------------------------------
-REST_FRAMEWORK = {
+REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "tenants.apis.auth.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
@@ -215,7 +257,9 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 if DEBUG:
-    REST_FRAMEWORK["DEFAULT_RENDERER_CLASSES"].append("rest_framework.renderers.BrowsableAPIRenderer")
+    REST_FRAMEWORK["DEFAULT_RENDERER_CLASSES"].append(
+        "rest_framework.renderers.BrowsableAPIRenderer"
+    )
 SPECTACULAR_SETTINGS = {
     "TITLE": "Fairlane management API",
     "DESCRIPTION": "Tenants, members, agents, API keys, budgets and usage.",
@@ -231,8 +275,38 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {"LaneEnum": "tenants.models.Lane"},
 }
 
+# --- SCIM 2.0 (django-scim2) with Fairlane's adapters: a tenant's bearer token per request ---
+SCIM_SERVICE_PROVIDER = {
+    "NETLOC": "localhost",  # unused: locations come from the request (BASE_LOCATION_GETTER)
+    "AUTHENTICATION_SCHEMES": [
+        {
+            "type": "oauthbearertoken",
+            "name": "Bearer token",
+            "description": "A tenant's SCIM token",
+            "primary": True,
+        }
+    ],
+    "USER_MODEL_GETTER": "tenants.scim.adapters.membership_model",
+    "USER_ADAPTER": "tenants.scim.adapters.ScimUser",
+    "GROUP_MODEL": "tenants.models.ScimGroup",
+    "GROUP_ADAPTER": "tenants.scim.adapters.ScimGroupAdapter",
+    "USER_FILTER_PARSER": "tenants.scim.filters.UserFilterQuery",
+    "GROUP_FILTER_PARSER": "tenants.scim.filters.GroupFilterQuery",
+    "BASE_LOCATION_GETTER": "tenants.scim.adapters.base_location",
+    "GET_EXTRA_MODEL_FILTER_KWARGS_GETTER": "tenants.scim.adapters.tenant_filter_getter",
+    "AUTH_CHECK_MIDDLEWARE": "tenants.scim.auth.ScimTokenAuth",
+    "SERVICE_PROVIDER_CONFIG_MODEL": "tenants.scim.adapters.ServiceProviderConfig",
+    "WWW_AUTHENTICATE_HEADER": 'Bearer realm="fairlane-scim"',
+}
+
 # --- Fairlane: its own settings (FAIRLANE_*) ------------------------------------------------
 from fairlane_settings import *  # noqa: E402, F403
+
+# Uploaded files and batch outputs (routing/batches/storage.py).
+STORAGES["fairlane_files"] = {
+    "BACKEND": FAIRLANE_FILES_STORAGE_BACKEND,  # noqa: F405
+    "OPTIONS": FAIRLANE_FILES_STORAGE_OPTIONS,  # noqa: F405
+}
 
 # /metrics adds up every process of a deployment when PROMETHEUS_MULTIPROC_DIR is set: the
 # directory is emptied when the deployment starts (platform/metrics_export.py).
@@ -245,10 +319,15 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     # Each line names the request it is about: its trace id and request id ("-" outside one).
-    "filters": {"trace": {"()": "workers.trace.TraceLogFilter"}},
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s "
-                                       "[trace=%(trace_id)s request=%(request_id)s] %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
-                             "filters": ["trace"]}},
+    "filters": {"trace": {"()": "workers.serving.trace.TraceLogFilter"}},
+    "formatters": {
+        "plain": {
+            "format": "%(asctime)s %(levelname)s %(name)s "
+            "[trace=%(trace_id)s request=%(request_id)s] %(message)s"
+        }
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["trace"]}
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
 }

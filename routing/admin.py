@@ -6,20 +6,25 @@ from django.contrib import admin
 
 from routing.credentials import credential_encrypt, credential_ref_check
 from routing.models import AgentRouting, Backend, BackendModel
+from tenants.admin_audit import AuditedAdmin
 from tenants.errors import InvalidRequest
 
 
 class BackendForm(forms.ModelForm):
     base_url = forms.URLField(required=False, assume_scheme="https")
     credential = forms.CharField(
-        required=False, widget=forms.PasswordInput(render_value=False),
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
         help_text="The provider's API key: stored encrypted, never shown again. Leave empty "
-                  "to keep the current one.")
+        "to keep the current one.",
+    )
     clear_credential = forms.BooleanField(required=False)
 
     class Meta:
         model = Backend
-        exclude = ["credential_encrypted", "probe_samples"]
+        # Every column but the secret's ciphertext and the probe's raw samples: a new column
+        # shows here without a change.
+        exclude = ["credential_encrypted", "probe_samples"]  # noqa: DJ006
 
     def clean_credential_ref(self):
         value = self.cleaned_data["credential_ref"]
@@ -46,15 +51,31 @@ class BackendModelInline(admin.TabularInline):
 
 
 @admin.register(Backend)
-class BackendAdmin(admin.ModelAdmin):
+class BackendAdmin(AuditedAdmin):
     form = BackendForm
-    list_display = ["name", "kind", "base_url", "health", "probe_p95_ms", "probe_error_rate",
-                    "is_enabled", "has_credential"]
+    list_display = [
+        "name",
+        "kind",
+        "base_url",
+        "health",
+        "probe_p95_ms",
+        "probe_error_rate",
+        "is_enabled",
+        "has_credential",
+    ]
     list_filter = ["kind", "health", "is_enabled"]
     search_fields = ["name", "base_url"]
-    readonly_fields = ["health", "health_checked_at", "health_ok_at", "health_detail",
-                       "probe_p50_ms", "probe_p95_ms", "probe_error_rate", "last_error",
-                       "last_error_at"]
+    readonly_fields = [
+        "health",
+        "health_checked_at",
+        "health_ok_at",
+        "health_detail",
+        "probe_p50_ms",
+        "probe_p95_ms",
+        "probe_error_rate",
+        "last_error",
+        "last_error_at",
+    ]
     inlines = [BackendModelInline]
 
     @admin.display(boolean=True)
@@ -63,7 +84,7 @@ class BackendAdmin(admin.ModelAdmin):
 
 
 @admin.register(AgentRouting)
-class AgentRoutingAdmin(admin.ModelAdmin):
+class AgentRoutingAdmin(AuditedAdmin):
     list_display = ["agent", "policy", "chain", "cascade"]
     list_select_related = ["agent__tenant"]
     autocomplete_fields = ["agent"]

@@ -5,15 +5,17 @@ the fall-through chain is walked (routing/dispatch.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.utils import timezone
 
+from routing.errors import engine_refusal
 from routing.wire.parse import Sampling
-from tenants.cache import generation, hot_cache
+from tenants.cache import HotCache, epoch, hot_cache
 from tenants.errors import AuthenticationFailed, PermissionDenied
 from tenants.models import Agent, ApiKey, Scope, Tenant
 from tenants.services.keys import api_key_authenticate, api_key_fingerprint
-from workers.engine import SamplingParams
+from workers.engine import EngineError, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,16 +23,21 @@ class Caller:
     api_key: ApiKey
     tenant: Tenant
     agent: Agent
+    # A batch's line (routing/batches/): the batch, and the request id its line is charged
+    # under; its requests run on the bulk lane at the batch price.
+    batch_id: str = ""
+    request_id: str = ""
 
 
-_callers = hot_cache("callers")  # by the key's keyed hash (tenants/cache.py)
+_callers: HotCache[Caller] = hot_cache("callers")  # by the key's keyed hash (tenants/cache.py)
 
 
 def _bearer(authorization: str | None) -> str:
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise AuthenticationFailed("You didn't provide an API key. Send it as "
-                                   "'Authorization: Bearer <key>'.")
+        raise AuthenticationFailed(
+            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
+        )
     return token.strip()
 
 
@@ -46,7 +53,7 @@ def caller_cached(*, authorization: str | None) -> Caller | None:
 def caller_authenticate(*, authorization: str | None) -> Caller:
     """The caller behind `Authorization: Bearer <key>`, if the key may use the /v1 API."""
     token = _bearer(authorization)
-    read_at = generation()
+    read_at = epoch()
     key = api_key_authenticate(plain=token)
     if Scope.INFERENCE not in key.scopes:
         raise PermissionDenied("This API key lacks the inference scope.")
@@ -55,16 +62,28 @@ def caller_authenticate(*, authorization: str | None) -> Caller:
     return caller
 
 
-def sampling_for_engine(sampling: Sampling, max_tokens: int,
-                        guide: dict | None = None) -> SamplingParams:
+def sampling_for_engine(
+    sampling: Sampling, max_tokens: int, guide: dict[str, Any] | None = None
+) -> SamplingParams:
     """OpenAI's sampling parameters as the engine's, converted once, at the edge: what a job
-    carries to its worker. `guide`: local_guide's keywords (JSON mode, tool calls)."""
-    return SamplingParams(
-        max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-        top_k=max(sampling.top_k, 0), seed=sampling.seed, stop=sampling.stop,
-        logprobs=sampling.logprobs, min_tokens=min(sampling.min_tokens, max_tokens),
-        ignore_eos=sampling.ignore_eos, presence_penalty=sampling.presence_penalty,
-        frequency_penalty=sampling.frequency_penalty,
-        repetition_penalty=sampling.repetition_penalty, logit_bias=sampling.logit_bias,
-        **(guide or {}))
-
+    carries to its worker. `guide`: local_guide's keywords (JSON mode, tool calls). What the
+    engine refuses is the client's error here, at the edge."""
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=max(sampling.top_k, 0),
+            seed=sampling.seed,
+            stop=sampling.stop,
+            logprobs=sampling.logprobs,
+            min_tokens=min(sampling.min_tokens, max_tokens),
+            ignore_eos=sampling.ignore_eos,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
+            repetition_penalty=sampling.repetition_penalty,
+            logit_bias=sampling.logit_bias,
+            **(guide or {}),
+        )
+    except EngineError as exc:
+        raise engine_refusal(exc) from None

@@ -5,40 +5,59 @@ proper exception classes."""
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
+from collections.abc import Callable
 
-import orjson
 from channels.db import database_sync_to_async
 from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from routing import services
 from routing.admission import caller_authenticate, caller_cached
 from routing.drain import Drained, drain
-from routing.errors import ServiceUnavailable
 from routing.metrics import API_REQUESTS, API_RESPONSE_START
 from routing.sync import db_call
+from routing.wire.body import json_load
 from routing.wire.render import (
-    SSE_DONE, Chunk, ErrorChunk, UsageChunk, json_bytes, model_object, sse,
+    SSE_DONE,
+    Chunk,
+    UsageChunk,
+    json_bytes,
+    model_object,
+    sse,
 )
 from tenants.apis.errors import error_response
 from tenants.errors import (
-    ApplicationError, InvalidRequest, MethodNotAllowed, ModelNotFound, error_body_for,
-    error_from_code,
+    ApplicationError,
+    InvalidRequest,
+    MethodNotAllowed,
+    ModelNotFound,
+    ServiceUnavailable,
+    error_body_for,
 )
-from workers.engine import EngineError
-from workers.outbox import TRANSIENT
-from workers.trace import Span, span_start, trace_enter
-from workers.versions import version_tag
+from workers.serving.outbox import TRANSIENT
+from workers.serving.trace import Span, span_start, trace_enter
+from workers.serving.versions import version_tag
 
 logger = logging.getLogger(__name__)
 
 
-def openai_view(method: str):
-    """API-key auth (no cookies, so no CSRF), one method, errors in OpenAI's shape."""
+def _bearer_header(request: HttpRequest) -> str | None:
+    return request.headers.get("Authorization")
+
+
+def openai_view(
+    *methods: str,
+    refusal: Callable[[ApplicationError], HttpResponse] = error_response,
+    authorization: Callable[[HttpRequest], str | None] = _bearer_header,
+):
+    """API-key auth (no cookies, so no CSRF), its methods (a path such as /v1/files or
+    /v1/responses/{id} answers two, the view tells them apart), errors in OpenAI's shape;
+    another front door passes its own error rendering (`refusal`) and where its key is
+    (`authorization`: the `Authorization` header's value)."""
 
     def decorate(view):
         @csrf_exempt
@@ -48,25 +67,37 @@ def openai_view(method: str):
             drain.install()
             # The request's span, under the caller's trace when it sent one; current for the
             # rest of this request's task (the view, then its stream).
-            span = span_start(f"{method} {request.path}", kind="server",
-                              parent=request.headers.get("traceparent"))
+            span = span_start(
+                f"{request.method} {request.path}",
+                kind="server",
+                parent=request.headers.get("traceparent"),
+            )
             trace_enter(span.trace, received=time.time())
             try:
                 request.get_host()  # ALLOWED_HOSTS, which CommonMiddleware checks for the rest
-                if request.method != method:
-                    raise MethodNotAllowed(f"Use {method} for {request.path}.")
-                authorization = request.headers.get("Authorization")
-                caller = caller_cached(authorization=authorization) or await db_call(
-                    caller_authenticate)(authorization=authorization)
+                if request.method not in methods:
+                    # RFC 9110: a 405 says what is allowed.
+                    raise MethodNotAllowed(
+                        f"Use {' or '.join(methods)} for {request.path}.",
+                        headers={"Allow": ", ".join(methods)},
+                    )
+                credential = authorization(request)
+                caller = caller_cached(authorization=credential) or await db_call(
+                    caller_authenticate
+                )(authorization=credential)
                 async with drain.watch():  # a shutdown's deadline cuts it cleanly
                     response = await view(request, caller, *args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - each is answered by _refusal
-                response = _refusal(request, exc)
+            except Exception as exc:
+                response = _refusal(request, exc, refusal)
             API_REQUESTS.labels(view.__name__, response.status_code).inc()
             API_RESPONSE_START.labels(view.__name__).observe(time.perf_counter() - started)
             response["x-fairlane-trace-id"] = span.trace.trace_id
-            span.set(**{"http.response.status_code": response.status_code,
-                        "fairlane.request_id": response.get("x-request-id")})
+            span.set(
+                **{
+                    "http.response.status_code": response.status_code,
+                    "fairlane.request_id": response.get("x-request-id"),
+                }
+            )
             if response.status_code >= 500:
                 span.fail(f"HTTP {response.status_code}")
             if response.streaming:
@@ -80,20 +111,24 @@ def openai_view(method: str):
     return decorate
 
 
-def _refusal(request: HttpRequest, exc: Exception) -> HttpResponse:
-    """The OpenAI-shaped answer to what a view raised; anything else is raised again."""
+def _refusal(
+    request: HttpRequest, exc: Exception, render: Callable[[ApplicationError], HttpResponse]
+) -> HttpResponse:
+    """The answer to what a view raised, rendered in its API's shape."""
     match exc:
         case DisallowedHost():
-            return error_response(InvalidRequest("Invalid Host header."))
+            return render(InvalidRequest("Invalid Host header."))
         case ApplicationError():
-            return error_response(exc)
-        case EngineError():  # the engine refused the input (e.g. a token id)
-            return error_response(error_from_code(exc.code, exc.message, param=exc.param))
+            return render(exc)
         case _ if isinstance(exc, TRANSIENT):  # the database blinked: retry
-            logger.warning("%s %s: the database did not answer", request.method, request.path,
-                           exc_info=exc)
-            return error_response(ServiceUnavailable(retry_after=2))
-    raise exc
+            logger.warning(
+                "%s %s: the database did not answer", request.method, request.path, exc_info=exc
+            )
+            return render(ServiceUnavailable(retry_after=2))
+    # A bug of ours: logged here (a view is a process boundary) and answered like any error,
+    # so it is counted in the request metrics the 5xx alert reads.
+    logger.error("%s %s failed", request.method, request.path, exc_info=exc)
+    return render(ApplicationError())
 
 
 async def _span_ending(chunks, span: Span):
@@ -104,21 +139,14 @@ async def _span_ending(chunks, span: Span):
         span.end()
 
 
-def _json_body(request: HttpRequest):
+def json_body(request: HttpRequest):
     if request.content_type != "application/json":
         raise InvalidRequest("Send a JSON body with Content-Type: application/json.")
     try:
         body = request.body
-        try:
-            return orjson.loads(body)
-        except orjson.JSONDecodeError:  # the stdlib's reading (NaN, a lone surrogate, ...)
-            return json.loads(body)
     except RequestDataTooBig:
         raise InvalidRequest("The request body is too large.") from None
-    except RecursionError:
-        raise InvalidRequest("The JSON body is nested too deeply.") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from None
+    return json_load(body)
 
 
 async def _sse(started: services.Started):
@@ -128,14 +156,14 @@ async def _sse(started: services.Started):
                 match chunk:
                     case Chunk(body=body) | UsageChunk(body=body):
                         yield sse(body)
-                    case ErrorChunk(error=error):
+                    case ApplicationError() as error:
                         yield sse(error_body_for(error))
     except Drained as exc:  # the process is shutting down: end the stream cleanly
         yield sse(error_body_for(exc))
     yield SSE_DONE
 
 
-async def _answer(started: services.Started) -> HttpResponse:
+async def _answer(started: services.Started) -> HttpResponseBase:
     headers = {"x-request-id": started.job.request_id}
     if started.backend:
         headers["x-fairlane-backend"] = started.backend
@@ -143,33 +171,46 @@ async def _answer(started: services.Started) -> HttpResponse:
         headers["x-fairlane-cascade"] = started.cascade
     if started.brownout:
         headers["x-fairlane-brownout"] = started.brownout
+    if started.demoted:
+        headers["x-fairlane-demoted"] = started.demoted
     if version := version_tag(started.job.model):
         headers["x-fairlane-model-version"] = version
     if started.stream:
         return StreamingHttpResponse(
-            _sse(started), content_type="text/event-stream",
-            headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return HttpResponse(json_bytes(await services.started_collect(started)),
-                        content_type="application/json", headers=headers)
+            _sse(started),
+            content_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    return HttpResponse(
+        json_bytes(await services.started_collect(started)),
+        content_type="application/json",
+        headers=headers,
+    )
 
 
 @openai_view("POST")
 async def chat_completions(request, caller):
-    started = await services.generation_start(caller=caller, endpoint="chat",
-                                              body=_json_body(request))
+    started = await services.generation_start(
+        runtime=request.runtime, caller=caller, endpoint="chat", body=json_body(request)
+    )
     return await _answer(started)
 
 
 @openai_view("POST")
 async def completions(request, caller):
-    started = await services.generation_start(caller=caller, endpoint="completion",
-                                              body=_json_body(request))
+    started = await services.generation_start(
+        runtime=request.runtime, caller=caller, endpoint="completion", body=json_body(request)
+    )
     return await _answer(started)
 
 
 @openai_view("POST")
 async def embeddings(request, caller):
-    return JsonResponse(await services.embeddings_create(caller=caller, body=_json_body(request)))
+    return JsonResponse(
+        await services.embeddings_create(
+            runtime=request.runtime, caller=caller, body=json_body(request)
+        )
+    )
 
 
 _created = int(time.time())
@@ -177,15 +218,24 @@ _created = int(time.time())
 
 @openai_view("GET")
 async def models(request, caller):
-    available = await database_sync_to_async(services.models_available)(caller=caller)
-    return JsonResponse({"object": "list",
-                         "data": [model_object(name, _created) for name in available]})
+    available = await database_sync_to_async(services.models_available)(
+        runtime=request.runtime, caller=caller
+    )
+    return JsonResponse(
+        {
+            "object": "list",
+            "data": [model_object(name, _created, context) for name, context in available.items()],
+        }
+    )
 
 
 @openai_view("GET")
 async def model_detail(request, caller, model_id: str):
-    available = await database_sync_to_async(services.models_available)(caller=caller)
+    available = await database_sync_to_async(services.models_available)(
+        runtime=request.runtime, caller=caller
+    )
     if model_id in available:
-        return JsonResponse(model_object(model_id, _created))
-    raise ModelNotFound(f"The model '{model_id}' does not exist or you do not have access to it.",
-                        param="model")
+        return JsonResponse(model_object(model_id, _created, available[model_id]))
+    raise ModelNotFound(
+        f"The model '{model_id}' does not exist or you do not have access to it.", param="model"
+    )

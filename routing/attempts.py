@@ -8,13 +8,14 @@ import time
 from dataclasses import dataclass, field
 
 from routing.backends import Call, Route
-from routing.holds import holds
+from routing.metrics import Outcome
 from tenants.errors import ApplicationError, BudgetExhausted
 from tenants.models import Agent, ApiKey, Tenant
 from tenants.services.budgets import budget_reserve, budget_reserve_adjust
-from workers.jobs import GenerationJob
-from workers.outbox import TRANSIENT
-from workers.settlement import settlement_release
+from workers.serving.jobs import Job
+from workers.serving.outbox import TRANSIENT
+from workers.serving.runtime import Runtime
+from workers.serving.settlement import settlement_release
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +23,7 @@ class Offer:
     """What one route would be sent and cost, decided before the walk reads it."""
 
     route: Route
-    job: GenerationJob  # the ledger's job; the local engine runs it as is
+    job: Job  # the ledger's job; the local engine runs it as is
     call: Call | None  # what a remote backend is sent (None: the local engine)
     cost: int  # worst-case micro-cents, held before anything is sent
     # The local engine cannot take it now (queue full, no worker, model failed to load):
@@ -42,8 +43,9 @@ class Offers:
 
 @dataclass
 class Attempt:
-    """One request's walk: who pays and what has been held."""
+    """One request's walk: who pays and what has been reserved, in this process's runtime."""
 
+    runtime: Runtime
     request_id: str
     tenant: Tenant
     agent: Agent
@@ -54,35 +56,42 @@ class Attempt:
     errors: list[ApplicationError] = field(default_factory=list)
     budget_refusal: BudgetExhausted | None = None
     waits: list[float] = field(default_factory=list)
-    # The first offer, prepared (budget held) in the admission's hop: (offer, "" or why it
+    # The first offer, prepared (budget held) in the admission's hop: (offer, None or why it
     # was refused, or the exception preparing it raised), taken by the walk's first try.
-    prepared: tuple[Offer, str | BaseException] | None = None
-    held_at: float = 0.0  # when the budget was first held (epoch seconds): its "admitted"
+    prepared: tuple[Offer, Outcome | BaseException | None] | None = None
+    reserved_at: float = 0.0  # when the budget was first held (epoch seconds): its "admitted"
 
 
-def attempt_hold(attempt: Attempt, amount: int) -> None:
+def attempt_reserve(attempt: Attempt, amount: int) -> None:
     """Hold `amount` for this request (synchronous): a first reservation, or a change of the
     one held; BudgetExhausted leaves what was held."""
     if attempt.reserved is None:
         try:
-            budget_reserve(tenant=attempt.tenant, agent=attempt.agent,
-                           amount_microcents=amount, request_id=attempt.request_id,
-                           api_key=attempt.api_key)
+            budget_reserve(
+                tenant=attempt.tenant,
+                agent=attempt.agent,
+                amount_microcents=amount,
+                request_id=attempt.request_id,
+                api_key=attempt.api_key,
+            )
         except TRANSIENT:
             attempt.maybe_reserved = True
             raise
-        holds.add(attempt.request_id)  # renewed for as long as the request runs
-        attempt.held_at = time.time()
+        attempt.runtime.reservations.add(attempt.request_id)  # renewed while it runs
+        attempt.reserved_at = time.time()
     elif amount != attempt.reserved:
-        budget_reserve_adjust(tenant=attempt.tenant, request_id=attempt.request_id,
-                              amount_microcents=amount)
+        budget_reserve_adjust(
+            tenant=attempt.tenant, request_id=attempt.request_id, amount_microcents=amount
+        )
     attempt.reserved = amount
 
 
 def attempt_release(attempt: Attempt) -> None:
-    """Free the request's hold (it was never served), durably (workers/settlement.py)."""
+    """Free the request's hold (it was never served), durably (workers/serving/settlement.py)."""
     if attempt.reserved is None and not attempt.maybe_reserved:
         return
-    holds.discard(attempt.request_id)
-    settlement_release(request_id=attempt.request_id, tenant_id=attempt.tenant.pk)
+    attempt.runtime.reservations.discard(attempt.request_id)
+    settlement_release(
+        attempt.runtime.outbox, request_id=attempt.request_id, tenant_id=attempt.tenant.pk
+    )
     attempt.reserved, attempt.maybe_reserved = None, False

@@ -185,9 +185,14 @@ class Breakers:
 
     def snapshot(self) -> dict[str, dict]:
         with self._lock:
-            return {name: {"state": s.state, "inflight": s.inflight,
-                           "consecutive_failures": s.consecutive_failures}
-                    for name, s in self._states.items()}
+            return {
+                name: {
+                    "state": s.state,
+                    "inflight": s.inflight,
+                    "consecutive_failures": s.consecutive_failures,
+                }
+                for name, s in self._states.items()
+            }
 
     def reset(self) -> None:
         with self._lock:

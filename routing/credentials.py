@@ -22,8 +22,9 @@ ENV_PREFIX = "env:"
 
 def _fernet() -> Fernet:
     secret = settings.FAIRLANE_CREDENTIALS_KEY.encode()
-    return Fernet(base64.urlsafe_b64encode(hashlib.sha256(b"fairlane-credentials:" + secret)
-                                           .digest()))
+    return Fernet(
+        base64.urlsafe_b64encode(hashlib.sha256(b"fairlane-credentials:" + secret).digest())
+    )
 
 
 def credential_encrypt(plain: str) -> str:
@@ -32,8 +33,9 @@ def credential_encrypt(plain: str) -> str:
 
 def credential_ref_check(ref: str) -> None:
     if ref and not (ref.startswith(ENV_PREFIX) and len(ref) > len(ENV_PREFIX)):
-        raise InvalidRequest("credential_ref must look like env:VARIABLE_NAME.",
-                             param="credential_ref")
+        raise InvalidRequest(
+            "credential_ref must look like env:VARIABLE_NAME.", param="credential_ref"
+        )
 
 
 @functools.lru_cache(maxsize=256)
@@ -49,8 +51,10 @@ def credential_resolve(*, ref: str, encrypted: str, backend: str) -> str:
         try:
             return _decrypted(encrypted, settings.FAIRLANE_CREDENTIALS_KEY)
         except InvalidToken:
-            raise BackendUnavailable(f"The credential of backend {backend} cannot be "
-                                     "decrypted (was FAIRLANE_CREDENTIALS_KEY changed?).") from None
+            raise BackendUnavailable(
+                f"The credential of backend {backend} cannot be "
+                "decrypted (was FAIRLANE_CREDENTIALS_KEY changed?)."
+            ) from None
     if ref:
         value = os.environ.get(ref.removeprefix(ENV_PREFIX), "")
         if not value:

@@ -23,8 +23,8 @@ import threading
 
 from django.conf import settings
 
-from routing.errors import ServiceUnavailable
-from workers.settlement import settlements_finish
+from tenants.errors import ServiceUnavailable
+from workers.serving.settlement import settlements_finish
 
 logger = logging.getLogger(__name__)
 SETTLE_WAIT_SECONDS = 10.0
@@ -47,11 +47,11 @@ class Drain:
         """Chain a SIGTERM handler in front of the server's (from the loop's main thread)."""
         if self.loop is not None or threading.current_thread() is not threading.main_thread():
             return
-        self.loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
         previous = signal.getsignal(signal.SIGTERM)
 
         def on_term(signum, frame) -> None:
-            self.loop.call_soon_threadsafe(self.begin)
+            loop.call_soon_threadsafe(self.begin)
             if callable(previous):
                 previous(signum, frame)
 
@@ -62,15 +62,19 @@ class Drain:
             return
         self.is_draining = True
         timeout = settings.FAIRLANE_DRAIN_TIMEOUT_SECONDS
-        logger.warning("draining: %d request(s) in flight have %d s to finish",
-                       len(self.tasks), timeout)
+        logger.warning(
+            "draining: %d request(s) in flight have %d s to finish", len(self.tasks), timeout
+        )
         asyncio.get_running_loop().call_later(timeout, self._cut_all)
 
     def _cut_all(self) -> None:
         # What is still here has not heard a cut yet (a task that did left `tasks`).
         if self.tasks:
-            logger.warning("drain time is up: cutting %d request(s)%s", len(self.tasks),
-                           " (again)" if self.is_past_deadline else "")
+            logger.warning(
+                "drain time is up: cutting %d request(s)%s",
+                len(self.tasks),
+                " (again)" if self.is_past_deadline else "",
+            )
         self.is_past_deadline = True
         for task in list(self.tasks):
             self.cut.add(task)

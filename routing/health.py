@@ -14,10 +14,11 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from routing.backends import UpstreamError, backend_probe
-from routing.models import Backend, Health
+from routing.backends import backend_probe
+from routing.models import Backend, BackendKind, Health
 from routing.router import spec_of
-from workers.modes import mode_get
+from tenants.errors import ApplicationError
+from workers.serving.runtime import Pool
 
 SAMPLES = 20
 
@@ -27,14 +28,14 @@ async def _probe_remote(backend: Backend) -> tuple[float, bool, str]:
     try:
         await backend_probe(spec_of(backend))
         return (time.perf_counter() - started) * 1000, True, ""
-    except UpstreamError as exc:
-        return (time.perf_counter() - started) * 1000, False, f"{exc.code}: {exc.message}"[:300]
+    except ApplicationError as exc:  # the backend's error (its detail is for operators)
+        return (time.perf_counter() - started) * 1000, False, f"{exc.code}: {exc.detail}"[:300]
     except Exception as exc:  # one broken backend must not stop the others' probes
         return (time.perf_counter() - started) * 1000, False, f"probe failed: {type(exc).__name__}"
 
 
-def _probe_local() -> tuple[float, bool, str]:
-    ok, detail = mode_get().pool_probe()
+def _probe_local(pool: Pool) -> tuple[float, bool, str]:
+    ok, detail = pool.pool_probe()
     return 0.0, ok, detail
 
 
@@ -65,24 +66,36 @@ def health_record(backend: Backend, latency_ms: float, ok: bool, detail: str, no
         if failures >= settings.FAIRLANE_HEALTH_OFFLINE_AFTER:
             backend.health = Health.OFFLINE
         elif backend.health_ok_at and now - backend.health_ok_at > timedelta(
-                seconds=settings.FAIRLANE_HEALTH_STALE_SECONDS):
+            seconds=settings.FAIRLANE_HEALTH_STALE_SECONDS
+        ):
             backend.health = Health.STALE
-    backend.save(update_fields=["probe_samples", "probe_p50_ms", "probe_p95_ms",
-                                "probe_error_rate", "health_checked_at", "health_ok_at",
-                                "health", "health_detail"])
+    backend.save(
+        update_fields=[
+            "probe_samples",
+            "probe_p50_ms",
+            "probe_p95_ms",
+            "probe_error_rate",
+            "health_checked_at",
+            "health_ok_at",
+            "health",
+            "health_detail",
+        ]
+    )
     return backend
 
 
-def backends_probe() -> dict[str, str]:
-    """Probe every enabled backend once (concurrently); their health by name."""
+def backends_probe(*, pool: Pool) -> dict[str, str]:
+    """Probe every enabled backend once (concurrently), the local engine pool through the
+    runtime's `pool`; their health by name."""
     backends = list(Backend.objects.filter(is_enabled=True))
-    remote = [b for b in backends if b.kind != "local"]
+    remote = [b for b in backends if b.kind != BackendKind.LOCAL]
 
-    async def probe_all():
-        return await asyncio.gather(*(_probe_remote(b) for b in remote))
+    async def probe_all() -> list[tuple[float, bool, str]]:
+        return list(await asyncio.gather(*(_probe_remote(b) for b in remote)))
 
-    results = dict(zip((b.pk for b in remote), asyncio.run(probe_all()) if remote else []))
+    probed = asyncio.run(probe_all()) if remote else []
+    results = dict(zip((b.pk for b in remote), probed, strict=True))
     for backend in backends:
-        result = results.get(backend.pk) if backend.kind != "local" else _probe_local()
+        result = results[backend.pk] if backend.kind != BackendKind.LOCAL else _probe_local(pool)
         health_record(backend, *result)
     return {b.name: b.health for b in backends}

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import redis
-from django.conf import settings
+
+from workers.serving.runtime import Leases
 
 GRANTED, WAITING, FULL = 1, 0, -1
 _SCRIPT = (Path(__file__).parent / "lease.lua").read_text()
@@ -31,16 +32,29 @@ class RedisLeases:
         self.client = client
         self.script = client.register_script(_SCRIPT)
 
-    def _call(self, op: str, backend: str, holder: str, ttl_ms: int = 0, slots: int = 1,
-              depth: int = 0, wait_ms: int = 0) -> int:
+    def _call(
+        self,
+        op: str,
+        backend: str,
+        holder: str,
+        ttl_ms: int = 0,
+        slots: int = 1,
+        depth: int = 0,
+        wait_ms: int = 0,
+    ) -> int:
         keys = [_key(backend, "holders"), _key(backend, "waiters")]
-        return int(self.script(keys=keys, args=[op, holder, int(time.time() * 1000), ttl_ms,
-                                                slots, depth, wait_ms]))
+        return int(
+            self.script(
+                keys=keys, args=[op, holder, int(time.time() * 1000), ttl_ms, slots, depth, wait_ms]
+            )
+        )
 
-    def try_acquire(self, backend: str, holder: str, *, ttl: float, slots: int, depth: int,
-                    wait: float) -> int:
-        return self._call("acquire", backend, holder, int(ttl * 1000), slots, depth,
-                          int(wait * 1000))
+    def try_acquire(
+        self, backend: str, holder: str, *, ttl: float, slots: int, depth: int, wait: float
+    ) -> int:
+        return self._call(
+            "acquire", backend, holder, int(ttl * 1000), slots, depth, int(wait * 1000)
+        )
 
     def renew(self, backend: str, holder: str, *, ttl: float) -> bool:
         return self._call("renew", backend, holder, int(ttl * 1000)) == 1
@@ -70,8 +84,9 @@ class LocalLeases:
                 del table[key]
         return holders, waiters
 
-    def try_acquire(self, backend: str, holder: str, *, ttl: float, slots: int, depth: int,
-                    wait: float) -> int:
+    def try_acquire(
+        self, backend: str, holder: str, *, ttl: float, slots: int, depth: int, wait: float
+    ) -> int:
         now = time.time()
         with self._lock:
             holders, waiters = self._sweep(backend, now)
@@ -79,10 +94,11 @@ class LocalLeases:
                 holders[holder] = now + ttl
                 return GRANTED
             free = slots - len(holders)
-            order = sorted(waiters, key=waiters.get)
+            order = sorted(waiters, key=waiters.__getitem__)
             rank = order.index(holder) if holder in waiters else None
-            if free > 0 and ((rank is not None and rank < free)
-                             or (rank is None and len(waiters) < free)):
+            if free > 0 and (
+                (rank is not None and rank < free) or (rank is None and len(waiters) < free)
+            ):
                 waiters.pop(holder, None)
                 holders[holder] = now + ttl
                 return GRANTED
@@ -111,29 +127,27 @@ class LocalLeases:
             return list(self._sweep(backend, time.time())[0])
 
 
-_store: RedisLeases | LocalLeases | None = None
-
-
-def leases_get() -> RedisLeases | LocalLeases:
-    global _store
-    if _store is None:
-        _store = (RedisLeases(redis.Redis.from_url(settings.REDIS_URL)) if settings.REDIS_URL
-                  else LocalLeases())
-    return _store
-
-
 POLL_SECONDS = 0.05
 
 
-async def lease_acquire(backend: str, holder: str, *, ttl: float, slots: int, depth: int,
-                        wait: float) -> bool:
-    """Hold one of the backend's slots; waits in its queue up to `wait` seconds. False: the
-    queue was full or the wait ran out (fall through to the next backend)."""
-    store = leases_get()
+async def lease_acquire(
+    store: Leases,
+    backend: str,
+    holder: str,
+    *,
+    ttl: float,
+    slots: int,
+    depth: int,
+    wait: float,
+) -> bool:
+    """Hold one of the backend's slots (the runtime's `store`); waits in its queue up to
+    `wait` seconds. False: the queue was full or the wait ran out (fall through to the next
+    backend)."""
     deadline = time.monotonic() + wait
     while True:
-        result = await asyncio.to_thread(store.try_acquire, backend, holder, ttl=ttl,
-                                         slots=max(slots, 1), depth=depth, wait=wait)
+        result = await asyncio.to_thread(
+            store.try_acquire, backend, holder, ttl=ttl, slots=max(slots, 1), depth=depth, wait=wait
+        )
         if result == GRANTED:
             return True
         if result == FULL or time.monotonic() >= deadline:

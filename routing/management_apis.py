@@ -9,8 +9,8 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from routing.models import AgentRouting, Backend, Policy
 from routing.backend_store import agent_routing_set
+from routing.models import AgentRouting, Backend, Policy
 from tenants import selectors
 from tenants.apis.auth import tenant_for
 from tenants.apis.serializers import StrictCharField, StrictChoiceField, StrictSerializer
@@ -51,20 +51,27 @@ class StrictFloatField(serializers.FloatField):
 
 
 class RoutingSerializer(StrictSerializer):
-    chain = serializers.ListField(child=StrictCharField(max_length=100,
-                                                        validators=[name_validator]),
-                                  max_length=50, required=False, default=list)
+    chain = serializers.ListField(
+        child=StrictCharField(max_length=100, validators=[name_validator]),
+        max_length=50,
+        required=False,
+        default=list,
+    )
     policy = StrictChoiceField(choices=Policy.choices, required=False, default=Policy.CHAIN)
-    cascade = serializers.ListField(child=StrictCharField(max_length=200,
-                                                          validators=[name_validator]),
-                                    max_length=8, required=False, default=list)
-    cascade_threshold = StrictFloatField(required=False, default=-1.0, min_value=-100,
-                                         max_value=0)
+    cascade = serializers.ListField(
+        child=StrictCharField(max_length=200, validators=[name_validator]),
+        max_length=8,
+        required=False,
+        default=list,
+    )
+    cascade_threshold = StrictFloatField(required=False, default=-1.0, min_value=-100, max_value=0)
 
 
 class BackendListView(APIView):
-    @extend_schema(responses=BackendOut(many=True),
-                   summary="Backends requests can be routed to (operators register them)")
+    @extend_schema(
+        responses=BackendOut(many=True),
+        summary="Backends requests can be routed to (operators register them)",
+    )
     def get(self, request):
         rows = Backend.objects.filter(is_enabled=True).prefetch_related("models")
         return Response(BackendOut(rows, many=True).data)
@@ -78,8 +85,11 @@ class AgentRoutingView(APIView):
         row = AgentRouting.objects.filter(agent=agent).first() or AgentRouting(agent=agent)
         return Response(RoutingSerializer(row).data)
 
-    @extend_schema(request=RoutingSerializer, responses=RoutingSerializer,
-                   summary="Set the agent's chain, policy and cascade")
+    @extend_schema(
+        request=RoutingSerializer,
+        responses=RoutingSerializer,
+        summary="Set the agent's chain, policy and cascade",
+    )
     def put(self, request, slug, agent_id):
         tenant, _ = tenant_for(principal=request.user, slug=slug, min_role=Role.ADMIN)
         agent = selectors.agent_get(tenant=tenant, agent_id=agent_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from tenants.errors import ContextLengthExceeded
-from workers.registry import ModelInfo, model_context_length
+from workers.serving.catalog import ModelInfo, model_context_length
 
 # A prompt counted a byte a token (no tokenizer at hand) holds about 4 bytes a token.
 BYTES_PER_TOKEN = 4
@@ -24,14 +24,18 @@ def max_tokens_local(*, info: ModelInfo, prompts: list[list[int]], asked: int | 
     if longest >= context:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {context} tokens. However, your prompt "
-            f"is {longest} tokens long.", param="messages")
+            f"is {longest} tokens long.",
+            param="messages",
+        )
     if asked is None:
         return context - longest
     if longest + asked > context:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {context} tokens. However, you requested "
             f"{longest + asked} tokens ({longest} in the prompt, {asked} for the "
-            "completion). Please reduce the prompt or max_tokens.", param="max_tokens")
+            "completion). Please reduce the prompt or max_tokens.",
+            param="max_tokens",
+        )
     return asked
 
 

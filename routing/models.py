@@ -8,6 +8,7 @@ Credentials are never stored in plain text: a backend names an environment varia
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -25,8 +26,14 @@ class BackendKind(models.TextChoices):
 
 # The default fall-through order when an agent names no chain: our own engines first, then
 # remote ones, then paid APIs.
-KIND_ORDER = [BackendKind.LOCAL, BackendKind.FAIRLANE, BackendKind.OPENAI_COMPATIBLE,
-              BackendKind.OPENROUTER, BackendKind.ANTHROPIC, BackendKind.OPENAI]
+KIND_ORDER: list[str] = [
+    BackendKind.LOCAL,
+    BackendKind.FAIRLANE,
+    BackendKind.OPENAI_COMPATIBLE,
+    BackendKind.OPENROUTER,
+    BackendKind.ANTHROPIC,
+    BackendKind.OPENAI,
+]
 
 
 class Accelerator(models.TextChoices):
@@ -44,30 +51,38 @@ class Health(models.TextChoices):
 
 
 def _supports(feature: str) -> models.BooleanField:
-    return models.BooleanField(null=True, blank=True, default=None,
-                               help_text=f"Serves {feature}. Empty: the default (the backend "
-                                         "kind's, or for a model its backend's).")
+    return models.BooleanField(
+        null=True,
+        blank=True,
+        default=None,
+        help_text=f"Serves {feature}. Empty: the default (the backend "
+        "kind's, or for a model its backend's).",
+    )
 
 
 def _price() -> models.BigIntegerField:
-    return models.BigIntegerField(default=0, validators=[MinValueValidator(0),
-                                                         MaxValueValidator(MAX_MICROCENTS)])
+    return models.BigIntegerField(
+        default=0, validators=[MinValueValidator(0), MaxValueValidator(MAX_MICROCENTS)]
+    )
 
 
 class Backend(models.Model):
     name = models.CharField(max_length=100, unique=True, validators=[name_validator])
     kind = models.CharField(max_length=32, choices=BackendKind.choices)
-    base_url = models.URLField(blank=True, default="",
-                               help_text="e.g. https://api.openai.com (without /v1); empty for "
-                                         "the local engine pool.")
+    base_url = models.URLField(
+        blank=True,
+        default="",
+        help_text="e.g. https://api.openai.com (without /v1); empty for the local engine pool.",
+    )
     # A reference such as env:OPENAI_API_KEY, resolved when used; or an encrypted secret.
     credential_ref = models.CharField(max_length=200, blank=True, default="")
     credential_encrypted = models.TextField(blank=True, default="", editable=False)
     # Capabilities.
     context_length = models.PositiveIntegerField(default=0, help_text="0: the model's own.")
     hidden_states = models.BooleanField(default=False, help_text="Serves embeddings.")
-    accelerator = models.CharField(max_length=8, choices=Accelerator.choices,
-                                   default=Accelerator.GPU)
+    accelerator = models.CharField(
+        max_length=8, choices=Accelerator.choices, default=Accelerator.GPU
+    )
     max_concurrency = models.PositiveIntegerField(default=0, help_text="0: no limit.")
     continuous_batching = models.BooleanField(default=False)
     paged_kv = models.BooleanField(default=False)
@@ -86,9 +101,11 @@ class Backend(models.Model):
     # wait for one, later ones fall through to the next backend.
     lease_seconds = models.PositiveIntegerField(default=0)
     queue_depth = models.PositiveIntegerField(default=0)
-    timeout_seconds = models.FloatField(default=60.0, validators=[MinValueValidator(0.1)],
-                                        help_text="Longest wait for the first byte and between "
-                                                  "stream chunks.")
+    timeout_seconds = models.FloatField(
+        default=60.0,
+        validators=[MinValueValidator(0.1)],
+        help_text="Longest wait for the first byte and between stream chunks.",
+    )
     is_enabled = models.BooleanField(default=True)
     # Written by the health beat (routing.tasks.backends_probe).
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.UNKNOWN)
@@ -120,11 +137,10 @@ class Backend(models.Model):
         """Health as of `now`: a live backend whose last successful probe is older than
         FAIRLANE_HEALTH_STALE_SECONDS reads stale, whether or not any probe ran since (the beat
         may be down). Offline and never-probed backends read as recorded."""
-        from django.conf import settings
-
         stale_after = timedelta(seconds=settings.FAIRLANE_HEALTH_STALE_SECONDS)
-        if self.health == Health.LIVE and (self.health_ok_at is None
-                                           or now - self.health_ok_at > stale_after):
+        if self.health == Health.LIVE and (
+            self.health_ok_at is None or now - self.health_ok_at > stale_after
+        ):
             return Health.STALE
         return self.health
 
@@ -135,8 +151,9 @@ class BackendModel(models.Model):
 
     backend = models.ForeignKey(Backend, on_delete=models.CASCADE, related_name="models")
     model = models.CharField(max_length=200, validators=[name_validator])
-    upstream_name = models.CharField(max_length=200, blank=True, default="",
-                                     help_text="Empty: the same as model.")
+    upstream_name = models.CharField(
+        max_length=200, blank=True, default="", help_text="Empty: the same as model."
+    )
     price_input_per_mtok = _price()
     price_output_per_mtok = _price()
     price_cached_per_mtok = _price()
@@ -146,8 +163,9 @@ class BackendModel(models.Model):
     supports_vision = _supports("image inputs")
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["backend", "model"],
-                                               name="backend_model_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["backend", "model"], name="backend_model_unique")
+        ]
         ordering = ["backend", "model"]
 
     def __str__(self) -> str:
@@ -181,3 +199,27 @@ class AgentRouting(models.Model):
 
     def __str__(self) -> str:
         return f"routing of {self.agent}"
+
+
+class StoredResponse(models.Model):
+    """A Responses API answer kept for its tenant (`store`, OpenAI's default): read back by id,
+    and chained by `previous_response_id`. `items` is the conversation the model was sent
+    (every earlier turn of the chain and this request's input, in the API's item shape,
+    without `instructions`, which a chain does not carry), `body` the response object as it
+    was answered. Gone after FAIRLANE_RESPONSES_RETENTION_DAYS (`expires_at`)."""
+
+    id = models.CharField(primary_key=True, max_length=64)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # JSON as text: a JSON column (jsonb) cannot hold U+0000, which a client's text may.
+    items = models.TextField()
+    body = models.TextField()
+
+    def __str__(self) -> str:
+        return self.id
+
+
+# Files and batches (routing/batches/) keep their models in a module of their own.
+from routing.batch_models import Batch, BatchLine, StoredFile  # noqa: E402, F401

@@ -16,10 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from django.conf import settings
 
-from routing.errors import ServiceUnavailable
-from tenants.errors import RateLimited
+from tenants.errors import RateLimited, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +70,15 @@ def _window(now: float) -> int:
 
 def _refusal(limit: str, scope: str, now: float) -> RateLimited:
     retry = 1 if limit == "concurrency" else math.ceil(WINDOW_SECONDS - now % WINDOW_SECONDS)
-    what = {"rpm": "requests per minute", "tpm": "tokens per minute",
-            "concurrency": "requests at once"}[limit]
+    what = {
+        "rpm": "requests per minute",
+        "tpm": "tokens per minute",
+        "concurrency": "requests at once",
+    }[limit]
     level = scope.split(":", 1)[0]
-    return RateLimited(f"Rate limit reached: {what} for this {level.replace('_', ' ')}.",
-                       retry_after=retry)
+    return RateLimited(
+        f"Rate limit reached: {what} for this {level.replace('_', ' ')}.", retry_after=retry
+    )
 
 
 class RedisLimiter:
@@ -97,8 +99,9 @@ class RedisLimiter:
         try:
             refused = self.script(keys=keys, args=args)
         except redis.RedisError as exc:  # our store is down: retry shortly, nothing was taken
-            raise ServiceUnavailable("Rate limits cannot be checked right now; retry shortly.",
-                                     retry_after=2) from exc
+            raise ServiceUnavailable(
+                "Rate limits cannot be checked right now; retry shortly.", retry_after=2
+            ) from exc
         if refused:
             raise _refusal(refused[0].decode(), refused[1].decode(), now)
         return Admitted(request_id, scopes, window, tokens)
@@ -115,8 +118,11 @@ class RedisLimiter:
             try:
                 self.give_back(keys=keys, args=args)
             except redis.RedisError:  # the slots expire on their own (INFLIGHT_TTL_MS)
-                logger.warning("request %s: rate-limit slots not given back (Redis)",
-                               admitted.request_id, exc_info=True)
+                logger.warning(
+                    "request %s: rate-limit slots not given back (Redis)",
+                    admitted.request_id,
+                    exc_info=True,
+                )
 
 
 class LocalLimiter:
@@ -156,24 +162,15 @@ class LocalLimiter:
                     self.counts[key] -= max(admitted.tokens - tokens_used, 0)
 
 
-_limiter: RedisLimiter | LocalLimiter | None = None
-
-
-def limiter_get() -> RedisLimiter | LocalLimiter:
-    global _limiter
-    if _limiter is None:
-        _limiter = (RedisLimiter(redis.Redis.from_url(settings.REDIS_URL)) if settings.REDIS_URL
-                    else LocalLimiter())
-    return _limiter
-
-
 def scopes_for(caller) -> tuple[LimitScope, ...]:
     """The limits that apply to a caller: its key's, its agent's and its tenant's."""
     scopes = []
-    for level, obj in (("key", caller.api_key), ("agent", caller.agent),
-                       ("tenant", caller.tenant)):
+    for level, obj in (("key", caller.api_key), ("agent", caller.agent), ("tenant", caller.tenant)):
         rpm, tpm, concurrency = obj.rate_limits
         if rpm or tpm or concurrency:
-            scopes.append(LimitScope(f"{level}:{obj.pk}", rpm, tpm, concurrency,
-                                slot=f"tenant:{caller.tenant.pk}"))
+            scopes.append(
+                LimitScope(
+                    f"{level}:{obj.pk}", rpm, tpm, concurrency, slot=f"tenant:{caller.tenant.pk}"
+                )
+            )
     return tuple(scopes)

@@ -21,12 +21,26 @@ from django.utils import timezone
 from routing.backends.base import BackendSpec, Route, features_resolve
 from routing.breaker import breakers
 from routing.max_tokens import max_tokens_context_need
-from routing.models import KIND_ORDER, AgentRouting, Backend, BackendModel, Health, Policy
+from routing.models import (
+    KIND_ORDER,
+    AgentRouting,
+    Backend,
+    BackendKind,
+    BackendModel,
+    Health,
+    Policy,
+)
 from workers.models import ModelVersion, ServedModel
-from workers.registry import ModelInfo, usage_cost
+from workers.serving.catalog import ModelInfo, usage_cost
 
-LOCAL_DEFAULT = BackendSpec(name="local", kind="local", health=Health.LIVE,
-                            continuous_batching=True, paged_kv=True, hidden_states=True)
+LOCAL_DEFAULT = BackendSpec(
+    name="local",
+    kind=BackendKind.LOCAL,
+    health=Health.LIVE,
+    continuous_batching=True,
+    paged_kv=True,
+    hidden_states=True,
+)
 _SPEC_FIELDS = [f for f in BackendSpec.__slots__ if f != "name"]
 
 
@@ -61,32 +75,52 @@ def registry_load() -> BackendRegistry:
         registry.backends[spec.name] = spec
         if spec.is_local and local is None:
             local = spec
-    has_disabled_local = Backend.objects.filter(kind="local", is_enabled=False).exists()
+    has_disabled_local = Backend.objects.filter(kind=BackendKind.LOCAL, is_enabled=False).exists()
     if local is None and not has_disabled_local:
         local = LOCAL_DEFAULT  # the platform's own engines serve without any registration
         registry.backends[local.name] = local
     if local is not None:
-        for row in ServedModel.objects.filter(is_enabled=True).prefetch_related("versions"):
+        for served in ServedModel.objects.filter(is_enabled=True).prefetch_related("versions"):
             # A vLLM child gets no guides (workers/vllm): no tools or JSON modes there.
-            features = frozenset() if row.runtime == ServedModel.Runtime.VLLM else None
-            registry.routes.setdefault(row.name, []).append(
-                Route(backend=local, model=row.name, upstream=row.name, info=ModelInfo.of(row),
-                      model_features=features))
-    for row in BackendModel.objects.filter(backend__is_enabled=True).select_related("backend"):
-        spec = registry.backends[row.backend.name]
+            features: frozenset[str] | None = (
+                frozenset() if served.runtime == ServedModel.Runtime.VLLM else None
+            )
+            registry.routes.setdefault(served.name, []).append(
+                Route(
+                    backend=local,
+                    model=served.name,
+                    upstream=served.name,
+                    info=ModelInfo.of(served),
+                    model_features=features,
+                )
+            )
+    for offered in BackendModel.objects.filter(backend__is_enabled=True).select_related("backend"):
+        spec = registry.backends[offered.backend.name]
         if spec.is_local:
             continue
-        info = ModelInfo(name=row.model, source=f"backend:{spec.name}",
-                         price_input_per_mtok=row.price_input_per_mtok,
-                         price_output_per_mtok=row.price_output_per_mtok,
-                         price_cached_per_mtok=row.price_cached_per_mtok)
-        registry.routes.setdefault(row.model, []).append(
-            Route(backend=spec, model=row.model, upstream=row.upstream_name or row.model,
-                  info=info, model_features=features_resolve(spec.features, row)))
-    for row in AgentRouting.objects.all():
-        registry.agents[str(row.agent_id)] = AgentPlan(
-            chain=tuple(row.chain or ()), policy=row.policy, cascade=tuple(row.cascade or ()),
-            cascade_threshold=row.cascade_threshold)
+        info = ModelInfo(
+            name=offered.model,
+            source=f"backend:{spec.name}",
+            price_input_per_mtok=offered.price_input_per_mtok,
+            price_output_per_mtok=offered.price_output_per_mtok,
+            price_cached_per_mtok=offered.price_cached_per_mtok,
+        )
+        registry.routes.setdefault(offered.model, []).append(
+            Route(
+                backend=spec,
+                model=offered.model,
+                upstream=offered.upstream_name or offered.model,
+                info=info,
+                model_features=features_resolve(spec.features, offered),
+            )
+        )
+    for plan in AgentRouting.objects.all():
+        registry.agents[str(plan.agent_id)] = AgentPlan(
+            chain=tuple(plan.chain or ()),
+            policy=plan.policy,
+            cascade=tuple(plan.cascade or ()),
+            cascade_threshold=plan.cascade_threshold,
+        )
     return registry
 
 
@@ -99,8 +133,9 @@ def registry_get() -> BackendRegistry:
     a pooled database connection could starve the one loading it."""
     global _registry
     current = _registry
-    if current is None or (time.monotonic() - current.loaded_at
-                           > settings.FAIRLANE_ROUTING_CACHE_SECONDS):
+    if current is None or (
+        time.monotonic() - current.loaded_at > settings.FAIRLANE_ROUTING_CACHE_SECONDS
+    ):
         current = _registry = registry_load()
     return current
 
@@ -112,8 +147,9 @@ def registry_invalidate(*args, **kwargs) -> None:
 
 for _model in (Backend, BackendModel, AgentRouting, ServedModel, ModelVersion):
     post_save.connect(registry_invalidate, sender=_model, dispatch_uid=f"routing-{_model.__name__}")
-    post_delete.connect(registry_invalidate, sender=_model,
-                        dispatch_uid=f"routing-del-{_model.__name__}")
+    post_delete.connect(
+        registry_invalidate, sender=_model, dispatch_uid=f"routing-del-{_model.__name__}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,9 +170,14 @@ class Need:
     context_need: int = field(init=False)  # what a remote backend's context must hold
 
     def __post_init__(self) -> None:  # once per request, not once per candidate backend
-        object.__setattr__(self, "context_need", max_tokens_context_need(
-            asked=self.max_tokens if self.max_tokens_set else None,
-            worst_prompt_tokens=self.prompt_tokens))
+        object.__setattr__(
+            self,
+            "context_need",
+            max_tokens_context_need(
+                asked=self.max_tokens if self.max_tokens_set else None,
+                worst_prompt_tokens=self.prompt_tokens,
+            ),
+        )
 
 
 def route_supports(route: Route, need: Need) -> bool:
@@ -145,19 +186,25 @@ def route_supports(route: Route, need: Need) -> bool:
         return False
     if spec.is_local:
         return True
-    same_tokenizer = spec.kind == "fairlane"  # another Fairlane serves our models' tokenizers
+    same_tokenizer = (
+        spec.kind == BackendKind.FAIRLANE
+    )  # another Fairlane serves our models' tokenizers
     if need.endpoint == "embed":
-        return spec.hidden_states and spec.kind in {"fairlane", "openai_compatible", "openai"}
+        return spec.hidden_states and spec.kind in {
+            BackendKind.FAIRLANE,
+            BackendKind.OPENAI_COMPATIBLE,
+            BackendKind.OPENAI,
+        }
     if (need.token_prompts or need.logit_bias) and not same_tokenizer:
         return False
-    if need.logprobs and (need.endpoint == "completion" or spec.kind == "anthropic"):
+    if need.logprobs and (need.endpoint == "completion" or spec.kind == BackendKind.ANTHROPIC):
         return False
-    if spec.kind == "anthropic" and (need.endpoint != "chat" or need.n > 1):
+    if spec.kind == BackendKind.ANTHROPIC and (need.endpoint != "chat" or need.n > 1):
         return False
     return not spec.context_length or need.context_need <= spec.context_length
 
 
-_HEALTH_RANK = {Health.LIVE: 0, Health.UNKNOWN: 1, Health.STALE: 2}
+_HEALTH_RANK: dict[str, int] = {Health.LIVE: 0, Health.UNKNOWN: 1, Health.STALE: 2}
 
 
 def _health_rank(spec: BackendSpec) -> int:
@@ -173,8 +220,9 @@ _round_robin = itertools.count()
 
 
 def _affinity_score(need: Need, spec: BackendSpec) -> int:
-    digest = hashlib.blake2b(f"{need.tenant}\x00{need.prefix}\x00{spec.name}".encode(),
-                             digest_size=8).digest()
+    digest = hashlib.blake2b(
+        f"{need.tenant}\x00{need.prefix}\x00{spec.name}".encode(), digest_size=8
+    ).digest()
     return -int.from_bytes(digest, "big")  # rendezvous hashing: highest score first
 
 
@@ -189,8 +237,9 @@ def _policy_key(policy: str, need: Need):
     if policy == Policy.LATENCY:  # this process's rolling p95, else the health probe's
         return lambda r: breakers.p95_ms(r.backend.name) or r.backend.probe_p95_ms
     if policy == Policy.COST:
-        return lambda r: usage_cost(r.info, prompt_tokens=need.prompt_tokens,
-                                    completion_tokens=need.max_tokens * need.n)
+        return lambda r: usage_cost(
+            r.info, prompt_tokens=need.prompt_tokens, completion_tokens=need.max_tokens * need.n
+        )
     if policy == Policy.ENERGY:  # unknown (0) sorts last
         return lambda r: r.backend.energy_mj_per_token or inf
     if policy == Policy.CARBON:
@@ -209,22 +258,32 @@ class Plan:
     missing: str | None = None  # a feature the request needs that none of them has
 
 
-def route_plan(*, registry: BackendRegistry, agent_id: str, model: str, need: Need,
-               policy: str | None = None) -> Plan:
+def route_plan(
+    *, registry: BackendRegistry, agent_id: str, model: str, need: Need, policy: str | None = None
+) -> Plan:
     """The backends to try for this request, in order (empty if none can serve it now)."""
     agent = registry.agents.get(agent_id, AgentPlan())
     routes = registry.routes.get(model, [])
     if agent.chain:
         position = {name: i for i, name in enumerate(agent.chain)}
-        routes = sorted((r for r in routes if r.backend.name in position),
-                        key=lambda r: position[r.backend.name])
+        routes = sorted(
+            (r for r in routes if r.backend.name in position),
+            key=lambda r: position[r.backend.name],
+        )
     else:
         routes = sorted(routes, key=lambda r: _default_rank(r.backend))
     capable = [r for r in routes if route_supports(r, need)]
-    usable = [r for r in capable if r.backend.health != Health.OFFLINE
-              and breakers.available(r.backend.name)]
-    plan = Plan(routes=usable, agent=agent, unsupported=bool(routes) and not capable,
-                missing=feature_missing(routes, need) if routes and not capable else None)
+    usable = [
+        r
+        for r in capable
+        if r.backend.health != Health.OFFLINE and breakers.available(r.backend.name)
+    ]
+    plan = Plan(
+        routes=usable,
+        agent=agent,
+        unsupported=bool(routes) and not capable,
+        missing=feature_missing(routes, need) if routes and not capable else None,
+    )
     if capable and not usable:
         waits = [breakers.blocked_for(r.backend.name) for r in capable]
         plan.blocked_for = min((w for w in waits if w > 0), default=0.0)
@@ -241,8 +300,9 @@ def route_plan(*, registry: BackendRegistry, agent_id: str, model: str, need: Ne
 
 def feature_missing(routes: list[Route], need: Need) -> str | None:
     """A feature the request needs that none of these routes has, if any (for its 400)."""
-    return next((f for f in sorted(need.features)
-                 if not any(f in r.features for r in routes)), None)
+    return next(
+        (f for f in sorted(need.features) if not any(f in r.features for r in routes)), None
+    )
 
 
 def model_names(registry: BackendRegistry) -> list[str]:

@@ -1,9 +1,18 @@
 from celery import shared_task
 
 from routing.health import backends_probe as _backends_probe
+from routing.responses import store
 
 
-@shared_task(name="routing.tasks.backends_probe", ignore_result=True)
-def backends_probe() -> dict[str, str]:
-    """Beat: probe every backend's health (free requests only)."""
-    return _backends_probe()
+@shared_task(bind=True, name="routing.tasks.backends_probe", ignore_result=True)
+def backends_probe(self) -> dict[str, str]:
+    """Beat: probe every backend's health (free requests only), with the worker process's
+    runtime (platform/celery_app.py)."""
+    return _backends_probe(pool=self.app.runtime.pool)
+
+
+@shared_task(name="routing.tasks.stored_responses_expire", ignore_result=True)
+def stored_responses_expire() -> int:
+    """Beat, daily: stored responses past FAIRLANE_RESPONSES_RETENTION_DAYS go (they are
+    already unreadable: every read skips an expired one)."""
+    return store.stored_responses_expire()

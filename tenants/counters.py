@@ -3,14 +3,13 @@ and the per-minute outcomes of the backends that the ops dashboard turns into er
 
 A Prometheus counter lives in the process that increments it; settlements happen in API
 processes and in GPU workers (which serve no /metrics), so those counts are kept here: in the
-process, and added to a Redis hash every FLUSH_SECONDS by one background thread (never on the
-request path). Without Redis (the embedded mode: one process) they stay in the process.
+process, and added to a Redis hash every FLUSH_SECONDS by the runtime's flusher loop (never on
+the request path). Without Redis (the embedded mode: one process) they stay in the process.
 Counts are figures for operators, not the ledger: a process that dies loses its last seconds.
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
 import logging
 import threading
@@ -19,37 +18,25 @@ import time
 import redis
 from django.conf import settings
 
+from tenants.loops import BackgroundLoop
+
 logger = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 2.0
-_client: tuple[str, redis.Redis] | None = None
-_client_lock = threading.Lock()
-
-
-def redis_client() -> redis.Redis | None:
-    """One client per process (its own connection pool) for the REDIS_URL now set (a test that
-    points it elsewhere for a while gets its own); None without Redis."""
-    global _client
-    url = settings.REDIS_URL
-    if not url:
-        return None
-    with _client_lock:
-        if _client is None or _client[0] != url:
-            _client = (url, redis.Redis.from_url(url, socket_timeout=2,
-                                                 socket_connect_timeout=2))
-        return _client[1]
+_every: list[SharedCounts] = []  # every SharedCounts of the process, for the flusher
 
 
 class SharedCounts:
     """Named counts, optionally in time buckets (`bucket_seconds`), kept `ttl_seconds` in
-    Redis. `add` is a dictionary update under a lock; `totals` reads Redis plus what this
-    process has not flushed yet."""
+    Redis. `add` is a dictionary update under a lock; the runtime's `CountsFlusher` adds them
+    to Redis; `totals` reads Redis (the runtime's client; None: this process alone) plus what
+    this process has not flushed yet."""
 
     def __init__(self, key: str, *, bucket_seconds: int = 0, ttl_seconds: int = 0) -> None:
         self.key, self.bucket_seconds, self.ttl_seconds = key, bucket_seconds, ttl_seconds
         self._pending: collections.Counter[tuple[int, str]] = collections.Counter()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        _every.append(self)
 
     def _bucket(self, now: float) -> int:
         return int(now // self.bucket_seconds) * self.bucket_seconds if self.bucket_seconds else 0
@@ -62,21 +49,8 @@ class SharedCounts:
         bucket = self._bucket(time.time() if now is None else now)
         with self._lock:
             self._pending[(bucket, field)] += amount
-            if self._thread is None and settings.REDIS_URL:
-                self._thread = threading.Thread(target=self._loop, name=f"counts-{self.key}",
-                                                daemon=True)
-                self._thread.start()
-                atexit.register(self.flush)
 
-    def _loop(self) -> None:
-        while True:
-            time.sleep(FLUSH_SECONDS)
-            self.flush()
-
-    def flush(self) -> None:
-        client = redis_client()
-        if client is None:
-            return
+    def flush(self, client: redis.Redis) -> None:
         with self._lock:
             pending, self._pending = self._pending, collections.Counter()
         if not pending:
@@ -89,13 +63,19 @@ class SharedCounts:
                     pipe.expire(self._redis_key(bucket), self.ttl_seconds)
             pipe.execute()
         except redis.RedisError:  # keep them for the next flush
-            logger.warning("counts %s: Redis unavailable; keeping %d for later", self.key,
-                           len(pending))
+            logger.warning(
+                "counts %s: Redis unavailable; keeping %d for later", self.key, len(pending)
+            )
             with self._lock:
                 self._pending.update(pending)
 
-    def totals(self, *, since_seconds: int | None = None,
-               now: float | None = None) -> dict[str, int]:
+    def totals(
+        self,
+        client: redis.Redis | None,
+        *,
+        since_seconds: int | None = None,
+        now: float | None = None,
+    ) -> dict[str, int]:
         """Every field's total (over the buckets of the last `since_seconds`, when bucketed)."""
         now = time.time() if now is None else now
         buckets = [0]
@@ -107,7 +87,6 @@ class SharedCounts:
             for (bucket, field), amount in self._pending.items():
                 if bucket in buckets:
                     totals[field] += amount
-        client = redis_client()
         if client is not None:
             pipe = client.pipeline(transaction=False)
             for bucket in buckets:
@@ -117,16 +96,42 @@ class SharedCounts:
                     totals[field.decode()] += int(amount)
         return dict(totals)
 
-    def clear(self) -> None:
+    def clear(self, client: redis.Redis | None) -> None:
         """Forget every count (tests)."""
         with self._lock:
             self._pending.clear()
-        client = redis_client()
         if client is not None:
             pattern = settings.FAIRLANE_QUEUE_NAMESPACE + self.key + "*"
             keys = list(client.scan_iter(match=pattern, count=1000))
             if keys:
                 client.delete(*keys)
+
+
+class CountsFlusher:
+    """The runtime's counters part: adds every SharedCounts of the process to Redis every
+    FLUSH_SECONDS, and once more when it stops. Without Redis (the embedded mode) the counts
+    stay in the process and nothing runs."""
+
+    def __init__(self, client: redis.Redis | None) -> None:
+        self.client = client
+        self.loop = (
+            BackgroundLoop(
+                "counters-flush", self.flush, interval=lambda: FLUSH_SECONDS, final=self.flush
+            )
+            if client is not None
+            else None
+        )
+
+    def flush(self) -> None:
+        if self.client is not None:
+            for counts in list(_every):
+                counts.flush(self.client)
+
+    def connect(self) -> None:
+        pass
+
+    def disconnect(self) -> None:
+        pass
 
 
 class SharedHistograms:
@@ -137,7 +142,7 @@ class SharedHistograms:
     SEP = "\x1f"
 
     def __init__(self, key: str, buckets: tuple[float, ...]) -> None:
-        self.counts = SharedCounts(key)
+        self.counts = SharedCounts(key)  # flushed with the others
         self.buckets = tuple(sorted(buckets))
 
     def observe(self, labels: tuple[str, ...], seconds: float) -> None:
@@ -148,18 +153,20 @@ class SharedHistograms:
         self.counts.add(prefix + "count")
         self.counts.add(prefix + "sum_us", int(seconds * 1_000_000))
 
-    def families(self) -> dict[tuple[str, ...], tuple[list[tuple[str, int]], float]]:
+    def families(
+        self, client: redis.Redis | None
+    ) -> dict[tuple[str, ...], tuple[list[tuple[str, int]], float]]:
         """Per label values: the cumulative buckets [(le, count), ..., ("+Inf", count)] and the
         sum in seconds."""
         per: dict[tuple[str, ...], dict[str, int]] = collections.defaultdict(dict)
-        for field, amount in self.counts.totals().items():
+        for field, amount in self.counts.totals(client).items():
             *labels, name = field.split(self.SEP)
             per[tuple(labels)][name] = amount
-        out = {}
-        for labels, values in per.items():
+        out: dict[tuple[str, ...], tuple[list[tuple[str, int]], float]] = {}
+        for key, values in per.items():
             running, cumulative = 0, []
             for bound in [str(b) for b in self.buckets] + ["+Inf"]:
                 running += values.get(bound, 0)
                 cumulative.append((bound, running))
-            out[labels] = (cumulative, values.get("sum_us", 0) / 1_000_000)
+            out[key] = (cumulative, values.get("sum_us", 0) / 1_000_000)
         return out

@@ -4,7 +4,7 @@ per tenant and budget alerts, counted across processes."""
 
 import logging
 
-from prometheus_client import Counter
+from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import CounterMetricFamily
 
 from tenants.counters import SharedCounts
@@ -13,9 +13,12 @@ logger = logging.getLogger(__name__)
 
 SETTLEMENTS_CAPPED = Counter(
     "fairlane_budget_settlements_capped_total",
-    "settlements that charged less than their cost to keep a budget within its limit")
-UNBILLED = Counter("fairlane_budget_unbilled_microcents_total",
-                   "cost recorded on the ledger as unbilled because no budget room was left")
+    "settlements that charged less than their cost to keep a budget within its limit",
+)
+UNBILLED = Counter(
+    "fairlane_budget_unbilled_microcents_total",
+    "cost recorded on the ledger as unbilled because no budget room was left",
+)
 
 # -- counts kept across processes and hosts (tenants/counters.py), exported at scrape time -----
 # Settlements and alerts happen in API processes and in GPU workers, which serve no /metrics.
@@ -27,27 +30,43 @@ SEP = "\x1f"
 
 class SharedCountsCollector:
     """`fairlane_tenant_spend_microcents_total{tenant}`, `fairlane_budget_alerts_total{tenant,
-    event}` and `fairlane_alert_deliveries_total{kind,outcome}`, from the shared counts."""
+    event}` and `fairlane_alert_deliveries_total{kind,outcome}`, from the shared counts, read
+    with the runtime's Redis client (`client`, set when a runtime is installed)."""
+
+    client = None
 
     FAMILIES = (
-        (SPEND, "fairlane_tenant_spend_microcents", "micro-cents charged to each tenant's "
-                                                    "budgets (settled requests)", ["tenant"]),
-        (ALERTS, "fairlane_budget_alerts", "budget alerts fired, by LiteLLM's event name",
-         ["tenant", "event"]),
-        (DELIVERIES, "fairlane_alert_deliveries", "alert delivery attempts: delivered, retry "
-                                                   "(failed, to be retried) or failed (gave up)",
-         ["kind", "outcome"]),
+        (
+            SPEND,
+            "fairlane_tenant_spend_microcents",
+            "micro-cents charged to each tenant's budgets (settled requests)",
+            ["tenant"],
+        ),
+        (
+            ALERTS,
+            "fairlane_budget_alerts",
+            "budget alerts fired, by LiteLLM's event name",
+            ["tenant", "event"],
+        ),
+        (
+            DELIVERIES,
+            "fairlane_alert_deliveries",
+            "alert delivery attempts: delivered, retry (failed, to be retried) or failed (gave up)",
+            ["kind", "outcome"],
+        ),
     )
 
     def describe(self):
-        return [CounterMetricFamily(name, text, labels=labels)
-                for _, name, text, labels in self.FAMILIES]
+        return [
+            CounterMetricFamily(name, text, labels=labels)
+            for _, name, text, labels in self.FAMILIES
+        ]
 
     def collect(self):
         for counts, name, text, labels in self.FAMILIES:
             family = CounterMetricFamily(name, text, labels=labels)
             try:
-                totals = counts.totals()
+                totals = counts.totals(self.client)
             except Exception:  # a scrape must not fail because Redis blinked
                 logger.exception("%s unavailable", name)
                 totals = {}
@@ -56,3 +75,17 @@ class SharedCountsCollector:
                 if len(values) == len(labels):
                     family.add_metric(values, value)
             yield family
+
+
+COLLECTOR = SharedCountsCollector()
+_registered = False
+
+
+def counts_collector_register(client) -> None:
+    """Register the shared counts' collector (once per process) and point it at `client`
+    (the runtime's Redis; None: this process's counts alone)."""
+    global _registered
+    if not _registered:
+        REGISTRY.register(COLLECTOR)
+        _registered = True
+    COLLECTOR.client = client

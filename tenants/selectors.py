@@ -4,28 +4,40 @@ names its tenants); an unscoped `.objects` query appears nowhere else."""
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
 
 from tenants.errors import NotFound
 from tenants.models import (
-    AlertDelivery, AlertDestination, AlertEvent, AlertEventName, Agent, ApiKey, Budget,
-    BudgetWindow, Membership, Tenant, UsageRecord,
+    Agent,
+    AlertDelivery,
+    AlertDestination,
+    AlertEvent,
+    AlertEventName,
+    ApiKey,
+    Budget,
+    BudgetWindow,
+    Membership,
+    Tenant,
+    UsageRecord,
 )
-from tenants.windows import window_bounds, window_holds_open, window_spent_settled
+from tenants.windows import window_bounds, window_reservations_open, window_spent_settled
 
 
-def tenant_list(*, user: AbstractBaseUser) -> QuerySet[Tenant]:
-    return Tenant.objects.filter(memberships__user=user).order_by("slug")
+def tenant_list(*, user: User) -> QuerySet[Tenant]:
+    return Tenant.objects.filter(memberships__user=user, memberships__is_active=True).order_by(
+        "slug"
+    )
 
 
 def tenant_get(*, slug: str) -> Tenant | None:
     return Tenant.objects.filter(slug=slug).first()
 
 
-def membership_get(*, tenant: Tenant, user: AbstractBaseUser) -> Membership | None:
-    return Membership.objects.filter(tenant=tenant, user=user).first()
+def membership_get(*, tenant: Tenant, user: User) -> Membership | None:
+    """The user's active membership (a deactivated one gives no access)."""
+    return Membership.objects.filter(tenant=tenant, user=user, is_active=True).first()
 
 
 def membership_list(*, tenant: Tenant) -> QuerySet[Membership]:
@@ -33,8 +45,9 @@ def membership_list(*, tenant: Tenant) -> QuerySet[Membership]:
 
 
 def membership_get_by_id(*, tenant: Tenant, membership_id) -> Membership:
-    membership = Membership.objects.filter(tenant=tenant, pk=membership_id).select_related(
-        "user").first()
+    membership = (
+        Membership.objects.filter(tenant=tenant, pk=membership_id).select_related("user").first()
+    )
     if membership is None:
         raise NotFound("No such member.")
     return membership
@@ -68,8 +81,9 @@ def budget_list(*, tenant: Tenant) -> QuerySet[Budget]:
 
 
 def budget_get(*, tenant: Tenant, budget_id) -> Budget:
-    budget = Budget.objects.filter(tenant=tenant, pk=budget_id).select_related(
-        "agent", "tenant").first()
+    budget = (
+        Budget.objects.filter(tenant=tenant, pk=budget_id).select_related("agent", "tenant").first()
+    )
     if budget is None:
         raise NotFound("No such budget.")
     return budget
@@ -91,21 +105,36 @@ class WindowStatus:
 def budget_window_status(*, budget: Budget, now: datetime | None = None) -> WindowStatus:
     """The current window's figures; a window nobody has used yet reads as what it will open
     with (the ledger's charges and open holds of its time, e.g. after a time zone change)."""
-    start, end = window_bounds(period=budget.period, tz_name=budget.tenant.timezone,
-                               now=now or timezone.now())
+    start, end = window_bounds(
+        period=budget.period, tz_name=budget.tenant.timezone, now=now or timezone.now()
+    )
     window = BudgetWindow.objects.filter(budget=budget, start=start).first()
     if window is None:
         spent = window_spent_settled(budget=budget, start=start, end=end)
-        held = window_holds_open(budget=budget, start=start, end=end).aggregate(
-            total=Sum("amount_microcents"))["total"] or 0
+        held = (
+            window_reservations_open(budget=budget, start=start, end=end).aggregate(
+                total=Sum("amount_microcents")
+            )["total"]
+            or 0
+        )
     else:
         spent, held = window.spent_microcents, window.reserved_microcents
-    return WindowStatus(start=start, end=end, limit_microcents=budget.limit_microcents,
-                        spent_microcents=spent, reserved_microcents=held)
+    return WindowStatus(
+        start=start,
+        end=end,
+        limit_microcents=budget.limit_microcents,
+        spent_microcents=spent,
+        reserved_microcents=held,
+    )
 
 
-def usage_list(*, tenant: Tenant, since: datetime | None = None, until: datetime | None = None,
-               agent: Agent | None = None) -> QuerySet[UsageRecord]:
+def usage_list(
+    *,
+    tenant: Tenant,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    agent: Agent | None = None,
+) -> QuerySet[UsageRecord]:
     records = UsageRecord.objects.filter(tenant=tenant).select_related("agent", "api_key")
     if since is not None:
         records = records.filter(created_at__gte=since)
@@ -116,27 +145,40 @@ def usage_list(*, tenant: Tenant, since: datetime | None = None, until: datetime
     return records.order_by("-created_at", "-pk")
 
 
-def usage_summary(*, tenant: Tenant, since: datetime | None = None,
-                  until: datetime | None = None, agent: Agent | None = None) -> list[dict]:
+def usage_summary(
+    *,
+    tenant: Tenant,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    agent: Agent | None = None,
+) -> list[dict]:
     """Totals per agent and model over the range."""
     records = usage_list(tenant=tenant, since=since, until=until, agent=agent)
     return list(
-        records.order_by().values("agent__name", "model").annotate(
+        records.order_by()
+        .values("agent__name", "model")
+        .annotate(
             requests=Count("pk"),
             prompt_tokens=Sum("prompt_tokens"),
             completion_tokens=Sum("completion_tokens"),
             cached_tokens=Sum("cached_tokens"),
             cost_microcents=Sum("cost_microcents"),
-        ).order_by("agent__name", "model")
+        )
+        .order_by("agent__name", "model")
     )
 
 
 # -- budget alerts -----------------------------------------------------------------------------
 
+
 def alert_event_list(*, tenant: Tenant, limit: int = 50) -> QuerySet[AlertEvent]:
     """The tenant's alerts, newest first, with their deliveries."""
-    return (AlertEvent.objects.filter(tenant=tenant).select_related("agent")
-            .prefetch_related("deliveries").order_by("-created_at")[:limit])
+    return (
+        AlertEvent.objects.filter(tenant=tenant)
+        .select_related("agent")
+        .prefetch_related("deliveries")
+        .order_by("-created_at")[:limit]
+    )
 
 
 def alert_destination_list(*, tenant: Tenant | None) -> QuerySet[AlertDestination]:
@@ -147,9 +189,13 @@ def alert_destination_list(*, tenant: Tenant | None) -> QuerySet[AlertDestinatio
 def alert_forecasts_current(*, tenant: Tenant, now: datetime | None = None) -> list[AlertEvent]:
     """Forecast alerts of windows still open (the portal's banner), one per budget."""
     now = now or timezone.now()
-    events = (AlertEvent.objects.filter(tenant=tenant, window_end__gt=now,
-                                        event=AlertEventName.PROJECTED_LIMIT_EXCEEDED)
-              .select_related("agent").order_by("-created_at"))
+    events = (
+        AlertEvent.objects.filter(
+            tenant=tenant, window_end__gt=now, event=AlertEventName.PROJECTED_LIMIT_EXCEEDED
+        )
+        .select_related("agent")
+        .order_by("-created_at")
+    )
     latest: dict = {}
     for event in events[:50]:
         latest.setdefault(event.budget_id, event)
@@ -157,5 +203,8 @@ def alert_forecasts_current(*, tenant: Tenant, now: datetime | None = None) -> l
 
 
 def alert_delivery_list(*, tenant: Tenant, limit: int = 100) -> QuerySet[AlertDelivery]:
-    return (AlertDelivery.objects.filter(tenant=tenant).select_related("event")
-            .order_by("-event__created_at")[:limit])
+    return (
+        AlertDelivery.objects.filter(tenant=tenant)
+        .select_related("event")
+        .order_by("-event__created_at")[:limit]
+    )

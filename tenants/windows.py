@@ -4,6 +4,10 @@ and what a new window already counts from the ledger and the holds of its time."
 from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
+from django.db.models import Sum
+
+from tenants.models import Reservation, UsageRecord
+
 
 def _local_midnight(day: date, tz: ZoneInfo) -> datetime:
     return datetime.combine(day, time(0), tzinfo=tz).astimezone(UTC)
@@ -29,30 +33,33 @@ def window_bounds(*, period: str, tz_name: str, now: datetime) -> tuple[datetime
 
 def _owner_reservations(*, budget, start: datetime, end: datetime):
     """The requests a budget's owner (its agent, or the whole tenant) reserved in [start, end)."""
-    from tenants.models import Reservation
-
-    reservations = Reservation.objects.filter(tenant_id=budget.tenant_id, created_at__gte=start,
-                                              created_at__lt=end)
+    reservations = Reservation.objects.filter(
+        tenant_id=budget.tenant_id, created_at__gte=start, created_at__lt=end
+    )
     return reservations.filter(agent_id=budget.agent_id) if budget.agent_id else reservations
 
 
+def window_usage_settled(*, budget, start: datetime, end: datetime):
+    """The ledger rows of the owner's requests reserved in [start, end) and settled, whichever
+    window they were charged to (a window of another time zone or period): a query."""
+    settled = (
+        _owner_reservations(budget=budget, start=start, end=end)
+        .filter(status=Reservation.Status.SETTLED)
+        .values("request_id")
+    )
+    return UsageRecord.objects.filter(tenant_id=budget.tenant_id, request_id__in=settled)
+
+
 def window_spent_settled(*, budget, start: datetime, end: datetime) -> int:
-    """What the ledger charged for the owner's requests reserved in [start, end), whichever
-    window they were charged to (a window of another time zone or period)."""
-    from django.db.models import Sum
-
-    from tenants.models import Reservation, UsageRecord
-
-    settled = _owner_reservations(budget=budget, start=start, end=end).filter(
-        status=Reservation.Status.SETTLED).values("request_id")
-    total = UsageRecord.objects.filter(tenant_id=budget.tenant_id, request_id__in=settled) \
-        .aggregate(total=Sum("cost_microcents"))["total"]
+    """What the ledger charged for the owner's requests reserved in [start, end)."""
+    total = window_usage_settled(budget=budget, start=start, end=end).aggregate(
+        total=Sum("cost_microcents")
+    )["total"]
     return int(total or 0)
 
 
-def window_holds_open(*, budget, start: datetime, end: datetime):
+def window_reservations_open(*, budget, start: datetime, end: datetime):
     """The owner's holds of [start, end) still open (a query)."""
-    from tenants.models import Reservation
-
     return _owner_reservations(budget=budget, start=start, end=end).filter(
-        status=Reservation.Status.HELD)
+        status=Reservation.Status.HELD
+    )

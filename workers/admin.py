@@ -1,10 +1,11 @@
 from django import forms
 from django.contrib import admin
 
+from tenants.admin_audit import AuditedAdmin
 from tenants.errors import InvalidRequest
 from workers.artifacts.load import artifact_provenance
 from workers.models import ModelVerification, ModelVersion, ServedModel, TrustedKey
-from workers.registry import model_dir, model_source_check
+from workers.serving.catalog import model_dir, model_source_check, versions_split
 
 
 class ServedModelForm(forms.ModelForm):
@@ -20,12 +21,16 @@ class ServedModelForm(forms.ModelForm):
             self.fields[field].required = False
 
     def clean_min_replicas(self) -> int:
-        return (self.cleaned_data.get("min_replicas")
-                or ServedModel._meta.get_field("min_replicas").default)
+        return (
+            self.cleaned_data.get("min_replicas")
+            or ServedModel._meta.get_field("min_replicas").default
+        )
 
     def clean_max_replicas(self) -> int:
-        return (self.cleaned_data.get("max_replicas")
-                or ServedModel._meta.get_field("max_replicas").default)
+        return (
+            self.cleaned_data.get("max_replicas")
+            or ServedModel._meta.get_field("max_replicas").default
+        )
 
     def clean(self):
         data = super().clean()
@@ -45,8 +50,14 @@ class ModelVerificationInline(admin.TabularInline):
     model = ModelVerification
     extra = 0
     can_delete = False
-    fields = readonly_fields = ["worker", "status", "reasons", "manifest_digest", "signer",
-                                "checked_at"]
+    fields = readonly_fields = (
+        "worker",
+        "status",
+        "reasons",
+        "manifest_digest",
+        "signer",
+        "checked_at",
+    )
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
@@ -59,19 +70,37 @@ class ModelVersionInline(admin.TabularInline):
     model = ModelVersion
     extra = 0
     can_delete = False
-    fields = readonly_fields = ["label", "state", "weight", "source", "manifest_digest",
-                                "created_at", "primary_until"]
+    fields = readonly_fields = (
+        "label",
+        "state",
+        "weight",
+        "source",
+        "manifest_digest",
+        "created_at",
+        "primary_until",
+    )
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
 
 
 @admin.register(ServedModel)
-class ServedModelAdmin(admin.ModelAdmin):
-    list_display = ["name", "source", "runtime", "is_enabled", "verification", "versions_live",
-                    "min_replicas", "max_replicas", "license",
-                    "price_input_per_mtok", "price_output_per_mtok", "price_cached_per_mtok",
-                    "created_at"]
+class ServedModelAdmin(AuditedAdmin):
+    list_display = [
+        "name",
+        "source",
+        "runtime",
+        "is_enabled",
+        "verification",
+        "versions_live",
+        "min_replicas",
+        "max_replicas",
+        "license",
+        "price_input_per_mtok",
+        "price_output_per_mtok",
+        "price_cached_per_mtok",
+        "created_at",
+    ]
     list_filter = ["is_enabled", "runtime", "verifications__status"]
     search_fields = ["name", "source"]
     readonly_fields = ["manifest_digest", "signer", "origin", "license"]
@@ -92,8 +121,6 @@ class ServedModelAdmin(admin.ModelAdmin):
     @admin.display(description="versions")
     def versions_live(self, obj: ServedModel) -> str:
         """The versions taking traffic and their shares, e.g. "v2 95%, v3 5%"."""
-        from workers.versions import versions_split
-
         return ", ".join(f"{label} {weight}%" for label, _, _, weight in versions_split(obj)) or "-"
 
     @admin.display(description="verification")
@@ -112,8 +139,15 @@ class ModelVerificationAdmin(admin.ModelAdmin):
     list_display = ["model", "worker", "status", "checked_at", "signer"]
     list_filter = ["status"]
     search_fields = ["model__name", "worker", "reasons"]
-    readonly_fields = ["model", "worker", "status", "reasons", "manifest_digest", "signer",
-                       "checked_at"]
+    readonly_fields = [
+        "model",
+        "worker",
+        "status",
+        "reasons",
+        "manifest_digest",
+        "signer",
+        "checked_at",
+    ]
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -123,7 +157,7 @@ class ModelVerificationAdmin(admin.ModelAdmin):
 
 
 @admin.register(TrustedKey)
-class TrustedKeyAdmin(admin.ModelAdmin):
+class TrustedKeyAdmin(AuditedAdmin):
     list_display = ["name", "key_id", "is_active", "created_at"]
     list_filter = ["is_active"]
     search_fields = ["name", "key_id"]

@@ -10,15 +10,18 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import torch
 from django.conf import settings
 
-from workers.artifacts.load import artifact_verify_for_load
 from tenants.models import Lane
+from workers.artifacts.load import artifact_verify_for_load
 from workers.engine import AsyncEngine, FairSharePolicy
-from workers.registry import ModelInfo, model_context_length, model_dir, model_engine_config
+from workers.runs import Engine, Runs
+from workers.serving.catalog import ModelInfo, model_context_length, model_dir, model_engine_config
+from workers.serving.events import Failed
 from workers.vllm import VllmCrashed, VllmEngine, VllmStartFailed
 
 logger = logging.getLogger(__name__)
@@ -40,7 +43,15 @@ class ModelLoadFailed(Exception):
         self.model, self.cause, self.retry_in = model, cause, retry_in
 
 
-Engine = AsyncEngine | VllmEngine  # the same interface: submit, abort, stats, shutdown
+def load_failed_event(exc: ModelLoadFailed) -> Failed:
+    """The first and only event of a request whose model could not be loaded: retryable, so
+    the API tries its next backend; nothing ran, so nothing is settled."""
+    return Failed(
+        code="backend_unavailable",
+        message=LOAD_FAILED_MESSAGE,
+        retryable=True,
+        retry_after=max(int(exc.retry_in + 0.999), 1),
+    )
 
 
 @dataclass
@@ -61,7 +72,11 @@ class EngineHost:
     takes no new requests; it is dropped, its memory freed, once the requests on it are done
     (`retire_unwanted`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, node: str, refusals: Callable[..., None]) -> None:
+        """`node`: what this process's model loads are recorded under (before "@<host>");
+        `refusals(model=, reason=)` counts a load refused by verification."""
+        self.node, self.refusals = node, refusals
+        self.runs = Runs()  # the requests running on these engines, by request id
         self._engines: dict[str, Engine] = {}
         self._lock = threading.Lock()  # the dicts; never held while a model loads
         self._loading: dict[str, threading.Lock] = {}  # one load of a model at a time
@@ -87,9 +102,13 @@ class EngineHost:
                 attempts = self._crash_count(key)
             delay = min(2.0 ** (attempts - 1), LOAD_RETRY_MAX_SECONDS)
             self._failures[key] = _Failure(exc, attempts, time.monotonic() + delay)
-            logger.error("model %s failed to load (attempt %d); retrying in %.0f s", key,
-                         attempts, delay, exc_info=not isinstance(exc, ModelLoadFailed | VllmCrashed
-                                                                  | VllmStartFailed))
+            logger.error(
+                "model %s failed to load (attempt %d); retrying in %.0f s",
+                key,
+                attempts,
+                delay,
+                exc_info=not isinstance(exc, ModelLoadFailed | VllmCrashed | VllmStartFailed),
+            )
             raise ModelLoadFailed(info.name, exc, delay) from exc
         if self._failures.pop(key, None) is not None:
             logger.info("model %s loaded after earlier failures", key)
@@ -151,10 +170,14 @@ class EngineHost:
     def failed(self) -> dict[str, dict]:
         """Models whose last load failed, for the heartbeat: why, attempts, seconds to retry."""
         now = time.monotonic()
-        return {key.partition("@")[0]: {
-                    "error": f"{type(f.cause).__name__}: {f.cause}"[:300], "attempts": f.attempts,
-                    "retry_in": round(max(f.retry_at - now, 0), 1)}
-                for key, f in list(self._failures.items())}
+        return {
+            key.partition("@")[0]: {
+                "error": f"{type(f.cause).__name__}: {f.cause}"[:300],
+                "attempts": f.attempts,
+                "retry_in": round(max(f.retry_at - now, 0), 1),
+            }
+            for key, f in list(self._failures.items())
+        }
 
     def engine(self, info: ModelInfo) -> Engine:
         """The running engine for a model, loaded on first use. A vLLM child that crashed
@@ -173,8 +196,9 @@ class EngineHost:
                 self._engines.pop(key, None)
             if engine is not None:
                 engine.shutdown()
-                if getattr(engine, "crash", None) is not None:
-                    raise engine.crash
+                crash = getattr(engine, "crash", None)
+                if isinstance(crash, BaseException):
+                    raise crash
             engine = self._start(info)
             with self._lock:
                 self._engines[key] = engine
@@ -183,13 +207,25 @@ class EngineHost:
     def _start(self, info: ModelInfo) -> Engine:
         """Check the model's files, then start its engine (or its vLLM child)."""
         path = model_dir(info.source)
-        artifact_verify_for_load(model=info.name, path=path)  # raises ModelRefused
+        # raises ModelRefused
+        artifact_verify_for_load(
+            model=info.name, path=path, node=self.node, count_refusal=self.refusals
+        )
         if info.runtime == "vllm":
             logger.info("starting vLLM for model %s from %s", info.name, path)
-            return VllmEngine(model=info.name, path=path, max_model_len=model_context_length(info),
-                              max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS).start()
+            return VllmEngine(
+                model=info.name,
+                path=path,
+                max_model_len=model_context_length(info),
+                max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS,
+            ).start()
         if info.speculative_draft:  # the draft's weights are loaded too: same check
-            artifact_verify_for_load(model=info.name, path=model_dir(info.speculative_draft))
+            artifact_verify_for_load(
+                model=info.name,
+                path=model_dir(info.speculative_draft),
+                node=self.node,
+                count_refusal=self.refusals,
+            )
         config = model_engine_config(info)
         logger.info("loading model %s from %s", info.name, config.model)
         return AsyncEngine.from_config(config, policy=engine_policy()).start()
@@ -197,8 +233,13 @@ class EngineHost:
     def hosted(self) -> list[str]:
         """The models with an engine running here (a version of them)."""
         with self._lock:
-            return list(dict.fromkeys(key.partition("@")[0] for key, engine in
-                                      self._engines.items() if engine.is_running))
+            return list(
+                dict.fromkeys(
+                    key.partition("@")[0]
+                    for key, engine in self._engines.items()
+                    if engine.is_running
+                )
+            )
 
     def hosted_versions(self) -> dict[str, dict[str, dict]]:
         """model -> version label ("" for a model without versions) -> its requests running
@@ -209,7 +250,9 @@ class EngineHost:
             for key in running:
                 name, _, label = key.partition("@")
                 versions.setdefault(name, {})[label] = {
-                    "running": self._users.get(key, 0), "draining": key in self._retiring}
+                    "running": self._users.get(key, 0),
+                    "draining": key in self._retiring,
+                }
             return versions
 
     def stats(self) -> dict[str, dict]:
@@ -217,8 +260,11 @@ class EngineHost:
         loaded last, where several are)."""
         with self._lock:
             engines = dict(self._engines)
-        return {key.partition("@")[0]: _figures(engine) for key, engine in engines.items()
-                if engine.is_running}
+        return {
+            key.partition("@")[0]: _figures(engine)
+            for key, engine in engines.items()
+            if engine.is_running
+        }
 
     def shutdown(self) -> None:
         with self._lock:
@@ -236,8 +282,6 @@ def _memory_free() -> None:
     """After an engine is dropped: collect its tensors now, and give CUDA's cache back."""
     gc.collect()
     try:
-        import torch
-
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     except Exception:  # freeing is best effort
@@ -248,20 +292,14 @@ def _figures(engine: Engine) -> dict:
     if isinstance(engine, VllmEngine):
         return engine.stats()  # vLLM's own /metrics, and its capabilities
     core = engine.engine
-    return {**engine.stats(), "max_model_len": core.max_model_len, "device": str(core.device),
-            "dtype": str(core.dtype).removeprefix("torch."), "max_num_seqs": core.config.max_num_seqs,
-            "paged_kv": True, "continuous_batching": True, "prefix_caching":
-            core.config.is_prefix_caching_enabled, "hidden_states": True}
-
-
-_host: EngineHost | None = None
-_host_lock = threading.Lock()
-
-
-def host_get() -> EngineHost:
-    """This process's engine host."""
-    global _host
-    with _host_lock:
-        if _host is None:
-            _host = EngineHost()
-        return _host
+    return {
+        **engine.stats(),
+        "max_model_len": core.max_model_len,
+        "device": str(core.device),
+        "dtype": str(core.dtype).removeprefix("torch."),
+        "max_num_seqs": core.config.max_num_seqs,
+        "paged_kv": True,
+        "continuous_batching": True,
+        "prefix_caching": core.config.is_prefix_caching_enabled,
+        "hidden_states": True,
+    }

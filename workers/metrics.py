@@ -1,15 +1,21 @@
-"""Engine figures for Prometheus, collected at scrape time: this process's engines in the
-embedded mode, the GPU workers' heartbeats in the distributed one; the fair queues' depths
-(what the autoscaler scales GPU workers on); and models refused at load."""
+"""Engine figures for Prometheus, collected at scrape time from the runtime's pool (this
+process's engines in the embedded mode, the GPU workers' heartbeats in the distributed one):
+the engines' counters, the fair queues' depths (what the autoscaler scales GPU workers on),
+models refused at load and the replica pools. `pool_collectors_register` registers them once
+per process and points them at the runtime now installed."""
 
 from __future__ import annotations
 
 import collections
 import logging
 
+from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from workers.modes import mode_get
+from workers.models import ServedModel
+from workers.serving.catalog import ModelInfo
+from workers.serving.request_times import RequestTimesCollector
+from workers.serving.runtime import Pool
 
 logger = logging.getLogger(__name__)
 
@@ -37,31 +43,42 @@ COUNTERS = {
 PER_POSITION = "spec_decode_num_accepted_tokens_per_pos"
 
 
-def engine_stats() -> dict[tuple[str, str], dict]:
-    """(where, model) -> the engine's counters."""
-    return mode_get().engine_stats()
+class PoolCollector:
+    """A collector reading the runtime's pool (set when a runtime is installed)."""
+
+    pool: Pool | None = None
 
 
-class EngineCollector:
+class EngineCollector(PoolCollector):
     def describe(self):
         """The families without their values: registering must not reach Redis or engines."""
         return list(self._families().values())
 
     def _families(self) -> dict:
-        families = {name: GaugeMetricFamily(f"fairlane_engine_{name}", help_text,
-                                            labels=["worker", "model"])
-                    for name, help_text in GAUGES.items()}
-        families.update({name: CounterMetricFamily(f"fairlane_engine_{name}", help_text,
-                                                   labels=["worker", "model"])
-                         for name, help_text in COUNTERS.items()})
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            name: GaugeMetricFamily(
+                f"fairlane_engine_{name}", help_text, labels=["worker", "model"]
+            )
+            for name, help_text in GAUGES.items()
+        }
+        families.update(
+            {
+                name: CounterMetricFamily(
+                    f"fairlane_engine_{name}", help_text, labels=["worker", "model"]
+                )
+                for name, help_text in COUNTERS.items()
+            }
+        )
         families[PER_POSITION] = CounterMetricFamily(
-            f"fairlane_engine_{PER_POSITION}", "draft tokens accepted at each draft position",
-            labels=["worker", "model", "position"])
+            f"fairlane_engine_{PER_POSITION}",
+            "draft tokens accepted at each draft position",
+            labels=["worker", "model", "position"],
+        )
         return families
 
     def collect(self):
         try:
-            stats = engine_stats()
+            stats = self.pool.engine_stats() if self.pool is not None else {}
         except Exception:  # a scrape must not fail because Redis blinked
             logger.exception("engine stats unavailable")
             stats = {}
@@ -78,12 +95,8 @@ class EngineCollector:
 
 # -- the queues: what KEDA / the HPA scale the GPU workers on ----------------------------------
 
-def queue_depths() -> dict[tuple[str, str], int]:
-    """(model, lane) -> requests waiting in the fair queue (none in the embedded mode)."""
-    return mode_get().queue_depths()
 
-
-class QueueCollector:
+class QueueCollector(PoolCollector):
     """`fairlane_queue_depth{model,lane}` and vLLM's name for the same figure,
     `fairlane_num_requests_waiting{model}` (fair queue plus sequences waiting inside engines)."""
 
@@ -91,20 +104,28 @@ class QueueCollector:
         return list(self._families())
 
     def _families(self):
-        return (GaugeMetricFamily("fairlane_queue_depth", "requests waiting in the fair queue",
-                                  labels=["model", "lane"]),
-                GaugeMetricFamily("fairlane_num_requests_waiting",
-                                  "requests waiting for a GPU worker (vLLM's "
-                                  "num_requests_waiting)", labels=["model"]))
+        return (
+            GaugeMetricFamily(
+                "fairlane_queue_depth",
+                "requests waiting in the fair queue",
+                labels=["model", "lane"],
+            ),
+            GaugeMetricFamily(
+                "fairlane_num_requests_waiting",
+                "requests waiting for a GPU worker (vLLM's num_requests_waiting)",
+                labels=["model"],
+            ),
+        )
 
     def collect(self):
         depth, waiting = self._families()
         totals: collections.Counter[str] = collections.Counter()
         try:
-            for (model, lane), value in queue_depths().items():
+            pool = self.pool
+            for (model, lane), value in (pool.queue_depths() if pool else {}).items():
                 depth.add_metric([model, lane], value)
                 totals[model] += value
-            for (_, model), stats in engine_stats().items():
+            for (_, model), stats in (pool.engine_stats() if pool else {}).items():
                 totals[model] += int(stats.get("num_waiting", 0))
         except Exception:  # a scrape must not fail because Redis or the database blinked
             logger.exception("queue depths unavailable")
@@ -116,31 +137,23 @@ class QueueCollector:
 
 # -- models refused at load (workers/artifacts) ------------------------------------------------
 
-def verify_failure_count(*, model: str, reason: str) -> None:
-    """One refused load, counted where this mode's /metrics reads it."""
-    try:
-        mode_get().verify_failure_count(model=model, reason=reason)
-    except Exception:
-        logger.exception("could not count the refused load of %s", model)
 
-
-def verify_failures() -> dict[tuple[str, str], int]:
-    return mode_get().verify_failures()
-
-
-class VerifyCollector:
+class VerifyCollector(PoolCollector):
     def describe(self):
         return [self._family()]
 
     def _family(self):
-        return CounterMetricFamily("fairlane_model_verify_failures",
-                                   "model loads refused because the model's files failed "
-                                   "verification", labels=["model", "reason"])
+        return CounterMetricFamily(
+            "fairlane_model_verify_failures",
+            "model loads refused because the model's files failed verification",
+            labels=["model", "reason"],
+        )
 
     def collect(self):
         family = self._family()
         try:
-            for (model, reason), value in sorted(verify_failures().items()):
+            failures = self.pool.verify_failures() if self.pool is not None else {}
+            for (model, reason), value in sorted(failures.items()):
                 family.add_metric([model, reason], value)
         except Exception:
             logger.exception("verify failure counts unavailable")
@@ -149,7 +162,8 @@ class VerifyCollector:
 
 # -- replica pools: what the autoscaler keeps between a model's minimum and maximum -------------
 
-class ReplicaCollector:
+
+class ReplicaCollector(PoolCollector):
     """`fairlane_model_replicas{model}` (live workers hosting it), the operator's bounds
     `fairlane_model_replicas_min/max{model}`, and each serving version's share of its requests
     `fairlane_model_version_weight{model,version}`."""
@@ -158,25 +172,32 @@ class ReplicaCollector:
         return list(self._families())
 
     def _families(self):
-        return (GaugeMetricFamily("fairlane_model_replicas", "live GPU workers hosting the model",
-                                  labels=["model"]),
-                GaugeMetricFamily("fairlane_model_replicas_min",
-                                  "the fewest workers that should host the model",
-                                  labels=["model"]),
-                GaugeMetricFamily("fairlane_model_replicas_max",
-                                  "the most workers that should host the model", labels=["model"]),
-                GaugeMetricFamily("fairlane_model_version_weight",
-                                  "percent of the model's requests its version takes",
-                                  labels=["model", "version"]))
+        return (
+            GaugeMetricFamily(
+                "fairlane_model_replicas", "live GPU workers hosting the model", labels=["model"]
+            ),
+            GaugeMetricFamily(
+                "fairlane_model_replicas_min",
+                "the fewest workers that should host the model",
+                labels=["model"],
+            ),
+            GaugeMetricFamily(
+                "fairlane_model_replicas_max",
+                "the most workers that should host the model",
+                labels=["model"],
+            ),
+            GaugeMetricFamily(
+                "fairlane_model_version_weight",
+                "percent of the model's requests its version takes",
+                labels=["model", "version"],
+            ),
+        )
 
     def collect(self):
-        from workers.models import ServedModel
-        from workers.registry import ModelInfo
-
         replicas, low, high, weight = self._families()
         try:
-            hosting = collections.Counter(model for worker in mode_get().worker_states()
-                                          for model in worker.engines)
+            workers = self.pool.worker_states() if self.pool is not None else []
+            hosting = collections.Counter(model for worker in workers for model in worker.engines)
             for row in ServedModel.objects.filter(is_enabled=True).prefetch_related("versions"):
                 replicas.add_metric([row.name], hosting[row.name])
                 low.add_metric([row.name], row.min_replicas)
@@ -186,3 +207,21 @@ class ReplicaCollector:
         except Exception:  # a scrape must not fail because Redis or the database blinked
             logger.exception("replica counts unavailable")
         yield from (replicas, low, high, weight)
+
+
+COLLECTORS = (EngineCollector(), QueueCollector(), VerifyCollector(), ReplicaCollector())
+TIMES = RequestTimesCollector()
+_registered = False
+
+
+def pool_collectors_register(pool: Pool, client) -> None:
+    """Register this process's pool collectors (once) and point them at the runtime's `pool`
+    and Redis `client`."""
+    global _registered
+    if not _registered:
+        for collector in (*COLLECTORS, TIMES):
+            REGISTRY.register(collector)
+        _registered = True
+    for collector in COLLECTORS:
+        collector.pool = pool
+    TIMES.client = client

@@ -1,6 +1,7 @@
 """The model registry: which models the platform serves, where their weights come from, and
 what a token costs. Which worker hosts which model is live state, kept in heartbeats."""
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -16,12 +17,9 @@ class ServedModel(models.Model):
     source = models.CharField(max_length=500)
     description = models.CharField(max_length=500, blank=True, default="")
     # Prices in micro-cents per million tokens ($0.10 per million = 10_000_000).
-    price_input_per_mtok = models.BigIntegerField(
-        default=0, validators=[MinValueValidator(0)])
-    price_output_per_mtok = models.BigIntegerField(
-        default=0, validators=[MinValueValidator(0)])
-    price_cached_per_mtok = models.BigIntegerField(
-        default=0, validators=[MinValueValidator(0)])
+    price_input_per_mtok = models.BigIntegerField(default=0, validators=[MinValueValidator(0)])
+    price_output_per_mtok = models.BigIntegerField(default=0, validators=[MinValueValidator(0)])
+    price_cached_per_mtok = models.BigIntegerField(default=0, validators=[MinValueValidator(0)])
     is_enabled = models.BooleanField(default=True)
 
     class Runtime(models.TextChoices):
@@ -33,32 +31,56 @@ class ServedModel(models.Model):
     runtime = models.CharField(max_length=8, choices=Runtime.choices, default=Runtime.ENGINE)
     # Provenance, from the signed manifest when the model was registered (model_register).
     manifest_digest = models.CharField(max_length=80, blank=True, default="")
-    signer = models.CharField(max_length=80, blank=True, default="",
-                              help_text="key id (sha256 of the public key) that signed it")
-    origin = models.CharField(max_length=500, blank=True, default="",
-                              help_text="where the weights came from, per the manifest")
+    signer = models.CharField(
+        max_length=80,
+        blank=True,
+        default="",
+        help_text="key id (sha256 of the public key) that signed it",
+    )
+    origin = models.CharField(
+        max_length=500,
+        blank=True,
+        default="",
+        help_text="where the weights came from, per the manifest",
+    )
     license = models.CharField(max_length=200, blank=True, default="")
     # Engine options (workers/engine): weight-only quantization at load, speculative decoding.
     quantization = models.CharField(
-        max_length=8, blank=True, default="", choices=[("", "none"), ("int8", "int8"), ("int4", "int4")],
-        help_text="int8: per output channel; int4: group-wise (quantization_group_size)")
+        max_length=8,
+        blank=True,
+        default="",
+        choices=[("", "none"), ("int8", "int8"), ("int4", "int4")],
+        help_text="int8: per output channel; int4: group-wise (quantization_group_size)",
+    )
     quantization_group_size = models.PositiveSmallIntegerField(
-        default=128, choices=[(32, "32"), (64, "64"), (128, "128")])
+        default=128, choices=[(32, "32"), (64, "64"), (128, "128")]
+    )
     speculative_method = models.CharField(
-        max_length=8, blank=True, default="", choices=[("", "none"), ("ngram", "n-gram prompt lookup"),
-                                                       ("draft", "draft model")])
+        max_length=8,
+        blank=True,
+        default="",
+        choices=[("", "none"), ("ngram", "n-gram prompt lookup"), ("draft", "draft model")],
+    )
     speculative_tokens = models.PositiveSmallIntegerField(
-        default=4, validators=[MinValueValidator(1), MaxValueValidator(16)],
-        help_text="draft tokens (k) verified per step")
+        default=4,
+        validators=[MinValueValidator(1), MaxValueValidator(16)],
+        help_text="draft tokens (k) verified per step",
+    )
     speculative_draft = models.CharField(
-        max_length=500, blank=True, default="",
-        help_text="the draft model's source (preset:<name>[@seed] or an absolute path), same tokenizer")
+        max_length=500,
+        blank=True,
+        default="",
+        help_text="the draft model's source (preset:<name>[@seed] or an absolute path), "
+        "same tokenizer",
+    )
     # The pool of GPU workers hosting it, as the autoscaler (deploy/k8s) reads it from
     # fairlane_model_replicas_min/max: never fewer than min, never more than max.
-    min_replicas = models.PositiveSmallIntegerField(default=1,
-                                                    help_text="workers hosting it, at least")
-    max_replicas = models.PositiveSmallIntegerField(default=1,
-                                                    help_text="workers hosting it, at most")
+    min_replicas = models.PositiveSmallIntegerField(
+        default=1, help_text="workers hosting it, at least"
+    )
+    max_replicas = models.PositiveSmallIntegerField(
+        default=1, help_text="workers hosting it, at most"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -68,21 +90,25 @@ class ServedModel(models.Model):
         return self.name
 
     def clean(self) -> None:
-        from django.core.exceptions import ValidationError
-
         for field in ("price_input_per_mtok", "price_output_per_mtok", "price_cached_per_mtok"):
             if getattr(self, field) > MAX_MICROCENTS:
                 raise ValidationError({field: "Price is out of range."})
         if self.speculative_method == "draft" and not self.speculative_draft:
             raise ValidationError({"speculative_draft": "The draft method needs a draft model."})
         if self.runtime == self.Runtime.VLLM and (self.quantization or self.speculative_method):
-            raise ValidationError({"runtime": "Quantization and speculative decoding are our "
-                                              "engine's options; give vLLM its own in "
-                                              "FAIRLANE_VLLM_ARGS."})
+            raise ValidationError(
+                {
+                    "runtime": "Quantization and speculative decoding are our "
+                    "engine's options; give vLLM its own in "
+                    "FAIRLANE_VLLM_ARGS."
+                }
+            )
         if self.min_replicas > self.max_replicas:
             raise ValidationError({"max_replicas": "The maximum is below the minimum."})
         if self.speculative_draft and self.speculative_method != "draft":
-            raise ValidationError({"speculative_draft": "A draft model is used by the draft method only."})
+            raise ValidationError(
+                {"speculative_draft": "A draft model is used by the draft method only."}
+            )
 
 
 class ModelVersion(models.Model):
@@ -102,8 +128,10 @@ class ModelVersion(models.Model):
     manifest_digest = models.CharField(max_length=80, blank=True, default="")
     state = models.CharField(max_length=8, choices=State.choices, default=State.RETIRED)
     weight = models.PositiveSmallIntegerField(
-        default=0, validators=[MaxValueValidator(100)],
-        help_text="a canary's share of the requests, in percent")
+        default=0,
+        validators=[MaxValueValidator(100)],
+        help_text="a canary's share of the requests, in percent",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     # When it last stopped being the primary: a rollback returns to the latest such one.
     primary_until = models.DateTimeField(null=True, blank=True)
@@ -111,10 +139,14 @@ class ModelVersion(models.Model):
     class Meta:
         ordering = ["served_model", "-created_at"]
         constraints = [
-            models.UniqueConstraint(fields=["served_model", "label"],
-                                    name="model_version_label_unique"),
-            models.UniqueConstraint(fields=["served_model"], condition=models.Q(state="primary"),
-                                    name="model_version_one_primary"),
+            models.UniqueConstraint(
+                fields=["served_model", "label"], name="model_version_label_unique"
+            ),
+            models.UniqueConstraint(
+                fields=["served_model"],
+                condition=models.Q(state="primary"),
+                name="model_version_one_primary",
+            ),
         ]
 
     def __str__(self) -> str:

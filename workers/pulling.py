@@ -13,17 +13,17 @@ from django.conf import settings
 
 from tenants.models import UsageRecord
 from workers.fairqueue import FairQueue, Taken
-from workers.events import Done, Event, Tokens, TokenUsage
-from workers.generation import LostOwnership, generation_run_blocking
-from workers.jobs import GenerationJob
-from workers.host import Engine, ModelLoadFailed, host_get
-from workers.registry import ModelInfo
-from workers.settlement import generation_settle
-from workers.trace import trace_bind, trace_parse
-from workers.transport import (
-    RedisStreamEmit, is_cancel_requested, load_failed_event, queue_for, redis_sync,
-)
-from workers.versions import versions_of
+from workers.host import Engine, EngineHost, ModelLoadFailed, load_failed_event
+from workers.pools import workers_live
+from workers.run_loops import run_on_thread
+from workers.serving.catalog import ModelInfo
+from workers.serving.events import Done, Event, Tokens, TokenUsage
+from workers.serving.jobs import Job
+from workers.serving.runtime import Runtime
+from workers.serving.settlement import generation_settle
+from workers.serving.trace import trace_bind, trace_parse
+from workers.serving.versions import versions_of
+from workers.transport import LostOwnership, RedisStreamEmit, is_cancel_requested, queue_for
 from workers.vllm import VllmEngine
 
 logger = logging.getLogger(__name__)
@@ -45,25 +45,32 @@ class ChargingEmit:
         if isinstance(event, Tokens):
             self.pending += len(event.token_ids)
         if self.pending >= CHARGE_EVERY or (isinstance(event, Done) and self.pending):
-            self.queue.charge(tenant=self.taken.tenant, lane=self.taken.lane,
-                              tokens=self.pending)
+            self.queue.charge(tenant=self.taken.tenant, lane=self.taken.lane, tokens=self.pending)
             self.pending = 0
 
 
-def run_taken(queue: FairQueue, taken: Taken, *, worker_id: str) -> None:
+def run_taken(runtime: Runtime, queue: FairQueue, taken: Taken, *, worker_id: str) -> None:
     """Run one request taken from the queue, then acknowledge it. A request whose earlier
     worker died resumes after the tokens that worker streamed; one that finished but was not
     acknowledged is only acknowledged."""
-    job = GenerationJob.from_dict(taken.payload)
-    job.timeline.update(taken=time.time(), worker=worker_id, lane=taken.lane,
-                        position=taken.position)
+    job = Job.from_dict(taken.payload)
+    job.timeline.update(
+        taken=time.time(), worker=worker_id, lane=taken.lane, position=taken.position
+    )
     with trace_bind(trace_parse(job.trace), request_id=job.request_id):
-        logger.info("taken: %s, %s lane, position %d, waited %d ms", job.model["name"],
-                    taken.lane, taken.position, taken.waited_ms)
-        _run_taken(queue, taken, job, worker_id=worker_id)
+        logger.info(
+            "taken: %s, %s lane, position %d, waited %d ms",
+            job.model["name"],
+            taken.lane,
+            taken.position,
+            taken.waited_ms,
+        )
+        _run_taken(runtime, queue, taken, job, worker_id=worker_id)
 
 
-def _run_taken(queue: FairQueue, taken: Taken, job: GenerationJob, *, worker_id: str) -> None:
+def _run_taken(
+    runtime: Runtime, queue: FairQueue, taken: Taken, job: Job, *, worker_id: str
+) -> None:
     client = queue.client
     emit = ChargingEmit(RedisStreamEmit(client, job.request_id, owner=worker_id), queue, taken)
     backend = f"worker:{worker_id}"
@@ -74,12 +81,22 @@ def _run_taken(queue: FairQueue, taken: Taken, job: GenerationJob, *, worker_id:
         if earlier:
             job = job.resume_from(earlier)
         if is_cancel_requested(client, job.request_id):
-            generation_settle(job, TokenUsage(), status=UsageRecord.Status.CANCELLED,
-                              backend=backend, latency_ms=0, emit=emit)
+            generation_settle(
+                runtime.outbox,
+                job,
+                TokenUsage(),
+                status=UsageRecord.Status.CANCELLED,
+                backend=backend,
+                latency_ms=0,
+                emit=emit,
+            )
             return
+        host = runtime.engine_host
         try:  # on the job's version of its model, which stays loaded while it runs
-            with host_get().using(job.model_info) as engine:
-                generation_run_blocking(job, engine, emit, backend=backend)
+            with host.using(job.model_info) as engine:
+                run_on_thread(
+                    job, engine, emit, backend=backend, outbox=runtime.outbox, runs=host.runs
+                )
         except ModelLoadFailed as exc:  # nothing ran: the API falls through, or answers 503
             emit(load_failed_event(exc))
     except LostOwnership:  # its claim lapsed and another worker resumed it: that one settles
@@ -91,20 +108,6 @@ def _run_taken(queue: FairQueue, taken: Taken, job: GenerationJob, *, worker_id:
             queue.ack(id=taken.id, worker=worker_id)
         except Exception:  # Redis trouble: the claim lapses, and the next owner sees `done`
             logger.warning("request %s: not acknowledged", job.request_id, exc_info=True)
-
-
-_elsewhere: dict[str, tuple[float, bool]] = {}
-
-
-def _hosted_elsewhere(model: str) -> bool:
-    """Whether a live worker hosts the model (heartbeats, read at most once a second)."""
-    checked, hosted = _elsewhere.get(model, (0.0, False))
-    if time.monotonic() - checked > 1.0:
-        from workers.worker import workers_live
-
-        hosted = any(model in beat["models"] for beat in workers_live())
-        _elsewhere[model] = (time.monotonic(), hosted)
-    return hosted
 
 
 def engine_free_slots(engine: Engine) -> int:
@@ -122,10 +125,12 @@ class Puller:
     no longer served here (disabled, or left FAIRLANE_WORKER_MODELS) is pulled until its
     queue is empty, then its thread ends."""
 
-    def __init__(self, worker_id: str, concurrency: int) -> None:
-        self.worker_id = worker_id
+    def __init__(self, runtime: Runtime, worker_id: str, concurrency: int) -> None:
+        self.runtime, self.worker_id = runtime, worker_id
+        self.host: EngineHost = runtime.engine_host
         self.models: dict[str, ModelInfo] = {}
-        self.client = redis_sync()
+        self.client = runtime.shared_redis
+        self._elsewhere: dict[str, tuple[float, bool]] = {}
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="run")
         self.capacity = concurrency
         self.taken: dict[str, tuple[FairQueue, str]] = {}  # request id -> (queue, queue id)
@@ -142,8 +147,9 @@ class Puller:
                 thread = self._threads.get(info.name)
                 if self._stop.is_set() or (thread is not None and thread.is_alive()):
                     continue
-                thread = threading.Thread(target=self._loop, args=(info,), daemon=True,
-                                          name=f"pull-{info.name}")
+                thread = threading.Thread(
+                    target=self._loop, args=(info,), daemon=True, name=f"pull-{info.name}"
+                )
                 self._threads[info.name] = thread
                 thread.start()
 
@@ -189,18 +195,27 @@ class Puller:
         primary, *others = versions_of(info)
         for version in others:
             try:
-                host_get().load(version)
+                self.host.load(version)
             except ModelLoadFailed:  # logged; its requests get a clean error until it loads
                 pass
-        return host_get().load(primary)
+        return self.host.load(primary)
+
+    def _hosted_elsewhere(self, model: str) -> bool:
+        """Whether a live worker hosts the model (heartbeats, read at most once a second)."""
+        checked, hosted = self._elsewhere.get(model, (0.0, False))
+        if time.monotonic() - checked > 1.0:
+            hosted = any(model in beat["models"] for beat in workers_live(self.client))
+            self._elsewhere[model] = (time.monotonic(), hosted)
+        return hosted
 
     def _loop(self, info: ModelInfo) -> None:
         queue = queue_for(self.client, info.name)
         while not self._stop.is_set():
             try:
-                info = self._current(info, queue)
-                if info is None:
+                current = self._current(info, queue)
+                if current is None:
                     return
+                info = current
                 engine = self._versions_load(info)
             except ModelLoadFailed as exc:  # retried after its backoff; meanwhile fail fast
                 self._refuse_waiting(queue, info, exc)
@@ -224,8 +239,10 @@ class Puller:
                     again = taken.payload["request_id"] in self.taken
                     self.taken[taken.payload["request_id"]] = (queue, taken.id)
                 if again:  # its claim lapsed while it ran here (Redis was slow): it runs on
-                    logger.warning("request %s: claim lapsed and taken back; still running",
-                                   taken.payload["request_id"])
+                    logger.warning(
+                        "request %s: claim lapsed and taken back; still running",
+                        taken.payload["request_id"],
+                    )
                     continue
                 self.pool.submit(self._run, queue, taken)
             except Exception:  # Redis trouble: keep pulling once it is back
@@ -239,7 +256,7 @@ class Puller:
         deadline = time.monotonic() + max(exc.retry_in, 0.1)
         while not self._stop.is_set() and time.monotonic() < deadline:
             try:
-                if _hosted_elsewhere(info.name):
+                if self._hosted_elsewhere(info.name):
                     self._stop.wait(min(deadline - time.monotonic(), 1.0))
                     continue
                 taken = queue.dequeue(worker=self.worker_id)
@@ -255,7 +272,7 @@ class Puller:
 
     def _run(self, queue: FairQueue, taken: Taken) -> None:
         try:
-            run_taken(queue, taken, worker_id=self.worker_id)
+            run_taken(self.runtime, queue, taken, worker_id=self.worker_id)
         finally:
             with self._lock:
                 self.taken.pop(taken.payload["request_id"], None)

@@ -1,18 +1,15 @@
-"""Getting a request's events from wherever it runs to the API process that streams them.
+"""Getting a request's events from the GPU worker that runs it to the API process that
+streams them (the distributed mode; workers/dispatch.py sends them).
 
-Distributed: the API puts the request on its model's fair queue (workers/fairqueue); the
-worker that takes it appends events to a per-request Redis stream (`fl:gen:<id>`); the API
-reads it from its last id, so events written before it started reading are not lost (unlike
-pub/sub). Cancellation goes the other way: a key the worker checks before starting, and a
-pub/sub message that reaches the worker already running it.
-
-Embedded: the run happens in the ASGI process; the engine thread hands outputs to the event
-loop directly.
+The API puts the request on its model's fair queue (workers/fairqueue); the worker that takes
+it appends events to a per-request Redis stream (`fl:gen:<id>`); the API reads it from its last
+id, so events written before it started reading are not lost (unlike pub/sub). Cancellation
+goes the other way: a key the worker checks before starting, and a pub/sub message that
+reaches the worker already running it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -21,25 +18,22 @@ import redis
 import redis.asyncio
 from django.conf import settings
 
-from tenants.errors import BackendUnavailable, Timeout
 from workers.fairqueue import FairQueue
-from workers.events import Done, Embedding, Event, Failed, Tokens, event_decode, event_encode
-from workers.generation import LostOwnership, generation_run_async
-from workers.jobs import GenerationJob
-from workers.host import LOAD_FAILED_MESSAGE, ModelLoadFailed, host_get
-from workers.runs import generation_cancel
+from workers.serving.errors import StreamLost, StreamTimeout
+from workers.serving.events import (
+    Done,
+    Embedding,
+    Event,
+    Failed,
+    Tokens,
+    event_decode,
+    event_encode,
+)
 
 logger = logging.getLogger(__name__)
 
 CANCEL_CHANNEL = "fl:cancel"
 STREAM_TTL_SECONDS = 3600
-
-
-def load_failed_event(exc: ModelLoadFailed) -> Failed:
-    """The first and only event of a request whose model could not be loaded: retryable, so
-    the API tries its next backend; nothing ran, so nothing is settled."""
-    return Failed(code="backend_unavailable", message=LOAD_FAILED_MESSAGE, retryable=True,
-                  retry_after=max(int(exc.retry_in + 0.999), 1))
 
 
 def stream_key(request_id: str) -> str:
@@ -48,10 +42,6 @@ def stream_key(request_id: str) -> str:
 
 def cancel_key(request_id: str) -> str:
     return f"fl:cancel:{request_id}"
-
-
-def redis_sync() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL)
 
 
 # Append to a request's stream only while this worker owns the request (the fence): a worker
@@ -71,6 +61,11 @@ return redis.call('XRANGE', KEYS[1], '-', '+')
 """
 
 
+class LostOwnership(Exception):
+    """Another worker took this request over (this one's claim lapsed): stop at once, and
+    leave its settlement to the new owner."""
+
+
 def owner_key(request_id: str) -> str:
     """Hashes to the same Redis Cluster slot as the request's stream (its whole name is the
     tag), so one script can fence it."""
@@ -88,9 +83,24 @@ class RedisStreamEmit:
         self.owner = owner
 
     def __call__(self, event: Event) -> None:
+        """Raises LostOwnership (another worker owns the request now), or StreamLost when Redis
+        fails (the API settles what it received and answers 503)."""
+        try:
+            self._append(event)
+        except redis.RedisError as exc:
+            raise StreamLost(retry_after=2) from exc
+
+    def _append(self, event: Event) -> None:
         if self.owner:
-            if not self.client.eval(_FENCED_XADD, 2, self.key, self.owner_key, self.owner,
-                                    event_encode(event), STREAM_TTL_SECONDS):
+            if not self.client.eval(
+                _FENCED_XADD,
+                2,
+                self.key,
+                self.owner_key,
+                self.owner,
+                event_encode(event),
+                STREAM_TTL_SECONDS,
+            ):
                 raise LostOwnership(self.key)
             return
         pipe = self.client.pipeline(transaction=False)
@@ -101,9 +111,13 @@ class RedisStreamEmit:
     def claim(self) -> list[Event]:
         """Own the request from now on, and the events earlier owners already wrote (a
         request resumed after its worker died); nothing they still send lands after this."""
-        entries = self.client.eval(_CLAIM, 2, self.key, self.owner_key, self.owner,
-                                   STREAM_TTL_SECONDS)
-        return [event_decode(dict(zip(fields[::2], fields[1::2]))[b"e"]) for _, fields in entries]
+        entries = self.client.eval(
+            _CLAIM, 2, self.key, self.owner_key, self.owner, STREAM_TTL_SECONDS
+        )
+        return [
+            event_decode(dict(zip(fields[::2], fields[1::2], strict=True))[b"e"])
+            for _, fields in entries
+        ]
 
     def existing(self) -> list[Event]:
         """Events an earlier attempt at this request already wrote (a redelivered task)."""
@@ -118,17 +132,6 @@ def cancel_request(client: redis.Redis, request_id: str) -> None:
 
 def is_cancel_requested(client: redis.Redis, request_id: str) -> bool:
     return bool(client.exists(cancel_key(request_id)))
-
-
-class StreamTimeout(Timeout):
-    pass
-
-
-class StreamLost(BackendUnavailable):
-    """Redis failed under a request's stream (restarted, unreachable): what was streamed is
-    settled, the rest of the stream is gone."""
-
-    default_message = "The request's stream was interrupted; retry it."
 
 
 async def redis_stream_events(client: redis.asyncio.Redis, request_id: str) -> AsyncIterator[Event]:
@@ -146,8 +149,11 @@ async def redis_stream_events(client: redis.asyncio.Redis, request_id: str) -> A
         if not reply:
             limit = idle_deadline if has_started else first_deadline
             if time.monotonic() - last_event > limit:
-                raise StreamTimeout("No worker answered in time." if not has_started
-                                    else "The worker stopped sending tokens.")
+                raise StreamTimeout(
+                    "No worker answered in time."
+                    if not has_started
+                    else "The worker stopped sending tokens."
+                )
             continue
         last_event = time.monotonic()
         for entry_id, fields in reply[0][1]:
@@ -159,76 +165,12 @@ async def redis_stream_events(client: redis.asyncio.Redis, request_id: str) -> A
                 return
 
 
-class EmbeddedDispatcher:
-    """Runs requests on this process's engines; their outputs arrive on the event loop."""
-
-    async def events(self, job: GenerationJob) -> AsyncIterator[Event]:
-        try:
-            engine = await asyncio.to_thread(host_get().load, job.model_info)
-        except ModelLoadFailed as exc:  # nothing ran: the walk falls through, or answers 503
-            yield load_failed_event(exc)
-            return
-        async for event in generation_run_async(job, engine, backend="embedded"):
-            yield event
-
-    def cancel(self, request_id: str) -> None:
-        generation_cancel(request_id)
-
-
 def queue_for(client: redis.Redis, model: str) -> FairQueue:
     """The fair queue of one model, shared by every API process and GPU worker."""
-    return FairQueue(client, settings.FAIRLANE_QUEUE_NAMESPACE + model,
-                     claim_seconds=settings.FAIRLANE_CLAIM_SECONDS,
-                     min_share_standard=settings.FAIRLANE_MIN_SHARE_STANDARD,
-                     min_share_bulk=settings.FAIRLANE_MIN_SHARE_BULK)
-
-
-class QueueDispatcher:
-    """Puts requests on their model's fair queue for the GPU workers, and reads their events
-    back from Redis."""
-
-    def __init__(self) -> None:
-        self.sync_client = redis_sync()
-
-    async def events(self, job: GenerationJob) -> AsyncIterator[Event]:
-        queue = queue_for(self.sync_client, job.model["name"])
-        try:
-            await asyncio.to_thread(self._enqueue, queue, job)
-        except redis.RedisError:  # nothing queued: the walk falls through, or answers 503
-            logger.warning("request %s: the queue is unreachable", job.request_id,
-                           exc_info=True)
-            yield Failed(code="service_unavailable", retryable=True, retry_after=2,
-                         message="The request queue is unreachable; retry shortly.")
-            return
-        # A client per request: asyncio connections belong to the loop that made them.
-        client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
-        is_done = has_events = False
-        try:
-            async for event in redis_stream_events(client, job.request_id):
-                is_done, has_events = isinstance(event, Done), True
-                yield event
-        except StreamLost:
-            if has_events:
-                raise  # settled from what was streamed (routing.services.answers)
-            logger.warning("request %s: Redis failed before a worker took it", job.request_id)
-            yield Failed(code="service_unavailable", retryable=True, retry_after=2,
-                         message="The request queue failed; retry shortly.")
-        finally:
-            if not is_done:
-                self.cancel(job.request_id)
-            await client.aclose()
-
-    def _enqueue(self, queue: FairQueue, job: GenerationJob) -> None:
-        # An earlier round of this request's walk may have left events (a refusal): start clean.
-        self.sync_client.delete(stream_key(job.request_id))
-        job.timeline["queued"] = time.time()
-        queue.enqueue(id=job.request_id, tenant=str(job.tenant_id), lane=job.lane,
-                      weight=job.weight, cost=sum(len(p) for p in job.prompts),
-                      payload=job.to_dict())
-
-    def cancel(self, request_id: str) -> None:
-        try:
-            cancel_request(self.sync_client, request_id)
-        except redis.RedisError:  # Redis is gone: so is the worker's way to hear it
-            logger.warning("request %s: cancel not sent (Redis)", request_id, exc_info=True)
-
+    return FairQueue(
+        client,
+        settings.FAIRLANE_QUEUE_NAMESPACE + model,
+        claim_seconds=settings.FAIRLANE_CLAIM_SECONDS,
+        min_share_standard=settings.FAIRLANE_MIN_SHARE_STANDARD,
+        min_share_bulk=settings.FAIRLANE_MIN_SHARE_BULK,
+    )

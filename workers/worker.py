@@ -1,11 +1,13 @@
 """A GPU worker's life: load its models at start, take requests from the fair queue while its
 engines have room (workers/pulling.py), advertise what it hosts and how loaded it is in a
-Redis heartbeat that also renews its claims on the requests it runs, hear cancellations, and drain on shutdown.
+Redis heartbeat that also renews its claims on the requests it runs, hear cancellations, and
+drain on shutdown.
 
 A GPU worker is a Celery worker consuming the `gpu` queue (`make worker`, or
 `PYTHONPATH=.:platform celery -A celery_app worker -Q gpu,default -P threads -c 4`); its
 requests come from the fair queue, not from Celery's broker, and every request it runs shares
-its engine's continuous batches.
+its engine's continuous batches. platform/celery_app.py starts and stops it with the process's
+runtime.
 """
 
 from __future__ import annotations
@@ -14,24 +16,24 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
 
-from celery import signals
+import redis
 from django.conf import settings
 from django.db import close_old_connections
 
-from workers.host import ModelLoadFailed, engine_key, host_get
+from tenants.loops import BackgroundLoop
+from workers.host import EngineHost, ModelLoadFailed, engine_key
+from workers.pools import HEARTBEAT_PREFIX
 from workers.pulling import Puller
-from workers.registry import model_list_enabled
-from workers.runs import generation_cancel
-from workers.transport import CANCEL_CHANNEL, redis_sync
-from workers.versions import versions_of
+from workers.serving.catalog import model_list_enabled
+from workers.serving.runtime import Runtime
+from workers.serving.versions import versions_of
+from workers.transport import CANCEL_CHANNEL
 
 logger = logging.getLogger(__name__)
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
-HEARTBEAT_PREFIX = "fl:worker:"
 
 
 def worker_models() -> list:
@@ -43,114 +45,108 @@ def worker_models() -> list:
         close_old_connections()
 
 
-def heartbeat_payload(puller: Puller) -> dict:
-    host = host_get()
-    return {"id": WORKER_ID, "models": host.hosted(), "failed": host.failed(),
-            "stats": host.stats(), "versions": host.hosted_versions(),
-            "running": puller.in_flight(), "capacity": puller.capacity, "ts": time.time()}
+def heartbeat_payload(host: EngineHost, puller: Puller) -> dict:
+    return {
+        "id": WORKER_ID,
+        "models": host.hosted(),
+        "failed": host.failed(),
+        "stats": host.stats(),
+        "versions": host.hosted_versions(),
+        "running": puller.in_flight(),
+        "capacity": puller.capacity,
+        "ts": time.time(),
+    }
 
 
 class WorkerServices:
-    """The worker's background threads: heartbeat (and run-lock refresh) and cancel listener."""
+    """The worker's background loops: the heartbeat (which also renews its claims and serves
+    the models the registry has now) and the cancel listener."""
 
-    def __init__(self, puller: Puller) -> None:
-        self.puller = puller
-        self.client = redis_sync()
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+    def __init__(self, runtime: Runtime, puller: Puller) -> None:
+        self.runtime, self.puller = runtime, puller
+        self.host: EngineHost = runtime.engine_host
+        self.client = runtime.shared_redis
+        self.heartbeat = BackgroundLoop(
+            "worker-heartbeat", self.beat, interval=lambda: settings.FAIRLANE_HEARTBEAT_SECONDS
+        )
+        self.cancels = BackgroundLoop("worker-cancels", self._cancels_hear, interval=lambda: 1.0)
+        self._pubsub: redis.client.PubSub | None = None
 
     def start(self) -> None:
-        for target in (self._heartbeat_loop, self._cancel_loop):
-            thread = threading.Thread(target=target, name=target.__name__, daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self.heartbeat.start()
+        self.cancels.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self.cancels.stop()
+        self.heartbeat.stop()
         self.client.delete(HEARTBEAT_PREFIX + WORKER_ID)
 
     def beat(self) -> None:
         models = worker_models()
         self.puller.serve(models)
-        # Versions swapped out, rolled back or disabled: dropped once drained. API processes
+        # Versions swapped out, rolled back or disabled: dropped once idle. API processes
         # may route to them for as long as they keep their registry snapshot, and a second.
-        host_get().retire_unwanted({engine_key(v) for info in models for v in versions_of(info)},
-                                   grace=settings.FAIRLANE_ROUTING_CACHE_SECONDS + 1.0)
-        self.client.set(HEARTBEAT_PREFIX + WORKER_ID, json.dumps(heartbeat_payload(self.puller)),
-                        ex=settings.FAIRLANE_HEARTBEAT_TTL_SECONDS)
+        self.host.retire_unwanted(
+            {engine_key(v) for info in models for v in versions_of(info)},
+            grace=settings.FAIRLANE_ROUTING_CACHE_SECONDS + 1.0,
+        )
+        self.client.set(
+            HEARTBEAT_PREFIX + WORKER_ID,
+            json.dumps(heartbeat_payload(self.host, self.puller)),
+            ex=settings.FAIRLANE_HEARTBEAT_TTL_SECONDS,
+        )
         self.puller.renew_claims()
 
-    def _heartbeat_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.beat()
-            except Exception:  # a thread boundary: Redis hiccups must not kill the heartbeat
-                logger.exception("heartbeat failed")
-            self._stop.wait(settings.FAIRLANE_HEARTBEAT_SECONDS)
-
-    def _cancel_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(CANCEL_CHANNEL)
-                while not self._stop.is_set():
-                    message = pubsub.get_message(timeout=1.0)
-                    # Redis pub/sub's own message kinds, not request events.
-                    if message and message.get("type") == "message":
-                        generation_cancel(message["data"].decode())
-            except Exception:  # reconnect after Redis trouble
-                logger.exception("cancel listener failed; reconnecting")
-                self._stop.wait(1.0)
+    def _cancels_hear(self) -> float:
+        """Wait up to a second for a cancellation; a Redis failure is logged by the loop,
+        which reconnects a second later."""
+        pubsub = self._pubsub
+        if pubsub is None:
+            pubsub = self._pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(CANCEL_CHANNEL)
+        try:
+            message = pubsub.get_message(timeout=1.0)
+        except Exception:
+            self._pubsub = None
+            raise
+        # Redis pub/sub's own message kinds, not request events.
+        if message and message.get("type") == "message":
+            self.host.runs.cancel(message["data"].decode())
+        return 0.0
 
 
-_services: WorkerServices | None = None
-
-
-def _consumes_gpu_queue(consumer) -> bool:
-    queues = consumer.app.amqp.queues
-    return settings.FAIRLANE_GPU_QUEUE in set(queues.consume_from or queues)
-
-
-@signals.worker_ready.connect
-def worker_start(sender=None, **kwargs) -> None:
-    """Load the worker's models before it advertises them, then start heartbeating. Workers
-    that only run housekeeping (the default queue) host no engine."""
-    global _services
-    if sender is None or not _consumes_gpu_queue(sender):
-        return
-    _services = worker_services_start()
-
-
-def worker_services_start() -> WorkerServices:
-    """Load this worker's models, then pull and heartbeat (a Celery GPU worker at start-up;
-    `bench hops --distributed` in its own process)."""
+def worker_services_start(runtime: Runtime) -> WorkerServices:
+    """Load this worker's models, then pull and heartbeat (a Celery GPU worker at start-up,
+    platform/celery_app.py; `bench hops --distributed` in its own process)."""
+    host = runtime.engine_host
     for info in worker_models():
         if info.runtime == "vllm":  # its pull thread starts the child: a start can take
-            continue                # minutes, and the other models need not wait for it
+            continue  # minutes, and the other models need not wait for it
         for version in versions_of(info):
             try:
-                host_get().load(version)
+                host.load(version)
             except ModelLoadFailed:  # logged (refusals counted); the other models still
-                pass                 # load, and its pull thread retries it with a backoff
-    services = WorkerServices(Puller(WORKER_ID, settings.FAIRLANE_WORKER_CONCURRENCY))
+                pass  # load, and its pull thread retries it with a backoff
+    services = WorkerServices(
+        runtime, Puller(runtime, WORKER_ID, settings.FAIRLANE_WORKER_CONCURRENCY)
+    )
     services.beat()
     services.start()
-    logger.info("worker %s hosts %s", WORKER_ID, host_get().hosted())
+    logger.info("worker %s hosts %s", WORKER_ID, host.hosted())
     return services
 
 
-@signals.worker_shutdown.connect
-def worker_stop(sender=None, **kwargs) -> None:
+def worker_services_stop(runtime: Runtime, services: WorkerServices | None) -> None:
     """Warm shutdown: stop taking requests, let the running ones finish (heartbeats keep
     renewing their claims meanwhile), then stop."""
-    if _services is not None:
-        _services.puller.stop(drain_timeout=settings.FAIRLANE_DRAIN_TIMEOUT_SECONDS)
-        _services.stop()
-    host_get().shutdown()
+    if services is not None:
+        services.puller.stop(drain_timeout=settings.FAIRLANE_DRAIN_TIMEOUT_SECONDS)
+        services.stop()
+    runtime.stop()
 
 
-def workers_live() -> list[dict]:
-    """Heartbeats of the workers alive now (each expires unless renewed)."""
-    client = redis_sync()
-    keys = list(client.scan_iter(match=HEARTBEAT_PREFIX + "*", count=100))
-    return [json.loads(raw) for raw in client.mget(keys) if raw] if keys else []
+def consumes_gpu_queue(consumer) -> bool:
+    """Whether a Celery worker consumes the GPU queue (else it only runs housekeeping and
+    hosts no engine)."""
+    queues = consumer.app.amqp.queues
+    return settings.FAIRLANE_GPU_QUEUE in set(queues.consume_from or queues)

@@ -19,16 +19,23 @@ def stream_check(base_url: str, model: str, api_key: str, max_tokens: int = 16) 
     client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
     started = time.monotonic()
     first = None
-    chunks = list(client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Write one line about GPUs."}],
-        max_tokens=max_tokens, temperature=0, stream=True,
-        stream_options={"include_usage": True}))
-    for i, chunk in enumerate(chunks):
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Write one line about GPUs."}],
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    for chunk in chunks:
         if first is None and chunk.choices and chunk.choices[0].delta.content:
             first = time.monotonic() - started
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    finishes = [c.choices[0].finish_reason for c in chunks
-                if c.choices and c.choices[0].finish_reason]
+    finishes = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     usage = chunks[-1].usage
     problems = []
     if not chunks or not chunks[0].choices or chunks[0].choices[0].delta.role != "assistant":
@@ -37,13 +44,18 @@ def stream_check(base_url: str, model: str, api_key: str, max_tokens: int = 16) 
         problems.append("no content streamed")
     if len(finishes) != 1 or finishes[0] not in ("stop", "length"):
         problems.append(f"finish reasons {finishes}")
-    if usage is None or not (0 < usage.completion_tokens <= max_tokens) or \
-            usage.prompt_tokens <= 0:
+    if usage is None or not (0 < usage.completion_tokens <= max_tokens) or usage.prompt_tokens <= 0:
         problems.append(f"usage {usage}")
-    return {"model": model, "chunks": len(chunks), "text": text, "finish": finishes,
-            "usage": usage.model_dump() if usage else None,
-            "first_token_s": round(first, 3) if first is not None else None,
-            "total_s": round(time.monotonic() - started, 3), "problems": problems}
+    return {
+        "model": model,
+        "chunks": len(chunks),
+        "text": text,
+        "finish": finishes,
+        "usage": usage.model_dump() if usage else None,
+        "first_token_s": round(first, 3) if first is not None else None,
+        "total_s": round(time.monotonic() - started, 3),
+        "problems": problems,
+    }
 
 
 def main() -> None:

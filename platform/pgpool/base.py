@@ -26,8 +26,11 @@ logger = logging.getLogger(__name__)
 
 def connection_quiet(conn) -> bool:
     """Idle, in a good state, and the server has sent nothing since it was last used."""
-    if conn.closed or conn.pgconn.status != pq.ConnStatus.OK \
-            or conn.info.transaction_status != pq.TransactionStatus.IDLE:
+    if (
+        conn.closed
+        or conn.pgconn.status != pq.ConnStatus.OK
+        or conn.info.transaction_status != pq.TransactionStatus.IDLE
+    ):
         return False
     poller = select.poll()
     try:

@@ -7,18 +7,20 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import httpx
 
 from routing.backends import anthropic, openai_format
 from routing.backends.aio import AiohttpTransport
 from routing.backends.anthropic import anthropic_stream
-from routing.backends.base import BackendSpec, Call, Route, UpstreamError, models_probe
+from routing.backends.base import BackendSpec, Call, Route, models_probe
 from routing.backends.openai_format import OPENAI_KINDS, openai_embed, openai_stream
 from routing.credentials import credential_resolve
+from routing.errors import backend_error
+from routing.models import BackendKind
 from tenants.errors import ApplicationError
-from workers.events import RemoteEvent
+from workers.serving.events import RemoteEvent
 
 # Per event loop: (client, transport); a closed loop's are dropped when the next is made.
 _clients: dict = {}
@@ -58,54 +60,65 @@ def _timeout(spec: BackendSpec) -> httpx.Timeout:
 
 def _secret(spec: BackendSpec) -> str:
     try:
-        return credential_resolve(ref=spec.credential_ref, encrypted=spec.credential_encrypted,
-                                  backend=spec.name)
+        return credential_resolve(
+            ref=spec.credential_ref, encrypted=spec.credential_encrypted, backend=spec.name
+        )
     except ApplicationError as exc:
-        raise UpstreamError("backend_unavailable", exc.message) from None
+        raise backend_error("backend_unavailable", exc.message, backend=spec.name) from None
 
 
 @contextlib.contextmanager
 def _upstream_errors(spec: BackendSpec):
-    """Anything httpx raises, as an UpstreamError. ValueError covers what it raises before
+    """Anything httpx raises, as the backend's error. ValueError covers what it raises before
     sending: a credential not valid in a header (UnicodeEncodeError), a malformed URL."""
     try:
         yield
     except httpx.TimeoutException as exc:
-        raise UpstreamError("timeout", f"{spec.name}: {type(exc).__name__}") from None
+        raise backend_error("timeout", type(exc).__name__, backend=spec.name) from None
     except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
-        raise UpstreamError("backend_unavailable", f"{spec.name}: {type(exc).__name__}") from None
+        raise backend_error("backend_unavailable", type(exc).__name__, backend=spec.name) from None
 
 
-async def backend_stream(route: Route, call: Call) -> AsyncIterator[RemoteEvent]:
+async def backend_stream(route: Route, call: Call) -> AsyncGenerator[RemoteEvent, None]:
     """A remote backend's answer as platform events (Tokens, Finish, Reported). Any failure,
-    connection errors and timeouts included, is an UpstreamError."""
+    connection errors and timeouts included, is the backend's error (routing/errors.py)."""
     spec = route.backend
     if spec.kind in OPENAI_KINDS:
         stream = openai_stream
-    elif spec.kind == "anthropic":
+    elif spec.kind == BackendKind.ANTHROPIC:
         stream = anthropic_stream
     else:
-        raise UpstreamError("backend_unavailable", f"{spec.name}: no remote adapter for "
-                                                   f"kind {spec.kind}")
+        raise backend_error(
+            "backend_unavailable", f"no remote adapter for kind {spec.kind}", backend=spec.name
+        )
     with _upstream_errors(spec):
         async for event in stream(http_client(), spec, call, _secret(spec), _timeout(spec)):
             yield event
 
 
 async def backend_probe(spec: BackendSpec) -> None:
-    """Raises UpstreamError unless the backend answers a free request (its model list)."""
-    headers = (anthropic.headers if spec.kind == "anthropic" else openai_format.headers)(
-        _secret(spec))
+    """Raises the backend's error unless it answers a free request (its model list)."""
+    headers = (anthropic.headers if spec.kind == BackendKind.ANTHROPIC else openai_format.headers)(
+        _secret(spec)
+    )
     with _upstream_errors(spec):
-        await models_probe(http_client(), spec.base_url, headers, _timeout(spec))
+        await models_probe(http_client(), spec.base_url, headers, _timeout(spec), backend=spec.name)
 
 
 async def backend_embed(route: Route, inputs: list) -> dict:
     spec = route.backend
     with _upstream_errors(spec):
-        return await openai_embed(http_client(), spec, route.upstream, inputs, _secret(spec),
-                                  _timeout(spec))
+        return await openai_embed(
+            http_client(), spec, route.upstream, inputs, _secret(spec), _timeout(spec)
+        )
 
 
-__all__ = ["BackendSpec", "Call", "Route", "UpstreamError", "backend_embed", "backend_probe",
-           "backend_stream", "http_client"]
+__all__ = [
+    "BackendSpec",
+    "Call",
+    "Route",
+    "backend_embed",
+    "backend_probe",
+    "backend_stream",
+    "http_client",
+]

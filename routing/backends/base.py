@@ -1,10 +1,11 @@
 """One protocol for every backend: its capabilities, a cheap health probe, and a streamed
-call that yields the platform's generation events (see workers/events.py), so the /v1
+call that yields the platform's generation events (see workers/serving/events.py), so the /v1
 renderers do not care where tokens came from.
 
-An adapter raises UpstreamError for anything that went wrong; `fall_through` says whether
-another backend may be tried (an outage, a 429) or the client must hear it (bad input, a
-content filter).
+An adapter raises the ApplicationError its client would see for anything that went wrong
+(routing/errors.py `backend_error`: the backend's name and its own words beside it); the
+error's `surfaced` says whether the client must hear it (bad input, a content filter) or
+another backend may be tried (an outage, a 429).
 """
 
 from __future__ import annotations
@@ -20,22 +21,31 @@ import httpx
 import orjson
 from django.conf import settings
 
+from routing.errors import backend_error
+from routing.models import BackendKind
 from routing.wire.parse import Sampling
 from routing.wire.tools import ToolUse
-from workers.registry import ModelInfo
+from tenants.errors import ApplicationError
+from workers.serving.catalog import ModelInfo
 
 # What a chat request may need beyond text (ChatRequest.features), and who has it unless the
 # operator says otherwise (Backend.supports_*, per model BackendModel.supports_*). vLLM
 # serves JSON schemas out of the box; tool parsing and images depend on its flags and model.
 FEATURES = ("tools", "json_object", "json_schema", "vision")
-KIND_FEATURES = {"openai": frozenset(FEATURES), "openrouter": frozenset(FEATURES),
-                 "anthropic": frozenset(FEATURES),
-                 "openai_compatible": frozenset({"json_object", "json_schema"})}
+KIND_FEATURES: dict[str, frozenset[str]] = {
+    BackendKind.OPENAI: frozenset(FEATURES),
+    BackendKind.OPENROUTER: frozenset(FEATURES),
+    BackendKind.ANTHROPIC: frozenset(FEATURES),
+    BackendKind.OPENAI_COMPATIBLE: frozenset({"json_object", "json_schema"}),
+}
 # Our engine: JSON mode, schemas and tool calls by guided decoding (workers/engine/guide.py,
 # routing/services/local_tools.py); images not yet.
 LOCAL_FEATURES = frozenset({"tools", "json_object", "json_schema"})
-FLAGS = {"tools": ("tools",), "json_schema": ("json_object", "json_schema"),
-         "vision": ("vision",)}  # supports_<flag> -> the features it turns on or off
+FLAGS = {
+    "tools": ("tools",),
+    "json_schema": ("json_object", "json_schema"),
+    "vision": ("vision",),
+}  # supports_<flag> -> the features it turns on or off
 
 
 def features_resolve(default: frozenset[str], row) -> frozenset[str]:
@@ -77,7 +87,7 @@ class BackendSpec:
 
     @property
     def is_local(self) -> bool:
-        return self.kind == "local"
+        return self.kind == BackendKind.LOCAL
 
     @property
     def features(self) -> frozenset[str]:
@@ -86,10 +96,16 @@ class BackendSpec:
         return features_resolve(KIND_FEATURES.get(self.kind, frozenset()), self)
 
     def capabilities(self) -> dict:
-        return {"context_length": self.context_length, "hidden_states": self.hidden_states,
-                "accelerator": self.accelerator, "max_concurrency": self.max_concurrency,
-                "continuous_batching": self.continuous_batching, "paged_kv": self.paged_kv,
-                "zone": self.zone, "features": sorted(self.features)}
+        return {
+            "context_length": self.context_length,
+            "hidden_states": self.hidden_states,
+            "accelerator": self.accelerator,
+            "max_concurrency": self.max_concurrency,
+            "continuous_batching": self.continuous_batching,
+            "paged_kv": self.paged_kv,
+            "zone": self.zone,
+            "features": sorted(self.features),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +125,9 @@ class Route:
     @property
     def is_paid(self) -> bool:
         info = self.info
-        return bool(info.price_input_per_mtok or info.price_output_per_mtok
-                    or info.price_cached_per_mtok)
+        return bool(
+            info.price_input_per_mtok or info.price_output_per_mtok or info.price_cached_per_mtok
+        )
 
 
 @dataclass(slots=True)
@@ -129,8 +146,16 @@ class Call:
     # that honour it (vLLM, another Fairlane) never share cached prompts between tenants.
     cache_salt: str = ""
     tool_use: ToolUse = field(default_factory=ToolUse)  # chat: tools and response_format
-    traceparent: str = ""  # the request's trace, for backends of our own (workers/trace.py)
+    traceparent: str = ""  # the request's trace, for backends of our own (workers/serving/trace.py)
     stream: bool = True  # False: asked for the whole answer in one body (call_streams)
+    native: dict | None = None  # an Anthropic Messages body, for an Anthropic backend as it is
+
+    @property
+    def generation_sampling(self) -> Sampling:
+        """The sampling of a chat or text completion (only an embedding call has none)."""
+        if self.sampling is None:
+            raise TypeError(f"a {self.endpoint} call without sampling cannot generate")
+        return self.sampling
 
 
 def call_streams(*, client_streams: bool, spec: BackendSpec, max_tokens: int) -> bool:
@@ -153,27 +178,6 @@ def body_json(body: dict) -> bytes:
         return json.dumps(body).encode()
 
 
-class UpstreamError(Exception):
-    """A backend failed or refused. `code` is one of the platform's error codes."""
-
-    def __init__(self, code: str, message: str, *, status: int = 0,
-                 retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.status, self.retry_after = code, message, status, retry_after
-
-    @property
-    def fall_through(self) -> bool:
-        """Another backend may serve it: the client's own mistakes and content filters are
-        surfaced instead (they would fail, or be laundered, elsewhere too)."""
-        return self.code not in {"invalid_request", "content_filtered",
-                                 "context_length_exceeded"}
-
-    @property
-    def is_failure(self) -> bool:
-        """Counts against the backend's circuit breaker (a 429 is a wait, not a fault)."""
-        return self.fall_through and self.code != "rate_limited"
-
-
 def retry_after_parse(headers) -> float | None:
     """Seconds to wait from `retry-after-ms` (OpenAI's, more precise) or `Retry-After`
     (seconds or an HTTP date)."""
@@ -193,17 +197,30 @@ def retry_after_parse(headers) -> float | None:
         return max(parsed.timestamp() - time.time(), 0.0) if parsed else None
 
 
-def error_for_status(status: int, message: str, retry_after: float | None) -> UpstreamError:
+def error_for_status(
+    status: int, message: str, retry_after: float | None, *, backend: str
+) -> ApplicationError:
+    """A backend's HTTP error status as the error its client would see."""
     if status == 429:
-        return UpstreamError("rate_limited", message, status=status, retry_after=retry_after)
+        return backend_error(
+            "rate_limited", message, backend=backend, status=status, retry_after=retry_after
+        )
     if status in (400, 413, 422):
-        return UpstreamError("invalid_request", message, status=status)
+        return backend_error("invalid_request", message, backend=backend, status=status)
     if status in (401, 403):  # our credential is wrong: the operator's problem, not the client's
-        return UpstreamError("backend_unavailable", f"authentication failed: {message}",
-                             status=status)
+        return backend_error(
+            "backend_unavailable",
+            f"authentication failed: {message}",
+            backend=backend,
+            status=status,
+        )
     if status in (408, 504):
-        return UpstreamError("timeout", message, status=status, retry_after=retry_after)
-    return UpstreamError("backend_unavailable", message, status=status, retry_after=retry_after)
+        return backend_error(
+            "timeout", message, backend=backend, status=status, retry_after=retry_after
+        )
+    return backend_error(
+        "backend_unavailable", message, backend=backend, status=status, retry_after=retry_after
+    )
 
 
 def estimate_tokens(text: str) -> int:
@@ -212,13 +229,16 @@ def estimate_tokens(text: str) -> int:
     return max(math.ceil(len(text.encode()) / 4), 1 if text else 0)
 
 
-async def models_probe(client, url: str, headers: dict[str, str], timeout) -> None:
+async def models_probe(client, url: str, headers: dict[str, str], timeout, *, backend: str) -> None:
     """GET <base>/v1/models: free on every provider, and it checks the credential too."""
-    response = await client.get(url.rstrip("/") + "/v1/models", headers=headers,
-                                timeout=timeout)
+    response = await client.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=timeout)
     if response.status_code >= 400:
-        raise error_for_status(response.status_code, response.text[:200],
-                               retry_after_parse(response.headers))
+        raise error_for_status(
+            response.status_code,
+            response.text[:200],
+            retry_after_parse(response.headers),
+            backend=backend,
+        )
 
 
 async def sse_lines(response: httpx.Response) -> AsyncIterator[bytes]:

@@ -1,16 +1,15 @@
 """Images as bytes, for providers that take no URLs (Anthropic's base64 `source` blocks): a
 data URL is decoded; an http(s) URL is fetched by this process within a size and a time limit
 (FAIRLANE_IMAGE_MAX_BYTES, FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS), without following
-redirects, and never from a private, loopback or link-local address (unless
+redirects, and never from an address that is not public (tenants/addresses.py; unless
 FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE): a client must not reach our own network through us. The
-request goes to the address that was checked. Whatever
-fails is the client's 400, saying why."""
+request goes to the address that was checked, and the address its connection reached is
+checked once more. Whatever fails is the client's 400, saying why."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import ipaddress
 import socket
 from urllib.parse import urlsplit, urlunsplit
 
@@ -18,60 +17,80 @@ import httpx
 from django.conf import settings
 
 from routing.wire.messages import DATA_URL, IMAGE_TYPES
+from tenants.addresses import address_public, peer_address
 from tenants.errors import InvalidRequest
 
 
 def _too_large(param: str) -> InvalidRequest:
-    return InvalidRequest(f"An image is larger than the {settings.FAIRLANE_IMAGE_MAX_BYTES} "
-                          "bytes this model's backend takes.", param=param)
+    return InvalidRequest(
+        f"An image is larger than the {settings.FAIRLANE_IMAGE_MAX_BYTES} "
+        "bytes this model's backend takes.",
+        param=param,
+    )
 
 
-def _public(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast
+def _not_public(host: str, param: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"The image host {host!r} is not on a public address; such image URLs are not fetched.",
+        param=param,
+    )
 
 
 async def _addresses(host: str, port: int, param: str) -> list[str]:
     """The host's addresses, each checked: the request goes to one of these, so a name that
     resolves elsewhere a moment later cannot send it inside (as alert webhooks do)."""
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port,
-                                                             type=socket.SOCK_STREAM)
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError:
         raise InvalidRequest(f"The image host {host!r} does not resolve.", param=param) from None
-    addresses = list(dict.fromkeys(info[4][0] for info in infos))
-    if not settings.FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE and not all(map(_public, addresses)):
-        raise InvalidRequest(f"The image host {host!r} is on a private, loopback or link-local "
-                             "address; such image URLs are not fetched.", param=param)
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    if not settings.FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE and not all(map(address_public, addresses)):
+        raise _not_public(host, param)
     return addresses
 
 
 async def _fetch(url: str, param: str) -> tuple[str, bytes]:
     limit = settings.FAIRLANE_IMAGE_MAX_BYTES
     parts = urlsplit(url)
+    hostname = parts.hostname
+    if not hostname:
+        raise InvalidRequest("The image URL names no host.", param=param)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    address = (await _addresses(parts.hostname, port, param))[0]
+    address = (await _addresses(hostname, port, param))[0]
     literal = f"[{address}]" if ":" in address else address
     pinned = urlunsplit((parts.scheme, f"{literal}:{port}", parts.path or "/", parts.query, ""))
-    host = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
+    host = hostname if parts.port is None else f"{hostname}:{parts.port}"
     # A client of its own, not the backends' pool: httpx's own transport honours the TLS name
     # of the pinned address (sni_hostname), and no proxy from the environment is used.
-    async with httpx.AsyncClient(trust_env=False, follow_redirects=False) as client, \
-            client.stream("GET", pinned, headers={"host": host},
-                          extensions={"sni_hostname": parts.hostname},
-                          timeout=settings.FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS) as response:
+    async with (
+        httpx.AsyncClient(trust_env=False, follow_redirects=False) as client,
+        client.stream(
+            "GET",
+            pinned,
+            headers={"host": host},
+            extensions={"sni_hostname": hostname},
+            timeout=settings.FAIRLANE_IMAGE_FETCH_TIMEOUT_SECONDS,
+        ) as response,
+    ):
+        peer = peer_address(response)  # what was actually connected to
+        if not (
+            settings.FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE or peer is None or address_public(peer)
+        ):
+            raise _not_public(hostname, param)
         if response.is_redirect:
-            raise InvalidRequest("The image URL redirects; redirects are not followed.",
-                                 param=param)
+            raise InvalidRequest(
+                "The image URL redirects; redirects are not followed.", param=param
+            )
         if response.status_code != 200:
-            raise InvalidRequest(f"The image URL answered HTTP {response.status_code}.",
-                                 param=param)
+            raise InvalidRequest(
+                f"The image URL answered HTTP {response.status_code}.", param=param
+            )
         media = response.headers.get("content-type", "").split(";")[0].strip().lower()
         if media not in IMAGE_TYPES:
-            raise InvalidRequest(f"The image URL serves {media or 'no content type'!s}, not "
-                                 "PNG, JPEG, GIF or WebP.", param=param)
+            raise InvalidRequest(
+                f"The image URL serves {media or 'no content type'!s}, not PNG, JPEG, GIF or WebP.",
+                param=param,
+            )
         if int(response.headers.get("content-length") or 0) > limit:
             raise _too_large(param)
         data = bytearray()
@@ -89,11 +108,13 @@ async def image_fetch(url: str, param: str) -> tuple[str, bytes]:
         async with asyncio.timeout(seconds):  # the whole fetch, however slowly it trickles
             return await _fetch(url, param)
     except TimeoutError:
-        raise InvalidRequest(f"The image URL was not fetched within {seconds:g} s.",
-                             param=param) from None
+        raise InvalidRequest(
+            f"The image URL was not fetched within {seconds:g} s.", param=param
+        ) from None
     except (httpx.HTTPError, ValueError) as exc:  # ValueError: a header it cannot send
-        raise InvalidRequest(f"The image URL could not be fetched ({type(exc).__name__}).",
-                             param=param) from None
+        raise InvalidRequest(
+            f"The image URL could not be fetched ({type(exc).__name__}).", param=param
+        ) from None
 
 
 async def image_source(url: str, param: str) -> dict:
@@ -105,5 +126,4 @@ async def image_source(url: str, param: str) -> dict:
             raise _too_large(param)
         return {"type": "base64", "media_type": media, "data": data}
     media, raw = await image_fetch(url, param)
-    return {"type": "base64", "media_type": media,
-            "data": base64.b64encode(raw).decode("ascii")}
+    return {"type": "base64", "media_type": media, "data": base64.b64encode(raw).decode("ascii")}

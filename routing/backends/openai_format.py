@@ -21,11 +21,23 @@ import orjson
 
 from routing.backends.aio import post_whole
 from routing.backends.base import (
-    BackendSpec, Call, UpstreamError, body_json, error_for_status, retry_after_parse, sse_lines,
+    BackendSpec,
+    Call,
+    body_json,
+    error_for_status,
+    retry_after_parse,
+    sse_lines,
 )
-from workers.events import Finish, RemoteEvent, Reported, Tokens, ToolCallDelta
+from routing.errors import backend_error
+from routing.models import BackendKind
+from workers.serving.events import Finish, RemoteEvent, Reported, Tokens, ToolCallDelta
 
-OPENAI_KINDS = {"openai", "openai_compatible", "openrouter", "fairlane"}
+OPENAI_KINDS = {
+    BackendKind.OPENAI,
+    BackendKind.OPENAI_COMPATIBLE,
+    BackendKind.OPENROUTER,
+    BackendKind.FAIRLANE,
+}
 FINISH_REASONS = {"length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls"}
 
 
@@ -37,20 +49,27 @@ def call_headers(spec: BackendSpec, call: Call, secret: str) -> dict[str, str]:
     """A call's headers: the key, and for our own infrastructure (a remote Fairlane, a vLLM
     server: both continue W3C traces) the request's `traceparent`; paid providers get none."""
     sent = headers(secret)
-    if call.traceparent and spec.kind in {"fairlane", "openai_compatible"}:
+    if call.traceparent and spec.kind in {BackendKind.FAIRLANE, BackendKind.OPENAI_COMPATIBLE}:
         sent["traceparent"] = call.traceparent
     return sent
 
 
 def request_body(spec: BackendSpec, call: Call) -> tuple[str, dict]:
-    s = call.sampling
-    body: dict = {"model": call.upstream, "stream": call.stream,
-                  "temperature": s.temperature, "top_p": s.top_p, "n": s.n}
+    s = call.generation_sampling
+    body: dict = {
+        "model": call.upstream,
+        "stream": call.stream,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "n": s.n,
+    }
     if call.stream:
         body["stream_options"] = {"include_usage": True}
     # OpenAI's newer models take only max_completion_tokens; servers that copy the API take
     # max_tokens.
-    body["max_completion_tokens" if spec.kind == "openai" else "max_tokens"] = call.max_tokens
+    body["max_completion_tokens" if spec.kind == BackendKind.OPENAI else "max_tokens"] = (
+        call.max_tokens
+    )
     if s.stop:
         body["stop"] = list(s.stop)
     if s.seed is not None:
@@ -59,7 +78,7 @@ def request_body(spec: BackendSpec, call: Call) -> tuple[str, dict]:
         body["presence_penalty"] = s.presence_penalty
     if s.frequency_penalty:
         body["frequency_penalty"] = s.frequency_penalty
-    if spec.kind in {"fairlane", "openai_compatible"}:  # vLLM's extensions, and ours
+    if spec.kind in {BackendKind.FAIRLANE, BackendKind.OPENAI_COMPATIBLE}:  # vLLM's, and ours
         if call.cache_salt:
             body["cache_salt"] = call.cache_salt
         if s.top_k > 0:
@@ -73,9 +92,12 @@ def request_body(spec: BackendSpec, call: Call) -> tuple[str, dict]:
     if call.endpoint == "chat":
         body["messages"] = call.messages
         use = call.tool_use
-        for name, value in (("tools", list(use.tools) or None), ("tool_choice", use.tool_choice),
-                            ("parallel_tool_calls", use.parallel_tool_calls),
-                            ("response_format", use.response_format)):
+        for name, value in (
+            ("tools", list(use.tools) or None),
+            ("tool_choice", use.tool_choice),
+            ("parallel_tool_calls", use.parallel_tool_calls),
+            ("response_format", use.response_format),
+        ):
             if value is not None:
                 body[name] = value
         if call.wants_logprobs:
@@ -89,7 +111,7 @@ def request_body(spec: BackendSpec, call: Call) -> tuple[str, dict]:
     return "/v1/completions", body
 
 
-async def _raise_for_status(response: httpx.Response) -> None:
+async def _raise_for_status(response: httpx.Response, backend: str) -> None:
     if response.status_code < 400:
         return
     raw = await response.aread()
@@ -100,8 +122,12 @@ async def _raise_for_status(response: httpx.Response) -> None:
     except (ValueError, AttributeError):
         pass
     if code == "content_filter" or "content management policy" in message:
-        raise UpstreamError("content_filtered", message, status=response.status_code)
-    raise error_for_status(response.status_code, message, retry_after_parse(response.headers))
+        raise backend_error(
+            "content_filtered", message, backend=backend, status=response.status_code
+        )
+    raise error_for_status(
+        response.status_code, message, retry_after_parse(response.headers), backend=backend
+    )
 
 
 def _tool_calls(choice: dict, seen: dict[tuple[int, int], str]) -> tuple[ToolCallDelta, ...]:
@@ -117,13 +143,15 @@ def _tool_calls(choice: dict, seen: dict[tuple[int, int], str]) -> tuple[ToolCal
             pieces.append(ToolCallDelta(index=index, arguments=arguments))
             continue
         seen[key] = call.get("id") or f"call_{secrets.token_hex(12)}"
-        pieces.append(ToolCallDelta(index=index, arguments=arguments, id=seen[key],
-                                    name=function.get("name") or ""))
+        pieces.append(
+            ToolCallDelta(
+                index=index, arguments=arguments, id=seen[key], name=function.get("name") or ""
+            )
+        )
     return tuple(pieces)
 
 
-def _token_event(choice: dict, endpoint: str,
-                 seen: dict[tuple[int, int], str]) -> Tokens | None:
+def _token_event(choice: dict, endpoint: str, seen: dict[tuple[int, int], str]) -> Tokens | None:
     index = choice.get("index", 0)
     if endpoint == "chat":
         delta = choice.get("delta") or {}
@@ -138,21 +166,26 @@ def _token_event(choice: dict, endpoint: str,
         return Tokens(choice=index, text=text or "", tool_calls=calls)
     if endpoint == "chat" and logprobs and logprobs.get("content"):
         entries = tuple(logprobs["content"])
-        return Tokens(choice=index, text=text or "", entries=entries,
-                      logprobs=tuple(entry.get("logprob") for entry in entries))
+        return Tokens(
+            choice=index,
+            text=text or "",
+            entries=entries,
+            logprobs=tuple(entry.get("logprob") for entry in entries),
+        )
     if endpoint == "completion" and logprobs and logprobs.get("token_logprobs"):
-        return Tokens(choice=index, text=text or "",
-                      logprobs=tuple(logprobs["token_logprobs"]))
+        return Tokens(choice=index, text=text or "", logprobs=tuple(logprobs["token_logprobs"]))
     return Tokens(choice=index, text=text or "")
 
 
 def usage_event(usage: dict) -> Reported:
     details = usage.get("prompt_tokens_details") or {}
     cost = usage.get("cost")  # OpenRouter: what the call cost, in dollars
-    return Reported(prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                    completion_tokens=int(usage.get("completion_tokens") or 0),
-                    cached_tokens=int(details.get("cached_tokens") or 0),
-                    cost_usd=None if cost is None else float(cost))
+    return Reported(
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        cached_tokens=int(details.get("cached_tokens") or 0),
+        cost_usd=None if cost is None else float(cost),
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -161,28 +194,31 @@ def _url(base_url: str, path: str) -> httpx.URL:
     return httpx.URL(base_url.rstrip("/") + path)
 
 
-async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call,
-                        secret: str, timeout: httpx.Timeout) -> AsyncIterator[RemoteEvent]:
+async def openai_stream(
+    client: httpx.AsyncClient, spec: BackendSpec, call: Call, secret: str, timeout: httpx.Timeout
+) -> AsyncIterator[RemoteEvent]:
     """The call's answer as events: from its stream's chunks, or from the one body of a call
     that does not stream."""
     path, body = request_body(spec, call)
     url, content = _url(spec.base_url, path), body_json(body)
     headers = {**call_headers(spec, call, secret), "Content-Type": "application/json"}
     if not call.stream:
-        response = await post_whole(client, url, content=content, headers=headers,
-                                    timeout=timeout)
-        await _raise_for_status(response)
+        response = await post_whole(client, url, content=content, headers=headers, timeout=timeout)
+        await _raise_for_status(response, spec.name)
         try:
             answer = orjson.loads(response.content)
         except ValueError:
-            raise UpstreamError("backend_unavailable", "unparseable answer") from None
-        for event in _answer_events(answer, call.endpoint):
+            raise backend_error(
+                "backend_unavailable", "unparseable answer", backend=spec.name
+            ) from None
+        for event in _answer_events(answer, call.endpoint, spec.name):
             yield event
         return
-    async with client.stream("POST", url, content=content, headers=headers,
-                             timeout=timeout) as response:
-        await _raise_for_status(response)
-        is_done, seen = False, {}
+    async with client.stream(
+        "POST", url, content=content, headers=headers, timeout=timeout
+    ) as response:
+        await _raise_for_status(response, spec.name)
+        is_done, seen = False, dict[tuple[int, int], str]()
         async for line in sse_lines(response):
             if not line.startswith(b"data:"):
                 continue  # blank lines, `event:` and comments such as OpenRouter's keep-alive
@@ -193,18 +229,25 @@ async def openai_stream(client: httpx.AsyncClient, spec: BackendSpec, call: Call
             try:
                 chunk = orjson.loads(data)
             except ValueError:
-                raise UpstreamError("backend_unavailable", "unparseable stream chunk") from None
+                raise backend_error(
+                    "backend_unavailable", "unparseable stream chunk", backend=spec.name
+                ) from None
             if chunk.get("error"):  # OpenRouter reports upstream failures mid-stream
                 error = chunk["error"]
-                raise UpstreamError("backend_unavailable", str(error.get("message", error)))
-            for event in _choice_events(chunk, call.endpoint, seen):
+                raise backend_error(
+                    "backend_unavailable", str(error.get("message", error)), backend=spec.name
+                )
+            for event in _choice_events(chunk, call.endpoint, seen, spec.name):
                 yield event
         if not is_done:
-            raise UpstreamError("backend_unavailable", "the stream ended without [DONE]")
+            raise backend_error(
+                "backend_unavailable", "the stream ended without [DONE]", backend=spec.name
+            )
 
 
-def _choice_events(chunk: dict, endpoint: str,
-                   seen: dict[tuple[int, int], str]) -> Iterator[RemoteEvent]:
+def _choice_events(
+    chunk: dict, endpoint: str, seen: dict[tuple[int, int], str], backend: str
+) -> Iterator[RemoteEvent]:
     """A stream chunk's events, or a whole answer's (its choices' messages read as deltas):
     each choice's tokens and finish, then the usage. A content filter raises after the tokens
     before it, so a stream hands those on first."""
@@ -214,43 +257,55 @@ def _choice_events(chunk: dict, endpoint: str,
             yield event
         reason = choice.get("finish_reason")
         if reason == "content_filter":
-            raise UpstreamError("content_filtered",
-                                "The provider's content filter stopped the answer.")
+            raise backend_error(
+                "content_filtered",
+                "The provider's content filter stopped the answer.",
+                backend=backend,
+            )
         if reason:
             yield Finish(choice=choice.get("index", 0), reason=FINISH_REASONS.get(reason, "stop"))
     if chunk.get("usage"):
         yield usage_event(chunk["usage"])
 
 
-def _answer_events(answer: dict, endpoint: str) -> list[RemoteEvent]:
+def _answer_events(answer: dict, endpoint: str, backend: str) -> list[RemoteEvent]:
     """A whole answer (`chat.completion` or `text_completion`) as the stream's events."""
     if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
-        raise UpstreamError("backend_unavailable", "an answer without choices")
+        raise backend_error("backend_unavailable", "an answer without choices", backend=backend)
     if endpoint == "chat":
         choices = []
         for choice in answer["choices"]:
             message = choice.get("message") or {}
-            calls = [{**call, "index": i} for i, call in enumerate(message.get("tool_calls")
-                                                                   or ())]
-            choices.append({**choice, "delta": {"content": message.get("content"),
-                                                "tool_calls": calls}})
+            calls = [{**call, "index": i} for i, call in enumerate(message.get("tool_calls") or ())]
+            choices.append(
+                {**choice, "delta": {"content": message.get("content"), "tool_calls": calls}}
+            )
         answer = {**answer, "choices": choices}
-    events = list(_choice_events(answer, endpoint, {}))  # a filtered answer raises whole
+    events = list(_choice_events(answer, endpoint, {}, backend))  # a filtered answer raises
     for choice in answer["choices"]:  # a whole answer always ends
         if not choice.get("finish_reason"):
             events.append(Finish(choice=choice.get("index", 0), reason="stop"))
     return events
 
 
-async def openai_embed(client: httpx.AsyncClient, spec: BackendSpec, upstream: str,
-                       inputs: list, secret: str,
-                       timeout: httpx.Timeout) -> dict:
+async def openai_embed(
+    client: httpx.AsyncClient,
+    spec: BackendSpec,
+    upstream: str,
+    inputs: list,
+    secret: str,
+    timeout: httpx.Timeout,
+) -> dict:
     """Embeddings from a backend with hidden states: {"vectors": {index: b64}, usage}."""
-    response = await client.post(spec.base_url.rstrip("/") + "/v1/embeddings",
-                                 json={"model": upstream, "input": inputs,
-                                       "encoding_format": "base64"},
-                                 headers=headers(secret), timeout=timeout)
-    await _raise_for_status(response)
+    response = await client.post(
+        spec.base_url.rstrip("/") + "/v1/embeddings",
+        json={"model": upstream, "input": inputs, "encoding_format": "base64"},
+        headers=headers(secret),
+        timeout=timeout,
+    )
+    await _raise_for_status(response, spec.name)
     body = response.json()
-    return {"vectors": {item["index"]: item["embedding"] for item in body["data"]},
-            "prompt_tokens": int((body.get("usage") or {}).get("prompt_tokens") or 0)}
+    return {
+        "vectors": {item["index"]: item["embedding"] for item in body["data"]},
+        "prompt_tokens": int((body.get("usage") or {}).get("prompt_tokens") or 0),
+    }

@@ -31,10 +31,19 @@ def _images(body: dict) -> int:
 
 
 class ToolFake(FakeProvider):
-    def __init__(self, fmt: str = "openai", *, calls=(), text: str = "", piece: int = 4,
-                 **kwargs) -> None:
+    def __init__(
+        self,
+        fmt: str = "openai",
+        *,
+        calls=(),
+        text: str = "",
+        piece: int = 4,
+        thinking: str = "",
+        **kwargs,
+    ) -> None:
         super().__init__(fmt, **kwargs)
         self.calls, self.text, self.piece = list(calls), text, piece
+        self.thinking = thinking  # Anthropic: a thinking block (signed) ahead of the rest
 
     def _answer(self, body: dict, behaviour, gone) -> _Answer:
         answer = super()._answer(body, behaviour, gone)
@@ -45,13 +54,18 @@ class ToolFake(FakeProvider):
     def _calls(self) -> list[tuple[str, list[str]]]:
         """(name, argument fragments) per call, for the request just taken."""
         body = self.requests[-1] if self.requests else {}
-        forced = (body.get("tool_choice") or {}) if isinstance(body.get("tool_choice"), dict) \
-            else {}
+        forced = (
+            (body.get("tool_choice") or {}) if isinstance(body.get("tool_choice"), dict) else {}
+        )
         out = []
         for name, arguments in self.calls:
             name = name or forced.get("name") or (forced.get("function") or {}).get("name")
-            out.append((name, [arguments[i:i + self.piece]
-                               for i in range(0, len(arguments), self.piece)]))
+            out.append(
+                (
+                    name,
+                    [arguments[i : i + self.piece] for i in range(0, len(arguments), self.piece)],
+                )
+            )
         return out
 
     def _usage_out(self, answer: _Answer) -> int:
@@ -66,15 +80,34 @@ class ToolFake(FakeProvider):
         return usage
 
     async def _openai_once(self, send, answer: _Answer, body: dict) -> None:
-        message = {"role": "assistant", "content": " ".join(answer.tokens) or None,
-                   "refusal": None, "tool_calls": [
-                       {"id": f"call_fake{i}", "type": "function",
-                        "function": {"name": name, "arguments": "".join(pieces)}}
-                       for i, (name, pieces) in enumerate(self._calls())]}
-        choice = {"index": 0, "message": message, "logprobs": None,
-                  "finish_reason": "tool_calls" if self.calls else "stop"}
-        await _send_json(send, 200, {**self._openai_base(answer, "chat.completion"),
-                                     "choices": [choice], "usage": self._openai_usage(answer)})
+        message = {
+            "role": "assistant",
+            "content": " ".join(answer.tokens) or None,
+            "refusal": None,
+            "tool_calls": [
+                {
+                    "id": f"call_fake{i}",
+                    "type": "function",
+                    "function": {"name": name, "arguments": "".join(pieces)},
+                }
+                for i, (name, pieces) in enumerate(self._calls())
+            ],
+        }
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": "tool_calls" if self.calls else "stop",
+        }
+        await _send_json(
+            send,
+            200,
+            {
+                **self._openai_base(answer, "chat.completion"),
+                "choices": [choice],
+                "usage": self._openai_usage(answer),
+            },
+        )
 
     async def _openai_stream(self, send, answer: _Answer, body: dict) -> None:
         base = self._openai_base(answer, "chat.completion.chunk")
@@ -84,17 +117,34 @@ class ToolFake(FakeProvider):
             return f"data: {json.dumps({**base, 'choices': [choice]})}\n\n"
 
         await self._start_stream(send)
-        await self._write(send, chunk({"role": "assistant", "content": None if not answer.tokens
-                                       else "", "refusal": None}))
+        await self._write(
+            send,
+            chunk(
+                {"role": "assistant", "content": None if not answer.tokens else "", "refusal": None}
+            ),
+        )
         for i, token in enumerate(answer.tokens):
             await self._write(send, chunk({"content": token if i == 0 else " " + token}))
         for i, (name, pieces) in enumerate(self._calls()):
-            await self._write(send, chunk({"tool_calls": [
-                {"index": i, "id": f"call_fake{i}", "type": "function",
-                 "function": {"name": name, "arguments": ""}}]}))
+            await self._write(
+                send,
+                chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": i,
+                                "id": f"call_fake{i}",
+                                "type": "function",
+                                "function": {"name": name, "arguments": ""},
+                            }
+                        ]
+                    }
+                ),
+            )
             for fragment in pieces:
-                await self._write(send, chunk({"tool_calls": [
-                    {"index": i, "function": {"arguments": fragment}}]}))
+                await self._write(
+                    send, chunk({"tool_calls": [{"index": i, "function": {"arguments": fragment}}]})
+                )
         await self._write(send, chunk({}, "tool_calls" if self.calls else "stop"))
         final = {**base, "choices": [], "usage": self._openai_usage(answer)}
         await self._write(send, f"data: {json.dumps(final)}\n\n")
@@ -103,42 +153,119 @@ class ToolFake(FakeProvider):
     # -- Anthropic -----------------------------------------------------------------------------
 
     def _blocks(self, answer: _Answer) -> list[dict]:
-        blocks = [{"type": "text", "text": " ".join(answer.tokens)}] if answer.tokens else []
-        return blocks + [{"type": "tool_use", "id": f"toolu_fake{i}", "name": name,
-                          "input": json.loads("".join(pieces) or "{}")}
-                         for i, (name, pieces) in enumerate(self._calls())]
+        blocks = [self._thinking_block()] if self.thinking else []
+        blocks += [{"type": "text", "text": " ".join(answer.tokens)}] if answer.tokens else []
+        return blocks + [
+            {
+                "type": "tool_use",
+                "id": f"toolu_fake{i}",
+                "name": name,
+                "input": json.loads("".join(pieces) or "{}"),
+            }
+            for i, (name, pieces) in enumerate(self._calls())
+        ]
+
+    def _thinking_block(self) -> dict:
+        return {"type": "thinking", "thinking": self.thinking, "signature": "sig-fake"}
 
     async def _anthropic_once(self, send, answer: _Answer) -> None:
-        await _send_json(send, 200, self._anthropic_message(
-            answer, self._blocks(answer), "tool_use" if self.calls else "end_turn",
-            self._usage_out(answer)))
+        await _send_json(
+            send,
+            200,
+            self._anthropic_message(
+                answer,
+                self._blocks(answer),
+                "tool_use" if self.calls else "end_turn",
+                self._usage_out(answer),
+            ),
+        )
 
     async def _anthropic_stream(self, send, answer: _Answer) -> None:
         def event(name: str, data: dict) -> str:
             return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n"
 
         await self._start_stream(send)
-        await self._write(send, event("message_start",
-                                      {"message": self._anthropic_message(answer, [], None, 1)}))
+        await self._write(
+            send, event("message_start", {"message": self._anthropic_message(answer, [], None, 1)})
+        )
         index = 0
+        if self.thinking:
+            start = {"type": "thinking", "thinking": "", "signature": ""}
+            await self._write(
+                send, event("content_block_start", {"index": 0, "content_block": start})
+            )
+            text = self.thinking
+            for fragment in [text[i : i + self.piece] for i in range(0, len(text), self.piece)]:
+                delta = {"type": "thinking_delta", "thinking": fragment}
+                await self._write(send, event("content_block_delta", {"index": 0, "delta": delta}))
+            delta = {"type": "signature_delta", "signature": "sig-fake"}
+            await self._write(send, event("content_block_delta", {"index": 0, "delta": delta}))
+            await self._write(send, event("content_block_stop", {"index": index}))
+            index += 1
         if answer.tokens:
-            await self._write(send, event("content_block_start", {
-                "index": 0, "content_block": {"type": "text", "text": ""}}))
+            await self._write(
+                send,
+                event(
+                    "content_block_start",
+                    {"index": index, "content_block": {"type": "text", "text": ""}},
+                ),
+            )
             for i, token in enumerate(answer.tokens):
-                await self._write(send, event("content_block_delta", {"index": 0, "delta": {
-                    "type": "text_delta", "text": token if i == 0 else " " + token}}))
+                await self._write(
+                    send,
+                    event(
+                        "content_block_delta",
+                        {
+                            "index": index,
+                            "delta": {
+                                "type": "text_delta",
+                                "text": token if i == 0 else " " + token,
+                            },
+                        },
+                    ),
+                )
             await self._write(send, event("content_block_stop", {"index": 0}))
             index = 1
         for i, (name, pieces) in enumerate(self._calls()):
-            await self._write(send, event("content_block_start", {"index": index, "content_block": {
-                "type": "tool_use", "id": f"toolu_fake{i}", "name": name, "input": {}}}))
+            await self._write(
+                send,
+                event(
+                    "content_block_start",
+                    {
+                        "index": index,
+                        "content_block": {
+                            "type": "tool_use",
+                            "id": f"toolu_fake{i}",
+                            "name": name,
+                            "input": {},
+                        },
+                    },
+                ),
+            )
             for fragment in [""] + pieces:  # Anthropic opens with an empty fragment
-                await self._write(send, event("content_block_delta", {"index": index, "delta": {
-                    "type": "input_json_delta", "partial_json": fragment}}))
+                await self._write(
+                    send,
+                    event(
+                        "content_block_delta",
+                        {
+                            "index": index,
+                            "delta": {"type": "input_json_delta", "partial_json": fragment},
+                        },
+                    ),
+                )
             await self._write(send, event("content_block_stop", {"index": index}))
             index += 1
-        await self._write(send, event("message_delta", {
-            "delta": {"stop_reason": "tool_use" if self.calls else "end_turn",
-                      "stop_sequence": None},
-            "usage": {"output_tokens": self._usage_out(answer)}}))
+        await self._write(
+            send,
+            event(
+                "message_delta",
+                {
+                    "delta": {
+                        "stop_reason": "tool_use" if self.calls else "end_turn",
+                        "stop_sequence": None,
+                    },
+                    "usage": {"output_tokens": self._usage_out(answer)},
+                },
+            ),
+        )
         await send({"type": "http.response.body", "body": event("message_stop", {}).encode()})

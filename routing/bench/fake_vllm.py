@@ -42,10 +42,20 @@ from routing.bench.fakes import _encode, _read_body, _send_json, _watch_disconne
 
 
 class FakeVllm:
-    def __init__(self, model: str = "fake-model", *, reply_tokens: int = 8,
-                 token_delay: float = 0.0, max_num_seqs: int = 4, max_model_len: int = 2048,
-                 api_key: str = "", host: str = "127.0.0.1", port: int = 0,
-                 prompt_tokens_details: bool = False, record: str = "") -> None:
+    def __init__(
+        self,
+        model: str = "fake-model",
+        *,
+        reply_tokens: int = 8,
+        token_delay: float = 0.0,
+        max_num_seqs: int = 4,
+        max_model_len: int = 2048,
+        api_key: str = "",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        prompt_tokens_details: bool = False,
+        record: str = "",
+    ) -> None:
         self.model, self.reply_tokens, self.token_delay = model, reply_tokens, token_delay
         self.max_num_seqs, self.max_model_len, self.api_key = max_num_seqs, max_model_len, api_key
         self.host, self.port = host, port
@@ -54,9 +64,17 @@ class FakeVllm:
         self._cached: dict[str, set[tuple]] = {}  # salt -> block-aligned prefixes it has seen
         self.requests: list[dict] = []
         self.cache_salts: list[str] = []
-        self.stats = {"running": 0, "waiting": 0, "prompt_tokens": 0, "generation_tokens": 0,
-                      "finished": 0, "aborted": 0, "refused": 0, "cache_queries": 0,
-                      "cache_hits": 0}
+        self.stats = {
+            "running": 0,
+            "waiting": 0,
+            "prompt_tokens": 0,
+            "generation_tokens": 0,
+            "finished": 0,
+            "aborted": 0,
+            "refused": 0,
+            "cache_queries": 0,
+            "cache_hits": 0,
+        }
         self._slots: asyncio.Semaphore | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -64,9 +82,16 @@ class FakeVllm:
     # -- control --------------------------------------------------------------------------------
 
     def start(self) -> FakeVllm:
-        config = uvicorn.Config(self._app, host=self.host, port=self.port, interface="asgi3",
-                                lifespan="off", log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            self._app,
+            host=self.host,
+            port=self.port,
+            interface="asgi3",
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="fake-vllm")
         self._thread.start()
@@ -106,14 +131,31 @@ class FakeVllm:
             return await send({"type": "http.response.body", "body": b""})
         if method == "GET" and path == "/metrics":
             return await self._metrics(send)
-        if path.startswith("/v1/") and self.api_key and \
-                headers.get("authorization") != f"Bearer {self.api_key}":
+        if (
+            path.startswith("/v1/")
+            and self.api_key
+            and headers.get("authorization") != f"Bearer {self.api_key}"
+        ):
             return await _send_json(send, 401, {"error": "Unauthorized"})
         if method == "GET" and path == "/v1/models":
-            return await _send_json(send, 200, {"object": "list", "data": [{
-                "id": self.model, "object": "model", "created": int(time.time()),
-                "owned_by": "vllm", "root": self.model, "parent": None,
-                "max_model_len": self.max_model_len}]})
+            return await _send_json(
+                send,
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": self.model,
+                            "object": "model",
+                            "created": int(time.time()),
+                            "owned_by": "vllm",
+                            "root": self.model,
+                            "parent": None,
+                            "max_model_len": self.max_model_len,
+                        }
+                    ],
+                },
+            )
         if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             return await self._completion(path, body, receive, send)
         await _error(send, 404, "NotFoundError", f"Not Found: {method} {path}")
@@ -130,15 +172,23 @@ class FakeVllm:
             ("vllm:prefix_cache_queries_total", "counter", s["cache_queries"]),
             ("vllm:prefix_cache_hits_total", "counter", s["cache_hits"]),
         ]
-        text = "".join(f"# TYPE {name} {metric_type}\n{name}{label} {float(value)}\n"
-                       for name, metric_type, value in lines)
+        text = "".join(
+            f"# TYPE {name} {metric_type}\n{name}{label} {float(value)}\n"
+            for name, metric_type, value in lines
+        )
         text += "# TYPE vllm:request_success_total counter\n" + "".join(
             f'vllm:request_success_total{{engine="0",finished_reason="{reason}",model_name='
-            f'"{self.model}"}} {float(s[key])}\n' for reason, key in (("stop", "finished"),
-                                                                       ("abort", "aborted")))
+            f'"{self.model}"}} {float(s[key])}\n'
+            for reason, key in (("stop", "finished"), ("abort", "aborted"))
+        )
         data = text.encode()
-        await send({"type": "http.response.start", "status": 200, "headers": _encode({
-            "content-type": "text/plain; version=0.0.4; charset=utf-8"})})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": _encode({"content-type": "text/plain; version=0.0.4; charset=utf-8"}),
+            }
+        )
         await send({"type": "http.response.body", "body": data})
 
     def _refusal(self, path: str, body) -> tuple[int, str, str] | None:
@@ -155,8 +205,11 @@ class FakeVllm:
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             return 400, "BadRequestError", "max_tokens must be at least 1."
         if _prompt_tokens(body) + (max_tokens or 0) > self.max_model_len:
-            return 400, "BadRequestError", (f"This model's maximum context length is "
-                                            f"{self.max_model_len} tokens.")
+            return (
+                400,
+                "BadRequestError",
+                (f"This model's maximum context length is {self.max_model_len} tokens."),
+            )
         return None
 
     async def _completion(self, path: str, raw: bytes, receive, send) -> None:
@@ -196,32 +249,61 @@ class FakeVllm:
         reason = "length" if limit is not None and limit < self.reply_tokens else "stop"
         self.stats["prompt_tokens"] += prompt
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        usage = {"prompt_tokens": prompt, "completion_tokens": len(tokens),
-                 "total_tokens": prompt + len(tokens),
-                 "prompt_tokens_details": {"cached_tokens": cached}
-                 if self.prompt_tokens_details else None}
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": len(tokens),
+            "total_tokens": prompt + len(tokens),
+            "prompt_tokens_details": {"cached_tokens": cached}
+            if self.prompt_tokens_details
+            else None,
+        }
         if not body.get("stream"):
             for _ in tokens:
                 await asyncio.sleep(self.token_delay)
             self.stats["generation_tokens"] += len(tokens)
             self.stats["finished"] += 1
             text = "".join(tokens)
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text},
-                       "finish_reason": reason, "logprobs": None} if chat else
-                      {"index": 0, "text": text, "finish_reason": reason, "logprobs": None})
-            return await _send_json(send, 200, {
-                "id": ident, "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()), "model": self.model, "choices": [choice],
-                "usage": usage})
+            choice = (
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": reason,
+                    "logprobs": None,
+                }
+                if chat
+                else {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+            )
+            return await _send_json(
+                send,
+                200,
+                {
+                    "id": ident,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": int(time.time()),
+                    "model": self.model,
+                    "choices": [choice],
+                    "usage": usage,
+                },
+            )
         await self._stream(chat, body, ident, tokens, reason, usage, gone, send)
 
     def _cache(self, body: dict) -> int:
         """Prompt tokens found in this salt's cache (whole blocks); the prompt is cached then."""
         prompt = body.get("prompt")
-        tokens = list(prompt) if isinstance(prompt, list) else (
-            [w for m in body.get("messages") or [] if isinstance(m, dict)
-             for w in str(m.get("content", "")).split()] if "messages" in body
-            else str(prompt or "").split())
+        tokens = (
+            list(prompt)
+            if isinstance(prompt, list)
+            else (
+                [
+                    w
+                    for m in body.get("messages") or []
+                    if isinstance(m, dict)
+                    for w in str(m.get("content", "")).split()
+                ]
+                if "messages" in body
+                else str(prompt or "").split()
+            )
+        )
         seen = self._cached.setdefault(body.get("cache_salt") or "", set())
         blocks = [tuple(tokens[:end]) for end in range(BLOCK, len(tokens) + 1, BLOCK)]
         hits = sum(BLOCK for prefix in blocks if prefix in seen)
@@ -231,26 +313,51 @@ class FakeVllm:
         return hits
 
     async def _stream(self, chat, body, ident, tokens, reason, usage, gone, send) -> None:
-        base = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()), "model": self.model}
+        base = {
+            "id": ident,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+        }
 
         ids = body.get("return_token_ids")
 
-        def chunk(content: str | None, finish: str | None = None, role: bool = False,
-                  token_id: int | None = None) -> bytes:
+        def chunk(
+            content: str | None,
+            finish: str | None = None,
+            role: bool = False,
+            token_id: int | None = None,
+        ) -> bytes:
             if chat:
-                delta = {"role": "assistant", "content": ""} if role else (
-                    {"content": content} if content is not None else {})
+                delta = (
+                    {"role": "assistant", "content": ""}
+                    if role
+                    else ({"content": content} if content is not None else {})
+                )
                 choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": content or "", "logprobs": None,
-                          "finish_reason": finish}
+                choice = {
+                    "index": 0,
+                    "text": content or "",
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
             if ids:
                 choice["token_ids"] = [] if token_id is None else [token_id]
             return f"data: {json.dumps({**base, 'choices': [choice]})}\n\n".encode()
 
-        await send({"type": "http.response.start", "status": 200, "headers": _encode({
-            "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": _encode(
+                    {
+                        "content-type": "text/event-stream; charset=utf-8",
+                        "cache-control": "no-cache",
+                    }
+                ),
+            }
+        )
         out = [chunk(None, role=True)] if chat else []
         for body_part in out:
             await send({"type": "http.response.body", "body": body_part, "more_body": True})
@@ -260,13 +367,23 @@ class FakeVllm:
                 self.stats["aborted"] += 1
                 return
             self.stats["generation_tokens"] += 1
-            await send({"type": "http.response.body", "body": chunk(token, token_id=100 + index),
-                        "more_body": True})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": chunk(token, token_id=100 + index),
+                    "more_body": True,
+                }
+            )
         await send({"type": "http.response.body", "body": chunk("", reason), "more_body": True})
         if (body.get("stream_options") or {}).get("include_usage"):
             final = {**base, "choices": [], "usage": usage}
-            await send({"type": "http.response.body",
-                        "body": f"data: {json.dumps(final)}\n\n".encode(), "more_body": True})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": f"data: {json.dumps(final)}\n\n".encode(),
+                    "more_body": True,
+                }
+            )
         self.stats["finished"] += 1
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
@@ -282,8 +399,11 @@ def _prompt_tokens(body: dict) -> int:
 
 
 async def _error(send, status: int, error_type: str, message: str) -> None:
-    await _send_json(send, status, {"error": {"message": message, "type": error_type, "param": None,
-                                              "code": status}})
+    await _send_json(
+        send,
+        status,
+        {"error": {"message": message, "type": error_type, "param": None, "code": status}},
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -302,11 +422,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--enable-prompt-tokens-details", action="store_true")
     parser.add_argument("--record", default="")
     args, _ = parser.parse_known_args(argv)  # vLLM's other flags are accepted and ignored
-    fake = FakeVllm(args.served_model_name or args.model, reply_tokens=args.reply_tokens,
-                    token_delay=args.token_delay, max_num_seqs=args.max_num_seqs,
-                    max_model_len=args.max_model_len, api_key=args.api_key, host=args.host,
-                    port=args.port, prompt_tokens_details=args.enable_prompt_tokens_details,
-                    record=args.record).start()
+    fake = FakeVllm(
+        args.served_model_name or args.model,
+        reply_tokens=args.reply_tokens,
+        token_delay=args.token_delay,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        api_key=args.api_key,
+        host=args.host,
+        port=args.port,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
+        record=args.record,
+    ).start()
     print(f"fake vLLM serving {fake.model} on {fake.url}", flush=True)
     try:
         while fake._thread.is_alive():

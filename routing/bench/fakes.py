@@ -30,8 +30,10 @@ import uvicorn
 
 FORMATS = ("openai", "openrouter", "anthropic")
 KINDS = ("ok", "rate_limit", "server_error", "slow_first_byte", "cut", "content_filter")
-CONTENT_POLICY = ("The response was filtered due to the prompt triggering OpenAI's content "
-                  "management policy. Please modify your prompt and retry.")
+CONTENT_POLICY = (
+    "The response was filtered due to the prompt triggering OpenAI's content "
+    "management policy. Please modify your prompt and retry."
+)
 # kind: (OpenAI/OpenRouter error type, OpenAI code, Anthropic error type)
 ERROR_SHAPES = {
     "auth": ("invalid_request_error", "invalid_api_key", "authentication_error"),
@@ -145,8 +147,19 @@ def _encode(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
 
 async def _send_json(send, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
     data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status, "headers": _encode({
-        "content-type": "application/json", "content-length": str(len(data)), **(headers or {})})})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": _encode(
+                {
+                    "content-type": "application/json",
+                    "content-length": str(len(data)),
+                    **(headers or {}),
+                }
+            ),
+        }
+    )
     await send({"type": "http.response.body", "body": data})
 
 
@@ -154,13 +167,21 @@ class FakeProvider:
     """One fake provider on a random free port. `url` is the base without `/v1`; tweak
     `models`, `logprob` and the OpenRouter prices before or between requests."""
 
-    def __init__(self, fmt: str = "openai", *, api_key: str = "sk-fake", reply_tokens: int = 8,
-                 token_delay: float = 0.0, cached_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        fmt: str = "openai",
+        *,
+        api_key: str = "sk-fake",
+        reply_tokens: int = 8,
+        token_delay: float = 0.0,
+        cached_tokens: int = 0,
+        cache_write_tokens: int = 0,  # Anthropic: of each prompt, the tokens "written" to cache
+    ) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"unknown format {fmt!r}; one of {FORMATS}")
         self.fmt, self.api_key = fmt, api_key
         self.reply_tokens, self.token_delay = reply_tokens, token_delay
-        self.cached_tokens = cached_tokens
+        self.cached_tokens, self.cache_write_tokens = cached_tokens, cache_write_tokens
         self.models = ["fake-model"]
         self.logprob = -0.1
         self.price_in_per_mtok_usd, self.price_out_per_mtok_usd = 1.0, 2.0
@@ -192,8 +213,15 @@ class FakeProvider:
         with self._lock:
             self._queue: collections.deque[Behaviour] = collections.deque()
             self._default = ok()
-            self._stats = dict(requests=0, ok=0, prompt_tokens=0, completion_tokens=0,
-                               cached_tokens=0, max_concurrent=0, probes=0)
+            self._stats = {
+                "requests": 0,
+                "ok": 0,
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+                "cached_tokens": 0,
+                "max_concurrent": 0,
+                "probes": 0,
+            }
             self._by_kind: collections.Counter[str] = collections.Counter()
             self.arrivals: list[tuple[float, str]] = []
             self.requests: list[Any] = []
@@ -210,14 +238,24 @@ class FakeProvider:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         # A bound method's __call__ is no coroutine function, so uvicorn would guess ASGI2.
-        config = uvicorn.Config(self._app, interface="asgi3", log_level="warning",
-                                lifespan="off", access_log=False, timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            self._app,
+            interface="asgi3",
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+        )
         error_log = logging.getLogger("uvicorn.error")
         if not any(isinstance(f, _DropCutTracebacks) for f in error_log.filters):
             error_log.addFilter(_DropCutTracebacks())
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name=f"fake-{self.fmt}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [sock]},
+            name=f"fake-{self.fmt}",
+            daemon=True,
+        )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
@@ -257,17 +295,22 @@ class FakeProvider:
         else:
             await self._error(send, 404, "not_found", f"Unknown request URL: {method} {path}")
 
-    async def _error(self, send, status: int, kind: str, message: str,
-                     headers: dict[str, str] | None = None) -> None:
+    async def _error(
+        self, send, status: int, kind: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
         """An error body in the provider's own shape."""
         openai_type, code, anthropic_type = ERROR_SHAPES[kind]
         if self.fmt == "anthropic":
-            body = {"type": "error", "error": {"type": anthropic_type, "message": message},
-                    "request_id": f"req_fake{next(self._ids)}"}
+            body = {
+                "type": "error",
+                "error": {"type": anthropic_type, "message": message},
+                "request_id": f"req_fake{next(self._ids)}",
+            }
         else:
             param = "prompt" if kind == "content_filter" else None
-            body = {"error": {"message": message, "type": openai_type, "param": param,
-                              "code": code}}
+            body = {
+                "error": {"message": message, "type": openai_type, "param": param, "code": code}
+            }
         await _send_json(send, status, body, headers)
 
     def _auth_problem(self, headers: dict[str, str]) -> tuple[int, str, str] | None:
@@ -290,12 +333,19 @@ class FakeProvider:
         if problem := self._auth_problem(headers):
             return await self._error(send, *problem)
         if self.fmt == "anthropic":
-            data = [{"type": "model", "id": m, "display_name": m,
-                     "created_at": "2025-01-01T00:00:00Z"} for m in self.models]
+            data = [
+                {"type": "model", "id": m, "display_name": m, "created_at": "2025-01-01T00:00:00Z"}
+                for m in self.models
+            ]
             body = {"data": data, "has_more": False}
         else:
-            body = {"object": "list", "data": [{"id": m, "object": "model", "created": 1700000000,
-                                                "owned_by": "fake"} for m in self.models]}
+            body = {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "created": 1700000000, "owned_by": "fake"}
+                    for m in self.models
+                ],
+            }
         await _send_json(send, 200, body)
 
     def _admit(self, headers: dict[str, str], raw: bytes) -> tuple[Any, Any]:
@@ -344,12 +394,16 @@ class FakeProvider:
                     retry["retry-after"] = f"{outcome.retry_after:g}"
                 if outcome.retry_after_ms is not None:
                     retry["retry-after-ms"] = str(outcome.retry_after_ms)
-                return await self._error(send, 429, "rate_limit",
-                                         "Rate limit reached for requests.", retry)
+                return await self._error(
+                    send, 429, "rate_limit", "Rate limit reached for requests.", retry
+                )
             if outcome.kind == "server_error":
                 status = outcome.status or 500
-                kind, message = ("overloaded", "Overloaded") if status == 529 else (
-                    "server", "The server had an error while processing your request.")
+                kind, message = (
+                    ("overloaded", "Overloaded")
+                    if status == 529
+                    else ("server", "The server had an error while processing your request.")
+                )
                 return await self._error(send, status, kind, message)
             if outcome.kind == "content_filter" and self.fmt != "anthropic":
                 return await self._error(send, 400, "content_filter", CONTENT_POLICY)
@@ -368,25 +422,51 @@ class FakeProvider:
 
     def _answer(self, body: dict, behaviour: Behaviour, gone: asyncio.Event) -> _Answer:
         """Decide the reply and count its prompt (the provider bills it once it answers)."""
-        prompt = sum(_words(m.get("content")) for m in body.get("messages") or []
-                     if isinstance(m, dict))
+        prompt = sum(
+            _words(m.get("content")) for m in body.get("messages") or [] if isinstance(m, dict)
+        )
         if self.fmt == "anthropic":
             prompt += _words(body.get("system"))
         cached = min(self.cached_tokens, prompt)
         self._count(prompt_tokens=prompt, cached_tokens=cached)
         if behaviour.kind == "content_filter":
-            return _Answer(f"msg_fake{next(self._ids)}", body.get("model", ""), prompt, cached,
-                           [], "refusal", None, gone)
+            return _Answer(
+                f"msg_fake{next(self._ids)}",
+                body.get("model", ""),
+                prompt,
+                cached,
+                [],
+                "refusal",
+                None,
+                gone,
+            )
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         n = self.reply_tokens if max_tokens is None else min(max_tokens, self.reply_tokens)
         prefix = "msg_fake" if self.fmt == "anthropic" else "chatcmpl-fake"
-        return _Answer(f"{prefix}{next(self._ids)}", body.get("model", ""), prompt, cached,
-                       [f"t{i} " for i in range(n)], "max" if n < self.reply_tokens else "end",
-                       behaviour.cut_after if behaviour.kind == "cut" else None, gone)
+        return _Answer(
+            f"{prefix}{next(self._ids)}",
+            body.get("model", ""),
+            prompt,
+            cached,
+            [f"t{i} " for i in range(n)],
+            "max" if n < self.reply_tokens else "end",
+            behaviour.cut_after if behaviour.kind == "cut" else None,
+            gone,
+        )
 
     async def _start_stream(self, send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": _encode({
-            "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": _encode(
+                    {
+                        "content-type": "text/event-stream; charset=utf-8",
+                        "cache-control": "no-cache",
+                    }
+                ),
+            }
+        )
 
     async def _write(self, send, text: str) -> None:
         await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
@@ -407,30 +487,52 @@ class FakeProvider:
 
     async def _cut_before_body(self, send, answer: _Answer) -> None:
         if answer.cut_after is not None:
-            await send({"type": "http.response.start", "status": 200, "headers": _encode({
-                "content-type": "application/json", "content-length": "1000"})})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": _encode(
+                        {"content-type": "application/json", "content-length": "1000"}
+                    ),
+                }
+            )
             raise _Cut()
 
     # -- OpenAI and OpenRouter -----------------------------------------------------------------
 
     def _openai_usage(self, answer: _Answer) -> dict[str, Any]:
         n = len(answer.tokens)
-        usage = {"prompt_tokens": answer.prompt, "completion_tokens": n,
-                 "total_tokens": answer.prompt + n,
-                 "prompt_tokens_details": {"cached_tokens": answer.cached},
-                 "completion_tokens_details": {"reasoning_tokens": 0}}
+        usage = {
+            "prompt_tokens": answer.prompt,
+            "completion_tokens": n,
+            "total_tokens": answer.prompt + n,
+            "prompt_tokens_details": {"cached_tokens": answer.cached},
+            "completion_tokens_details": {"reasoning_tokens": 0},
+        }
         if self.fmt == "openrouter":
-            usage["cost"] = (self.price_in_per_mtok_usd * answer.prompt / 1e6
-                             + self.price_out_per_mtok_usd * n / 1e6)
+            usage["cost"] = (
+                self.price_in_per_mtok_usd * answer.prompt / 1e6
+                + self.price_out_per_mtok_usd * n / 1e6
+            )
         return usage
 
     def _logprobs(self, tokens: list[str]) -> dict[str, Any]:
-        return {"content": [{"token": t, "logprob": self.logprob, "bytes": list(t.encode()),
-                             "top_logprobs": []} for t in tokens], "refusal": None}
+        return {
+            "content": [
+                {"token": t, "logprob": self.logprob, "bytes": list(t.encode()), "top_logprobs": []}
+                for t in tokens
+            ],
+            "refusal": None,
+        }
 
     def _openai_base(self, answer: _Answer, obj: str) -> dict[str, Any]:
-        base = {"id": answer.id, "object": obj, "created": int(time.time()),
-                "model": answer.model, "system_fingerprint": "fp_fake"}
+        base = {
+            "id": answer.id,
+            "object": obj,
+            "created": int(time.time()),
+            "model": answer.model,
+            "system_fingerprint": "fp_fake",
+        }
         if self.fmt == "openrouter":
             base["provider"] = "FakeProvider"
         return base
@@ -438,12 +540,21 @@ class FakeProvider:
     async def _openai_once(self, send, answer: _Answer, body: dict) -> None:
         """A `chat.completion` object."""
         await self._cut_before_body(send, answer)
-        choice = {"index": 0, "finish_reason": "length" if answer.stop == "max" else "stop",
-                  "message": {"role": "assistant", "content": "".join(answer.tokens),
-                              "refusal": None},
-                  "logprobs": self._logprobs(answer.tokens) if body.get("logprobs") else None}
-        await _send_json(send, 200, {**self._openai_base(answer, "chat.completion"),
-                                     "choices": [choice], "usage": self._openai_usage(answer)})
+        choice = {
+            "index": 0,
+            "finish_reason": "length" if answer.stop == "max" else "stop",
+            "message": {"role": "assistant", "content": "".join(answer.tokens), "refusal": None},
+            "logprobs": self._logprobs(answer.tokens) if body.get("logprobs") else None,
+        }
+        await _send_json(
+            send,
+            200,
+            {
+                **self._openai_base(answer, "chat.completion"),
+                "choices": [choice],
+                "usage": self._openai_usage(answer),
+            },
+        )
         self._count(completion_tokens=len(answer.tokens))
 
     async def _openai_stream(self, send, answer: _Answer, body: dict) -> None:
@@ -460,8 +571,10 @@ class FakeProvider:
             return f"data: {json.dumps({**base, 'choices': [choice]})}\n\n"
 
         def token_chunk(i: int, token: str) -> str:
-            return chunk({"content": token},
-                         logprobs=self._logprobs([token]) if body.get("logprobs") else None)
+            return chunk(
+                {"content": token},
+                logprobs=self._logprobs([token]) if body.get("logprobs") else None,
+            )
 
         await self._start_stream(send)
         if openrouter:
@@ -476,13 +589,26 @@ class FakeProvider:
 
     # -- Anthropic ----------------------------------------------------------------------------
 
-    def _anthropic_message(self, answer: _Answer, content: list, stop_reason: str | None,
-                           output_tokens: int) -> dict[str, Any]:
-        usage = {"input_tokens": answer.prompt - answer.cached, "output_tokens": output_tokens,
-                 "cache_read_input_tokens": answer.cached, "cache_creation_input_tokens": 0}
-        return {"id": answer.id, "type": "message", "role": "assistant", "model": answer.model,
-                "content": content, "stop_reason": stop_reason, "stop_sequence": None,
-                "usage": usage}
+    def _anthropic_message(
+        self, answer: _Answer, content: list, stop_reason: str | None, output_tokens: int
+    ) -> dict[str, Any]:
+        writes = min(self.cache_write_tokens, answer.prompt - answer.cached)
+        usage = {
+            "input_tokens": answer.prompt - answer.cached - writes,
+            "output_tokens": output_tokens,
+            "cache_read_input_tokens": answer.cached,
+            "cache_creation_input_tokens": writes,
+        }
+        return {
+            "id": answer.id,
+            "type": "message",
+            "role": "assistant",
+            "model": answer.model,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": None,
+            "usage": usage,
+        }
 
     @staticmethod
     def _stop_reason(answer: _Answer) -> str:
@@ -492,31 +618,43 @@ class FakeProvider:
         """A Message object; a refusal has no content."""
         await self._cut_before_body(send, answer)
         content = [{"type": "text", "text": "".join(answer.tokens)}] if answer.tokens else []
-        await _send_json(send, 200, self._anthropic_message(
-            answer, content, self._stop_reason(answer), len(answer.tokens)))
+        await _send_json(
+            send,
+            200,
+            self._anthropic_message(answer, content, self._stop_reason(answer), len(answer.tokens)),
+        )
         self._count(completion_tokens=len(answer.tokens))
 
     async def _anthropic_stream(self, send, answer: _Answer) -> None:
         """message_start, content_block_start, ping, content_block_delta per token,
         content_block_stop, message_delta, message_stop (a refusal skips the content block)."""
+
         def event(name: str, data: dict) -> str:
             return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n"
 
         def delta(i: int, token: str) -> str:
-            return event("content_block_delta",
-                         {"index": 0, "delta": {"type": "text_delta", "text": token}})
+            return event(
+                "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": token}}
+            )
 
         await self._start_stream(send)
-        await self._write(send, event("message_start",
-                                      {"message": self._anthropic_message(answer, [], None, 1)}))
+        await self._write(
+            send, event("message_start", {"message": self._anthropic_message(answer, [], None, 1)})
+        )
         if answer.stop != "refusal":
             block = {"index": 0, "content_block": {"type": "text", "text": ""}}
             await self._write(send, event("content_block_start", block))
             await self._write(send, event("ping", {}))
             await self._tokens(send, answer, delta)
             await self._write(send, event("content_block_stop", {"index": 0}))
-        await self._write(send, event("message_delta", {
-            "delta": {"stop_reason": self._stop_reason(answer), "stop_sequence": None},
-            "usage": {"output_tokens": len(answer.tokens)}}))
+        await self._write(
+            send,
+            event(
+                "message_delta",
+                {
+                    "delta": {"stop_reason": self._stop_reason(answer), "stop_sequence": None},
+                    "usage": {"output_tokens": len(answer.tokens)},
+                },
+            ),
+        )
         await send({"type": "http.response.body", "body": event("message_stop", {}).encode()})
-

@@ -41,18 +41,34 @@ BACKEND = "bench-gateway-upstream"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="manage.py bench gateway", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="manage.py bench gateway",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--clients", default="1,16,64", help="client counts (comma list)")
-    p.add_argument("--modes", default="json,stream", help="json, stream or both")
+    p.add_argument(
+        "--modes",
+        default="json,stream",
+        help="json, stream (chat completions), messages, messages-stream, responses, "
+        "responses-stream (the same requests through /v1/messages or /v1/responses, "
+        "Fairlane only); a comma list",
+    )
     p.add_argument("--api-workers", default="2", help="Fairlane API processes (comma list)")
     p.add_argument("--litellm", type=Path, default=None, help="a venv with litellm[proxy]")
-    p.add_argument("--baseline", type=Path, default=None,
-                   help="another checkout of Fairlane (e.g. a `git worktree` of the previous "
-                        "commit), run beside this one with each --api-workers count: before/after")
-    p.add_argument("--passthrough", action="store_true",
-                   help="also a bare uvicorn + aiohttp pass-through with each --api-workers count "
-                        "(routing/bench/passthrough.py): the ceiling on this machine")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another checkout of Fairlane (e.g. a `git worktree` of the previous "
+        "commit), run beside this one with each --api-workers count: before/after",
+    )
+    p.add_argument(
+        "--passthrough",
+        action="store_true",
+        help="also a bare uvicorn + aiohttp pass-through with each --api-workers count "
+        "(routing/bench/passthrough.py): the ceiling on this machine",
+    )
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per round")
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per round")
     p.add_argument("--rounds", type=int, default=3, help="rounds per setting and target")
@@ -72,9 +88,11 @@ def _require_distributed() -> None:
     from django.db import connection
 
     if connection.vendor != "postgresql" or not settings.REDIS_URL:
-        sys.exit("bench gateway measures the distributed configuration: set DATABASE_URL to "
-                 "PostgreSQL and REDIS_URL (e.g. DATABASE_URL=postgres://postgres@127.0.0.1:5432/"
-                 "fairlane REDIS_URL=redis://127.0.0.1:6379/0)")
+        sys.exit(
+            "bench gateway measures the distributed configuration: set DATABASE_URL to "
+            "PostgreSQL and REDIS_URL (e.g. DATABASE_URL=postgres://postgres@127.0.0.1:5432/"
+            "fairlane REDIS_URL=redis://127.0.0.1:6379/0)"
+        )
 
 
 def _wait_ready(url: str, process: Process, timeout: float = 120) -> None:
@@ -94,8 +112,14 @@ def _wait_ready(url: str, process: Process, timeout: float = 120) -> None:
 def _env(**extra) -> dict:
     import os
 
-    return {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}", "PYTHONUNBUFFERED": "1",
-            "DJANGO_SETTINGS_MODULE": "settings", "LOG_LEVEL": "WARNING", **extra}
+    return {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
+        "PYTHONUNBUFFERED": "1",
+        "DJANGO_SETTINGS_MODULE": "settings",
+        "LOG_LEVEL": "WARNING",
+        **extra,
+    }
 
 
 def fairlane_setup(upstream_url: str):
@@ -108,18 +132,27 @@ def fairlane_setup(upstream_url: str):
     from tenants.services.tenancy import agent_create, tenant_create
 
     tenant = Tenant.objects.filter(slug="bench").first() or tenant_create(
-        name="Benchmarks", slug="bench", owner=None)
+        name="Benchmarks", slug="bench", owner=None
+    )
     agent = Agent.objects.filter(tenant=tenant, name="bench-gateway").first() or agent_create(
-        tenant=tenant, name="bench-gateway")
+        tenant=tenant, name="bench-gateway"
+    )
     for owner in (None, agent):
         if not Budget.objects.filter(tenant=tenant, agent=owner).exists():
             budget_create(tenant=tenant, agent=owner, limit_microcents=10**15)
-    key, plain = api_key_create(tenant=tenant, agent=agent, name="bench gateway",
-                                scopes=[Scope.INFERENCE])
-    backend = backend_register(name=BACKEND, kind="openai_compatible", base_url=upstream_url,
-                               credential="sk-bench")
-    backend_model_set(backend=backend, model=MODEL, upstream_name="via-fairlane",
-                      price_input_per_mtok=10_000_000, price_output_per_mtok=40_000_000)
+    key, plain = api_key_create(
+        tenant=tenant, agent=agent, name="bench gateway", scopes=[Scope.INFERENCE]
+    )
+    backend = backend_register(
+        name=BACKEND, kind="openai_compatible", base_url=upstream_url, credential="sk-bench"
+    )
+    backend_model_set(
+        backend=backend,
+        model=MODEL,
+        upstream_name="via-fairlane",
+        price_input_per_mtok=10_000_000,
+        price_output_per_mtok=40_000_000,
+    )
     return tenant, agent, key, plain
 
 
@@ -130,23 +163,49 @@ def litellm_start(venv: Path, upstream_url: str, workdir: Path) -> tuple[Process
 
     master = "sk-" + secrets.token_urlsafe(24)
     config = workdir / "litellm.yaml"
-    config.write_text(json.dumps({  # JSON is YAML
-        "model_list": [{"model_name": MODEL, "litellm_params": {
-            "model": "openai/via-litellm", "api_base": upstream_url + "/v1",
-            "api_key": "sk-bench"}}],
-        "litellm_settings": {"drop_params": True},
-        "general_settings": {"master_key": master}}))
+    config.write_text(
+        json.dumps(
+            {  # JSON is YAML
+                "model_list": [
+                    {
+                        "model_name": MODEL,
+                        "litellm_params": {
+                            "model": "openai/via-litellm",
+                            "api_base": upstream_url + "/v1",
+                            "api_key": "sk-bench",
+                        },
+                    }
+                ],
+                "litellm_settings": {"drop_params": True},
+                "general_settings": {"master_key": master},
+            }
+        )
+    )
     port = free_port()
-    process = Process([str(venv / "bin" / "litellm"), "--config", str(config), "--host",
-                       "127.0.0.1", "--port", str(port), "--num_workers", "2",
-                       # uvicorn kills a worker that takes over 5 s to start; LiteLLM's import
-                       # takes longer than that on a busy 2-core machine
-                       "--timeout_worker_healthcheck", "120"],
-                      {k: v for k, v in _env(LITELLM_LOCAL_MODEL_COST_MAP="True",
-                                             LITELLM_LOG="ERROR").items()
-                       # no database: LiteLLM would use ours (and meter into it)
-                       if k not in ("DATABASE_URL", "REDIS_URL")},
-                      "bench-litellm")
+    process = Process(
+        [
+            str(venv / "bin" / "litellm"),
+            "--config",
+            str(config),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num_workers",
+            "2",
+            # uvicorn kills a worker that takes over 5 s to start; LiteLLM's import
+            # takes longer than that on a busy 2-core machine
+            "--timeout_worker_healthcheck",
+            "120",
+        ],
+        {
+            k: v
+            for k, v in _env(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR").items()
+            # no database: LiteLLM would use ours (and meter into it)
+            if k not in ("DATABASE_URL", "REDIS_URL")
+        },
+        "bench-litellm",
+    )
     _wait_ready(f"http://127.0.0.1:{port}/health/liveliness", process, timeout=180)
     return process, port, master
 
@@ -155,25 +214,70 @@ def fairlane_start(workers: int, checkout: Path = ROOT) -> tuple[Process, int]:
     """uvicorn serving `checkout` (this one, or a --baseline), with this process's secret key
     so that both read the same API keys and credentials."""
     port = free_port()
-    env = _env(FAIRLANE_ENGINE_MODE="distributed", SECRET_KEY=settings.SECRET_KEY,
-               PYTHONPATH=f"{checkout}:{checkout / 'platform'}")
-    process = Process([sys.executable, "-m", "uvicorn", "asgi:application", "--host", "127.0.0.1",
-                       "--port", str(port), "--workers", str(workers), "--loop", "uvloop",
-                       "--http", "httptools", "--lifespan", "off", "--no-access-log",
-                       "--log-level", "warning", "--timeout-worker-healthcheck", "120"],
-                      env, f"bench-{'fairlane' if checkout == ROOT else 'baseline'}-{workers}",
-                      cwd=checkout)
+    env = _env(
+        FAIRLANE_ENGINE_MODE="distributed",
+        SECRET_KEY=settings.SECRET_KEY,
+        PYTHONPATH=f"{checkout}:{checkout / 'platform'}",
+    )
+    process = Process(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--loop",
+            "uvloop",
+            "--http",
+            "httptools",
+            "--lifespan",
+            "off",
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            "--timeout-worker-healthcheck",
+            "120",
+        ],
+        env,
+        f"bench-{'fairlane' if checkout == ROOT else 'baseline'}-{workers}",
+        cwd=checkout,
+    )
     _wait_ready(f"http://127.0.0.1:{port}/healthz", process)
     return process, port
 
 
 def passthrough_start(workers: int, upstream_url: str) -> tuple[Process, int]:
     port = free_port()
-    process = Process([sys.executable, "-m", "uvicorn", "routing.bench.passthrough:app",
-                       "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-                       "--loop", "uvloop", "--http", "httptools", "--lifespan", "off",
-                       "--no-access-log", "--log-level", "warning"],
-                      _env(UPSTREAM=upstream_url), f"bench-passthrough-{workers}")
+    process = Process(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "routing.bench.passthrough:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--loop",
+            "uvloop",
+            "--http",
+            "httptools",
+            "--lifespan",
+            "off",
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ],
+        _env(UPSTREAM=upstream_url),
+        f"bench-passthrough-{workers}",
+    )
     _wait_ready(f"http://127.0.0.1:{port}/v1/models", process)
     return process, port
 
@@ -189,24 +293,51 @@ def measure(targets: dict[str, tuple[Target, Process | None]], args) -> list[dic
     rows = []
     for clients in args.clients:
         for mode in args.modes:
-            rounds: dict[str, list[dict]] = {name: [] for name in targets}
+            api = (
+                mode.removesuffix("-stream")
+                if mode.startswith(("messages", "responses"))
+                else "chat"
+            )
+            serving = {  # only this checkout of Fairlane speaks /v1/messages and /v1/responses
+                name: pair
+                for name, pair in targets.items()
+                if api == "chat" or name.startswith("fairlane")
+            }
+            rounds: dict[str, list[dict]] = {name: [] for name in serving}
             for _ in range(args.rounds):
-                for name, (target, process) in targets.items():
+                for name, (target, process) in serving.items():
                     result, seconds, (start, end) = load(
-                        target, clients=clients, stream=mode == "stream", seconds=args.seconds,
-                        warmup=args.warmup, probe=functools.partial(Sample.take, process))
-                    rounds[name].append({
-                        "rps": result.completed / seconds, "errors": result.errors,
-                        "p50_ms": _pct(result.latencies, 0.5), "p99_ms": _pct(result.latencies, 0.99),
-                        "ttft_p50_ms": _pct(result.ttfts, 0.5),
-                        **start.until(end, result.completed),
-                        "error_samples": result.error_samples})
+                        target,
+                        clients=clients,
+                        stream=mode.endswith("stream"),
+                        api=api,
+                        seconds=args.seconds,
+                        warmup=args.warmup,
+                        probe=functools.partial(Sample.take, process),
+                    )
+                    rounds[name].append(
+                        {
+                            "rps": result.completed / seconds,
+                            "errors": result.errors,
+                            "p50_ms": _pct(result.latencies, 0.5),
+                            "p99_ms": _pct(result.latencies, 0.99),
+                            "ttft_p50_ms": _pct(result.ttfts, 0.5),
+                            **start.until(end, result.completed),
+                            "error_samples": result.error_samples,
+                        }
+                    )
             for name, runs in rounds.items():
                 median = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
-                rows.append({"target": name, "clients": clients, "mode": mode,
-                             **{k: (round(v, 1) if k == "rps" else v) for k, v in median.items()},
-                             "rps_rounds": [round(r["rps"], 1) for r in runs]})
-            _print_setting(rows[-len(targets):])
+                rows.append(
+                    {
+                        "target": name,
+                        "clients": clients,
+                        "mode": mode,
+                        **{k: (round(v, 1) if k == "rps" else v) for k, v in median.items()},
+                        "rps_rounds": [round(r["rps"], 1) for r in runs],
+                    }
+                )
+            _print_setting(rows[-len(serving) :])
     return rows
 
 
@@ -215,16 +346,23 @@ def _print_setting(rows: list[dict]) -> None:
     for r in rows:
         added = ""
         if direct and r is not direct and r["p50_ms"] is not None and direct["p50_ms"] is not None:
-            key = "ttft_p50_ms" if r["mode"] == "stream" else "p50_ms"
+            key = "ttft_p50_ms" if r["mode"].endswith("stream") else "p50_ms"
             if r[key] is not None and direct[key] is not None:
                 r["added_p50_ms"] = round(r[key] - direct[key], 2)
-                added = f" added {'TTFT ' if r['mode'] == 'stream' else ''}p50 {r['added_p50_ms']} ms"
-        print(f"{r['mode']:6} {r['clients']:3} clients  {r['target']:12} {r['rps']:8.1f} req/s  "
-              f"p50 {r['p50_ms']} ms  p99 {r['p99_ms']} ms  TTFT p50 {r['ttft_p50_ms']} ms"
-              f"{added}  cpu/req {r['cpu_ms_per_request']} ms (db+redis {r['db_redis_cpu_ms_per_request']}, "
-              f"load {r['loadgen_cpu_ms_per_request']})  machine busy {r['machine_busy_pct']} % "
-              f"(stolen {r['machine_stolen_pct']} %)  errors {r['errors']}  "
-              f"rounds {r['rps_rounds']}", flush=True)
+                added = (
+                    f" added {'TTFT ' if r['mode'].endswith('stream') else ''}p50 "
+                    f"{r['added_p50_ms']} ms"
+                )
+        print(
+            f"{r['mode']:6} {r['clients']:3} clients  {r['target']:12} {r['rps']:8.1f} req/s  "
+            f"p50 {r['p50_ms']} ms  p99 {r['p99_ms']} ms  TTFT p50 {r['ttft_p50_ms']} ms"
+            f"{added}  cpu/req {r['cpu_ms_per_request']} ms "
+            f"(db+redis {r['db_redis_cpu_ms_per_request']}, "
+            f"load {r['loadgen_cpu_ms_per_request']})  machine busy {r['machine_busy_pct']} % "
+            f"(stolen {r['machine_stolen_pct']} %)  errors {r['errors']}  "
+            f"rounds {r['rps_rounds']}",
+            flush=True,
+        )
 
 
 def ratios(rows: list[dict], workers: list[int]) -> dict:
@@ -237,6 +375,12 @@ def ratios(rows: list[dict], workers: list[int]) -> dict:
                 out[f"{target}/passthrough-1 {mode} {clients}"] = round(row["rps"] / one["rps"], 2)
         if not target.startswith("fairlane"):
             continue
+        if mode.startswith(("messages", "responses")):  # a front door's CPU per request over chat's
+            chat = by.get((target, clients, "stream" if mode.endswith("stream") else "json"))
+            if chat and chat.get("cpu_ms_per_request") and row.get("cpu_ms_per_request"):
+                out[f"{target} {mode}/chat cpu per request {clients}"] = round(
+                    row["cpu_ms_per_request"] / chat["cpu_ms_per_request"], 3
+                )
         peer = by.get(("litellm", clients, mode))
         if peer and peer["rps"]:
             out[f"{target}/litellm {mode} {clients}"] = round(row["rps"] / peer["rps"], 2)
@@ -247,16 +391,19 @@ def ratios(rows: list[dict], workers: list[int]) -> dict:
         if one and one["rps"] and target != "fairlane-1":
             out[f"{target}/fairlane-1 {mode} {clients}"] = round(row["rps"] / one["rps"], 2)
             if clients > 1:  # a lone client never fills a process: no ceiling for it
-                most = rps_ceiling(row, by.get(("direct", clients, mode)),
-                                   processes=int(target.rsplit("-", 1)[1]))
+                most = rps_ceiling(
+                    row, by.get(("direct", clients, mode)), processes=int(target.rsplit("-", 1)[1])
+                )
                 if most is not None:
                     out[f"{target}/fairlane-1 ceiling {mode} {clients}"] = round(
-                        most / one["rps"], 2)
+                        most / one["rps"], 2
+                    )
     return out
 
 
-def rps_ceiling(row: dict, direct: dict | None, *, processes: int,
-                cores: int | None = None) -> float | None:
+def rps_ceiling(
+    row: dict, direct: dict | None, *, processes: int, cores: int | None = None
+) -> float | None:
     """The most requests/s `processes` API processes could serve on this machine at the CPU
     per request measured in `row`: each process at most one core (the GIL), and all of them
     together at most the cores the host left (less its stolen share) after what every request
@@ -267,9 +414,11 @@ def rps_ceiling(row: dict, direct: dict | None, *, processes: int,
     api = row.get("cpu_ms_per_request") or 0
     if api <= 0:
         return None
-    others = (row.get("db_redis_cpu_ms_per_request") or 0) + (
-        row.get("loadgen_cpu_ms_per_request") or 0) + (
-        (direct or {}).get("cpu_ms_per_request") or 0)
+    others = (
+        (row.get("db_redis_cpu_ms_per_request") or 0)
+        + (row.get("loadgen_cpu_ms_per_request") or 0)
+        + ((direct or {}).get("cpu_ms_per_request") or 0)
+    )
     cores = cores or os.cpu_count() or 1
     free = cores * (1 - (row.get("machine_stolen_pct") or 0) / 100)
     return min(processes * 1000 / api, free * 1000 / (api + others))
@@ -282,15 +431,22 @@ def ledger_check(agent, since, upstream_url: str) -> dict:
     from tenants.models import Reservation, UsageRecord
 
     time.sleep(2)  # settlements of the last answers
-    served = httpx.get(upstream_url + "/stats", timeout=10).json()["by_model"].get("via-fairlane", {})
+    served = (
+        httpx.get(upstream_url + "/stats", timeout=10).json()["by_model"].get("via-fairlane", {})
+    )
     ledger = UsageRecord.objects.filter(agent=agent, created_at__gte=since).aggregate(
-        rows=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
+        rows=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens")
+    )
     held = Reservation.objects.filter(agent=agent, status="held").count()
-    return {"upstream_requests": served.get("requests", 0), "ledger_rows": ledger["rows"],
-            "upstream_prompt_tokens": served.get("prompt_tokens", 0),
-            "ledger_prompt_tokens": ledger["prompt"] or 0,
-            "upstream_completion_tokens": served.get("completion_tokens", 0),
-            "ledger_completion_tokens": ledger["completion"] or 0, "reservations_held": held}
+    return {
+        "upstream_requests": served.get("requests", 0),
+        "ledger_rows": ledger["rows"],
+        "upstream_prompt_tokens": served.get("prompt_tokens", 0),
+        "ledger_prompt_tokens": ledger["prompt"] or 0,
+        "upstream_completion_tokens": served.get("completion_tokens", 0),
+        "ledger_completion_tokens": ledger["completion"] or 0,
+        "reservations_held": held,
+    }
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -304,15 +460,28 @@ def run(argv: list[str] | None = None) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     started: list[Process] = []
     up_port = free_port()
-    upstream = Process([sys.executable, "-m", "routing.bench.upstream", "--port", str(up_port),
-                        "--tokens", str(args.tokens)], _env(), "bench-upstream")
+    upstream = Process(
+        [
+            sys.executable,
+            "-m",
+            "routing.bench.upstream",
+            "--port",
+            str(up_port),
+            "--tokens",
+            str(args.tokens),
+        ],
+        _env(),
+        "bench-upstream",
+    )
     started.append(upstream)
     upstream_url = f"http://127.0.0.1:{up_port}"
     key = None
     try:
         _wait_ready(upstream_url + "/v1/models", upstream)
         tenant, agent, key, plain = fairlane_setup(upstream_url)
-        targets = {"direct": (Target("direct", "127.0.0.1", up_port, "sk-bench", "fake-model"), upstream)}
+        targets = {
+            "direct": (Target("direct", "127.0.0.1", up_port, "sk-bench", "fake-model"), upstream)
+        }
         if args.litellm:
             process, port, master = litellm_start(args.litellm, upstream_url, workdir)
             started.append(process)
@@ -320,25 +489,39 @@ def run(argv: list[str] | None = None) -> dict:
         for n in args.api_workers if args.passthrough else ():
             process, port = passthrough_start(n, upstream_url)
             started.append(process)
-            targets[f"passthrough-{n}"] = (Target(f"passthrough-{n}", "127.0.0.1", port, "sk-bench",
-                                                  "fake-model"), process)
+            targets[f"passthrough-{n}"] = (
+                Target(f"passthrough-{n}", "127.0.0.1", port, "sk-bench", "fake-model"),
+                process,
+            )
         for n in args.api_workers if args.baseline else ():
             process, port = fairlane_start(n, args.baseline.resolve())
             started.append(process)
-            targets[f"baseline-{n}"] = (Target(f"baseline-{n}", "127.0.0.1", port, plain, MODEL),
-                                        process)
+            targets[f"baseline-{n}"] = (
+                Target(f"baseline-{n}", "127.0.0.1", port, plain, MODEL),
+                process,
+            )
         for n in args.api_workers:
             process, port = fairlane_start(n)
             started.append(process)
-            targets[f"fairlane-{n}"] = (Target(f"fairlane-{n}", "127.0.0.1", port, plain, MODEL), process)
+            targets[f"fairlane-{n}"] = (
+                Target(f"fairlane-{n}", "127.0.0.1", port, plain, MODEL),
+                process,
+            )
         since = timezone.now()
         httpx.post(upstream_url + "/stats/reset", timeout=10)
-        print(f"bench gateway: {args.rounds} round(s) of {args.seconds:g} s (+{args.warmup:g} s "
-              f"warm-up) per target and setting; targets {list(targets)}", flush=True)
+        print(
+            f"bench gateway: {args.rounds} round(s) of {args.seconds:g} s (+{args.warmup:g} s "
+            f"warm-up) per target and setting; targets {list(targets)}",
+            flush=True,
+        )
         rows = measure(targets, args)
-        figures = {"bench": "gateway", "rows": rows, "ratios": ratios(rows, args.api_workers),
-                   "ledger": ledger_check(agent, since, upstream_url),
-                   "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+        figures = {
+            "bench": "gateway",
+            "rows": rows,
+            "ratios": ratios(rows, args.api_workers),
+            "ledger": ledger_check(agent, since, upstream_url),
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        }
     finally:
         for process in reversed(started):
             process.stop()
@@ -348,17 +531,25 @@ def run(argv: list[str] | None = None) -> dict:
     for name, value in figures["ratios"].items():
         print(f"ratio {name}: {value}")
     ledger = figures["ledger"]
-    exact = (ledger["ledger_rows"] == ledger["upstream_requests"]
-             and ledger["ledger_prompt_tokens"] == ledger["upstream_prompt_tokens"]
-             and ledger["ledger_completion_tokens"] == ledger["upstream_completion_tokens"])
+    exact = (
+        ledger["ledger_rows"] == ledger["upstream_requests"]
+        and ledger["ledger_prompt_tokens"] == ledger["upstream_prompt_tokens"]
+        and ledger["ledger_completion_tokens"] == ledger["upstream_completion_tokens"]
+    )
     figures["ledger"]["exact"] = exact
-    print(f"ledger: {ledger['ledger_rows']} rows for {ledger['upstream_requests']} upstream "
-          f"requests; completion tokens {ledger['ledger_completion_tokens']} vs "
-          f"{ledger['upstream_completion_tokens']} served; {'exact' if exact else 'MISMATCH'}")
+    print(
+        f"ledger: {ledger['ledger_rows']} rows for {ledger['upstream_requests']} upstream "
+        f"requests; completion tokens {ledger['ledger_completion_tokens']} vs "
+        f"{ledger['upstream_completion_tokens']} served; {'exact' if exact else 'MISMATCH'}"
+    )
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(figures, indent=1))
-    print(json.dumps({k: v for k, v in figures.items() if k != "rows"} | {
-        "summary": {f"{r['target']} {r['mode']} {r['clients']}": r["rps"] for r in rows}}))
+    print(
+        json.dumps(
+            {k: v for k, v in figures.items() if k != "rows"}
+            | {"summary": {f"{r['target']} {r['mode']} {r['clients']}": r["rps"] for r in rows}}
+        )
+    )
     return figures
 
 

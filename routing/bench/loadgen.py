@@ -15,7 +15,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-FIRST_TOKEN = re.compile(rb'"content":\s*"w')
+# A chat chunk's content, an Anthropic text_delta's text, a Responses text delta.
+FIRST_TOKEN = re.compile(rb'"(?:content|text|delta)":\s*"w')
+# What an answer that arrived whole holds, per API and stream (any of them): chat's [DONE],
+# Anthropic's message_stop, the Responses API's last event (incomplete when
+# max_output_tokens ended it, as the upstream's answers are); else its usage.
+ENDED = {
+    ("chat", True): (b"[DONE]",),
+    ("messages", True): (b"message_stop",),
+    ("responses", True): (b'"type":"response.completed"', b'"type":"response.incomplete"'),
+}
 
 
 @dataclass(slots=True)
@@ -36,19 +45,39 @@ class Result:
     error_samples: list[str] = field(default_factory=list)
 
 
-def request_bytes(target: Target, *, stream: bool, max_tokens: int = 16) -> bytes:
-    body = {"model": target.model, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": "say something short please"}]}
+def request_bytes(
+    target: Target, *, stream: bool, max_tokens: int = 16, api: str = "chat"
+) -> bytes:
+    """A chat completion, or the same ask as Anthropic's Messages (`api="messages"`) or of the
+    Responses API (`api="responses"`, stored nothing)."""
+    prompt = "say something short please"
+    body: dict = {
+        "model": target.model,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": prompt}],
+    }
     if stream:
-        body |= {"stream": True, "stream_options": {"include_usage": True}}
+        body |= {"stream": True}
+        if api == "chat":
+            body["stream_options"] = {"include_usage": True}
+    if api == "responses":
+        body = {"model": target.model, "max_output_tokens": max_tokens, "input": prompt}
+        body |= {"store": False, "stream": stream}
     raw = json.dumps(body).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n"
-            f"Authorization: Bearer {target.key}\r\nContent-Type: application/json\r\n"
-            f"Accept: */*\r\nContent-Length: {len(raw)}\r\n\r\n")
+    path = {"messages": "/v1/messages", "responses": "/v1/responses"}.get(
+        api, "/v1/chat/completions"
+    )
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n"
+        f"Authorization: Bearer {target.key}\r\nContent-Type: application/json\r\n"
+        f"Accept: */*\r\nContent-Length: {len(raw)}\r\n\r\n"
+    )
     return head.encode() + raw
 
 
-async def _read_response(reader: asyncio.StreamReader, started: float) -> tuple[int, bytes, float | None, bool]:
+async def _read_response(
+    reader: asyncio.StreamReader, started: float
+) -> tuple[int, bytes, float | None, bool]:
     """(status, body, time of the first content token or None, keep-alive)."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
@@ -81,8 +110,15 @@ async def _read_response(reader: asyncio.StreamReader, started: float) -> tuple[
     return status, body, first, headers.get("connection") != "close"
 
 
-async def _client(target: Target, payload: bytes, stream: bool, stop_at: float,
-                  record_from: float, result: Result) -> None:
+async def _client(
+    target: Target,
+    payload: bytes,
+    ended: tuple[bytes, ...],
+    stream: bool,
+    stop_at: float,
+    record_from: float,
+    result: Result,
+) -> None:
     reader = writer = None
     while time.perf_counter() < stop_at:
         try:
@@ -92,7 +128,7 @@ async def _client(target: Target, payload: bytes, stream: bool, stop_at: float,
             writer.write(payload)
             status, body, first, keep = await _read_response(reader, started)
             elapsed = time.perf_counter() - started
-            ok = status == 200 and (b"[DONE]" in body if stream else b'"usage"' in body)
+            ok = status == 200 and any(end in body for end in ended)
             # Only answers that started and ended inside the measured window count.
             if started >= record_from and started + elapsed <= stop_at:
                 if ok:
@@ -120,14 +156,22 @@ async def _client(target: Target, payload: bytes, stream: bool, stop_at: float,
         writer.close()
 
 
-async def load_run(target: Target, *, clients: int, stream: bool, seconds: float,
-                   warmup: float, probe: Callable[[], object] | None = None,
-                   ) -> tuple[Result, float, list]:
+async def load_run(
+    target: Target,
+    *,
+    clients: int,
+    stream: bool,
+    seconds: float,
+    warmup: float,
+    probe: Callable[[], object] | None = None,
+    api: str = "chat",
+) -> tuple[Result, float, list]:
     """Run `clients` closed-loop clients for warmup + seconds; only requests started after the
     warm-up count. Returns the result, the measured window's length and, with `probe`, what it
     returned as the window opened and as it closed (CPU counters: the warm-up's CPU would
     otherwise be charged to the measured window's requests)."""
-    payload = request_bytes(target, stream=stream)
+    payload = request_bytes(target, stream=stream, api=api)
+    ended = ENDED.get((api, stream), (b'"usage"',))
     result = Result()
     now = time.perf_counter()
     record_from, stop_at = now + warmup, now + warmup + seconds
@@ -139,8 +183,12 @@ async def load_run(target: Target, *, clients: int, stream: bool, seconds: float
                 await asyncio.sleep(left)
             samples.append(probe())
 
-    clients_done = asyncio.gather(*(_client(target, payload, stream, stop_at, record_from, result)
-                                    for _ in range(clients)))
+    clients_done = asyncio.gather(
+        *(
+            _client(target, payload, ended, stream, stop_at, record_from, result)
+            for _ in range(clients)
+        )
+    )
     await asyncio.gather(clients_done, *([window()] if probe else []))
     return result, seconds, samples
 
@@ -148,6 +196,7 @@ async def load_run(target: Target, *, clients: int, stream: bool, seconds: float
 def load(target: Target, **kwargs) -> tuple[Result, float, list]:
     try:
         import uvloop
+
         return uvloop.run(load_run(target, **kwargs))
     except ImportError:  # uvloop comes with uvicorn[standard]; plain asyncio otherwise
         return asyncio.run(load_run(target, **kwargs))

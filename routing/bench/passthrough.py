@@ -25,11 +25,24 @@ async def app(scope, receive, send) -> None:
     body = await body_read(receive)
     if _session is None:
         _session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-    async with _session.request(scope["method"], UPSTREAM + scope["path"], data=body,
-                                headers={"content-type": "application/json"}) as response:
-        await send({"type": "http.response.start", "status": response.status,
-                    "headers": [(b"content-type", response.headers.get(
-                        "content-type", "application/json").encode())]})
+    async with _session.request(
+        scope["method"],
+        UPSTREAM + scope["path"],
+        data=body,
+        headers={"content-type": "application/json"},
+    ) as response:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status,
+                "headers": [
+                    (
+                        b"content-type",
+                        response.headers.get("content-type", "application/json").encode(),
+                    )
+                ],
+            }
+        )
         async for chunk in response.content.iter_any():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     await send({"type": "http.response.body", "body": b""})

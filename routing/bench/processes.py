@@ -24,10 +24,18 @@ def free_port() -> int:
 
 class Process:
     def __init__(self, args: list[str], env: dict, log_name: str, cwd: Path = ROOT) -> None:
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fairlane-{log_name}-{os.getpid()}.log"
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.log_path = (
+            Path(os.environ.get("TMPDIR", "/tmp")) / f"fairlane-{log_name}-{os.getpid()}.log"
+        )
+        self.log = open(self.log_path, "w")  # noqa: SIM115  (open for the process's life)
+        self.proc = subprocess.Popen(
+            args,
+            cwd=cwd,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def output(self) -> str:
         self.log.flush()
@@ -59,9 +67,25 @@ class AsgiServer(Process):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         extra = ["--workers", str(workers)] if workers > 1 else []
-        super().__init__([sys.executable, "-m", "uvicorn", "asgi:application", "--port",
-                          str(self.port), "--lifespan", "off", "--no-access-log", *extra],
-                         env, "asgi")
+        # As deployed: X-Forwarded-For is trusted from the proxies named here, none by default
+        # (uvicorn's own default trusts 127.0.0.1).
+        env = {"FORWARDED_ALLOW_IPS": "", **env}
+        super().__init__(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "asgi:application",
+                "--port",
+                str(self.port),
+                "--lifespan",
+                "off",
+                "--no-access-log",
+                *extra,
+            ],
+            env,
+            "asgi",
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -75,10 +99,31 @@ class AsgiServer(Process):
 
 
 class CeleryWorker(Process):
-    def __init__(self, env: dict, *, queue: str = "gpu", concurrency: int = 32,
-                 name: str = "gpu") -> None:
-        super().__init__([sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-Q", queue,
-                          "-P", "threads", "-c", str(concurrency), "--without-gossip",
-                          "--without-mingle", "-l", "info", "-n", f"{name}-{free_port()}@%h"],
-                         env, f"worker-{name}")
+    def __init__(
+        self, env: dict, *, queue: str = "gpu", concurrency: int = 32, name: str = "gpu"
+    ) -> None:
+        super().__init__(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "celery_app",
+                "worker",
+                "-Q",
+                queue,
+                "-P",
+                "threads",
+                "-c",
+                str(concurrency),
+                "--without-gossip",
+                "--without-mingle",
+                "-l",
+                "info",
+                "-n",
+                f"{name}-{free_port()}@%h",
+            ],
+            env,
+            f"worker-{name}",
+        )
         self.wait_for("ready.")

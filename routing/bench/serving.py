@@ -31,14 +31,18 @@ from tenants.services.keys import api_key_create, api_key_revoke
 from tenants.services.tenancy import agent_create, tenant_create
 from workers.engine import AsyncEngine, EngineConfig, SamplingParams
 from workers.models import ServedModel
-from workers.registry import model_dir, model_register
+from workers.serving.catalog import model_dir
+from workers.serving.registration import model_register
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="manage.py bench serving", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="manage.py bench serving",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="a small workload, under a minute")
     p.add_argument("--requests", type=int, default=None, help="requests per phase (48; quick 12)")
     p.add_argument("--concurrency", type=int, default=16, help="clients at once in phase 2")
@@ -52,32 +56,49 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def workload(*, seed: int, num: int, vocab: int, quick: bool) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
     prompt_range, output_range = ((16, 128), (16, 48)) if quick else ((16, 256), (32, 128))
-    return [([rng.randrange(5, vocab) for _ in range(rng.randint(*prompt_range))],
-             rng.randint(*output_range)) for _ in range(num)]
+    return [
+        (
+            [rng.randrange(5, vocab) for _ in range(rng.randint(*prompt_range))],
+            rng.randint(*output_range),
+        )
+        for _ in range(num)
+    ]
 
 
 def _setup(preset: str) -> tuple[str, str, object]:
     """A bench tenant, agent and key (revoked afterwards), and the model, free of charge."""
     tenant = Tenant.objects.filter(slug="bench").first() or tenant_create(
-        name="Benchmarks", slug="bench", owner=None)
+        name="Benchmarks", slug="bench", owner=None
+    )
     agent = Agent.objects.filter(tenant=tenant, name="bench").first() or agent_create(
-        tenant=tenant, name="bench")
+        tenant=tenant, name="bench"
+    )
     model = f"bench-{preset}"
     model_register(name=model, source=f"preset:{preset}", description="bench serving")
     ServedModel.objects.filter(name=model).update(is_enabled=True)
-    key, plain = api_key_create(tenant=tenant, agent=agent, name="bench serving",
-                                scopes=[Scope.INFERENCE])
+    key, plain = api_key_create(
+        tenant=tenant, agent=agent, name="bench serving", scopes=[Scope.INFERENCE]
+    )
     return model, plain, key
 
 
 def embedded_server(threads: int) -> AsgiServer:
     """uvicorn serving this checkout in the embedded mode, on a free port."""
-    return AsgiServer({**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
-                       "DJANGO_SETTINGS_MODULE": "settings", "FAIRLANE_ENGINE_MODE": "embedded",
-                       "FAIRLANE_ENGINE_THREADS": str(threads), "LOG_LEVEL": "WARNING"})
+    return AsgiServer(
+        {
+            **os.environ,
+            "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
+            "DJANGO_SETTINGS_MODULE": "settings",
+            "FAIRLANE_ENGINE_MODE": "embedded",
+            "FAIRLANE_ENGINE_THREADS": str(threads),
+            "LOG_LEVEL": "WARNING",
+        }
+    )
 
 
-async def _direct(engine: AsyncEngine, prompt: list[int], max_tokens: int) -> tuple[float, float, int]:
+async def _direct(
+    engine: AsyncEngine, prompt: list[int], max_tokens: int
+) -> tuple[float, float, int]:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     start, first, tokens = time.perf_counter(), None, 0
     async for out in engine.generate(prompt, params):
@@ -89,10 +110,18 @@ async def _direct(engine: AsyncEngine, prompt: list[int], max_tokens: int) -> tu
     return (first or end) - start, end - start, tokens
 
 
-async def _http(client: httpx.AsyncClient, model: str, prompt: list[int],
-                max_tokens: int) -> tuple[float, float, int]:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+async def _http(
+    client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int
+) -> tuple[float, float, int]:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start, first, tokens = time.perf_counter(), None, 0
     async with client.stream("POST", "/v1/completions", json=body) as response:
         response.raise_for_status()
@@ -140,18 +169,23 @@ async def _measure(args, model: str, key: str, engine: AsyncEngine, jobs) -> dic
                 overhead.append((h_total - d_total) * 1000)
                 ttft_overhead.append((h_ttft - d_ttft) * 1000)
             direct_span, direct_tokens = await _concurrent(
-                lambda p, m: _direct(engine, p, m), jobs, args.concurrency)
+                lambda p, m: _direct(engine, p, m), jobs, args.concurrency
+            )
             http_span, http_tokens = await _concurrent(
-                lambda p, m: _http(client, model, p, m), jobs, args.concurrency)
+                lambda p, m: _http(client, model, p, m), jobs, args.concurrency
+            )
     finally:
         server.stop()
     return {
-        "overhead_ms_p50": _pct(overhead, 0.5), "overhead_ms_p99": _pct(overhead, 0.99),
+        "overhead_ms_p50": _pct(overhead, 0.5),
+        "overhead_ms_p99": _pct(overhead, 0.99),
         "overhead_ms_mean": statistics.fmean(overhead),
         "ttft_overhead_ms_p50": _pct(ttft_overhead, 0.5),
         "ttft_overhead_ms_p99": _pct(ttft_overhead, 0.99),
-        "direct_tok_s": direct_tokens / direct_span, "http_tok_s": http_tokens / http_span,
-        "direct_makespan_s": direct_span, "http_makespan_s": http_span,
+        "direct_tok_s": direct_tokens / direct_span,
+        "http_tok_s": http_tokens / http_span,
+        "direct_makespan_s": direct_span,
+        "http_makespan_s": http_span,
         "tok_s_ratio_http_over_direct": (http_tokens / http_span) / (direct_tokens / direct_span),
     }
 
@@ -165,25 +199,39 @@ def run(argv: list[str] | None = None) -> dict:
     path = model_dir(f"preset:{args.preset}")
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     jobs = workload(seed=args.seed, num=num, vocab=vocab, quick=args.quick)
-    engine = AsyncEngine.from_config(EngineConfig(
-        model=str(path), num_threads=args.threads, max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS,
-        kv_cache_memory_bytes=settings.FAIRLANE_ENGINE_KV_CACHE_MB << 20)).start()
+    engine = AsyncEngine.from_config(
+        EngineConfig(
+            model=str(path),
+            num_threads=args.threads,
+            max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS,
+            kv_cache_memory_bytes=settings.FAIRLANE_ENGINE_KV_CACHE_MB << 20,
+        )
+    ).start()
     try:
         figures = asyncio.run(_measure(args, model, plain, engine, jobs))
     finally:
         engine.shutdown()
         api_key_revoke(key=key)
         ServedModel.objects.filter(name=model).update(is_enabled=False)  # out of /v1/models
-    result = {"bench": "serving", "preset": args.preset, "requests": num,
-              "concurrency": args.concurrency, "threads": args.threads,
-              "output_tokens": sum(m for _, m in jobs), **{k: round(v, 3) for k, v in
-                                                            figures.items()}}
+    result = {
+        "bench": "serving",
+        "preset": args.preset,
+        "requests": num,
+        "concurrency": args.concurrency,
+        "threads": args.threads,
+        "output_tokens": sum(m for _, m in jobs),
+        **{k: round(v, 3) for k, v in figures.items()},
+    }
     print(f"serving bench: {num} requests, preset {args.preset}, {args.threads} threads")
-    print(f"  per-request overhead (HTTP - direct): p50 {result['overhead_ms_p50']:.1f} ms, "
-          f"p99 {result['overhead_ms_p99']:.1f} ms; TTFT overhead p50 "
-          f"{result['ttft_overhead_ms_p50']:.1f} ms, p99 {result['ttft_overhead_ms_p99']:.1f} ms")
-    print(f"  {args.concurrency} concurrent: direct {result['direct_tok_s']:.1f} tok/s, HTTP "
-          f"{result['http_tok_s']:.1f} tok/s, ratio {result['tok_s_ratio_http_over_direct']:.3f}")
+    print(
+        f"  per-request overhead (HTTP - direct): p50 {result['overhead_ms_p50']:.1f} ms, "
+        f"p99 {result['overhead_ms_p99']:.1f} ms; TTFT overhead p50 "
+        f"{result['ttft_overhead_ms_p50']:.1f} ms, p99 {result['ttft_overhead_ms_p99']:.1f} ms"
+    )
+    print(
+        f"  {args.concurrency} concurrent: direct {result['direct_tok_s']:.1f} tok/s, HTTP "
+        f"{result['http_tok_s']:.1f} tok/s, ratio {result['tok_s_ratio_http_over_direct']:.3f}"
+    )
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result))

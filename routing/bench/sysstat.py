@@ -18,8 +18,8 @@ def _stat(pid: str) -> tuple[str, int, float] | None:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    name = raw[raw.index("(") + 1:raw.rindex(")")]
-    fields = raw[raw.rindex(")") + 2:].split()
+    name = raw[raw.index("(") + 1 : raw.rindex(")")]
+    fields = raw[raw.rindex(")") + 2 :].split()
     # fields[0] is state (field 3 of stat); session is field 6, utime 14, stime 15.
     return name, int(fields[3]), (int(fields[11]) + int(fields[12])) / TICKS
 
@@ -41,8 +41,7 @@ def cpu_seconds(process) -> float:
 def server_cpu_seconds() -> float:
     """CPU seconds of the PostgreSQL and Redis servers on this machine (shared by whatever
     else runs: an upper bound of what the benchmarked gateway cost them)."""
-    return sum(cpu for name, _, cpu in _all()
-               if name.startswith(("postgres", "redis-server")))
+    return sum(cpu for name, _, cpu in _all() if name.startswith(("postgres", "redis-server")))
 
 
 def machine_seconds() -> tuple[float, float, float]:
@@ -69,8 +68,9 @@ class Sample:
     @classmethod
     def take(cls, process) -> Sample:
         busy, stolen, every = machine_seconds()
-        return cls(cpu_seconds(process), server_cpu_seconds(), time.process_time(), busy,
-                   stolen, every)
+        return cls(
+            cpu_seconds(process), server_cpu_seconds(), time.process_time(), busy, stolen, every
+        )
 
     def until(self, end: Sample, served: int) -> dict:
         """The window's figures: CPU per request of each part, and the machine's cores' busy
@@ -80,8 +80,10 @@ class Sample:
         def per_request(name: str) -> float:
             return round((getattr(end, name) - getattr(self, name)) * 1000 / served, 3)
 
-        return {"cpu_ms_per_request": per_request("server"),
-                "db_redis_cpu_ms_per_request": per_request("db_redis"),
-                "loadgen_cpu_ms_per_request": per_request("loadgen"),
-                "machine_busy_pct": round((end.busy - self.busy) * 100 / every, 1),
-                "machine_stolen_pct": round((end.stolen - self.stolen) * 100 / every, 1)}
+        return {
+            "cpu_ms_per_request": per_request("server"),
+            "db_redis_cpu_ms_per_request": per_request("db_redis"),
+            "loadgen_cpu_ms_per_request": per_request("loadgen"),
+            "machine_busy_pct": round((end.busy - self.busy) * 100 / every, 1),
+            "machine_stolen_pct": round((end.stolen - self.stolen) * 100 / every, 1),
+        }

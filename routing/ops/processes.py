@@ -12,13 +12,13 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
 
 from django.conf import settings
+from prometheus_client import Gauge
 
 from routing.breaker import breakers
-from tenants.counters import redis_client
+from tenants.loops import BackgroundLoop
 
 logger = logging.getLogger(__name__)
 
@@ -29,40 +29,32 @@ STATES = {"closed": 0, "half_open": 1, "open": 2}
 
 
 def _snapshot() -> dict[str, dict]:
-    return {name: {"state": breakers.state(name), "inflight": s["inflight"]}
-            for name, s in breakers.snapshot().items()}
+    return {
+        name: {"state": breakers.state(name), "inflight": s["inflight"]}
+        for name, s in breakers.snapshot().items()
+    }
 
 
-class Publisher:
-    def __init__(self) -> None:
+class BreakerPublisher:
+    """The runtime's publisher of this process's breakers (`client`: its Redis, or None),
+    started by the first request it routes."""
+
+    def __init__(self, client) -> None:
+        self.client = client
         self.id = f"{socket.gethostname()}:{os.getpid()}"
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
         self._gauges = None
-
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="breakers-publisher",
-                                                daemon=True)
-                self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                self.publish()
-            except Exception:  # a thread boundary: Redis hiccups must not stop it
-                logger.warning("could not publish this process's breakers", exc_info=True)
-            time.sleep(PUBLISH_SECONDS)
+        self.loop = BackgroundLoop(
+            "breakers-publisher", self.publish, interval=lambda: PUBLISH_SECONDS
+        )
 
     def publish(self) -> None:
         snapshot = _snapshot()
-        client = redis_client()
-        if client is not None:
-            client.set(settings.FAIRLANE_QUEUE_NAMESPACE + KEY + self.id,
-                       json.dumps({"ts": time.time(), "backends": snapshot}), ex=TTL_SECONDS)
+        if self.client is not None:
+            self.client.set(
+                settings.FAIRLANE_QUEUE_NAMESPACE + KEY + self.id,
+                json.dumps({"ts": time.time(), "backends": snapshot}),
+                ex=TTL_SECONDS,
+            )
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             inflight, circuit = self._multiprocess_gauges()
             for name, state in snapshot.items():
@@ -71,26 +63,29 @@ class Publisher:
 
     def _multiprocess_gauges(self):
         if self._gauges is None:
-            from prometheus_client import Gauge
-
             self._gauges = (
-                Gauge("fairlane_backend_inflight", "requests in flight at the backend (every "
-                      "live API process)", ["backend"], multiprocess_mode="livesum",
-                      registry=None),
-                Gauge("fairlane_backend_circuit_state", "the most open circuit of any live API "
-                      "process: 0 closed, 1 half-open, 2 open", ["backend"],
-                      multiprocess_mode="livemax", registry=None))
+                Gauge(
+                    "fairlane_backend_inflight",
+                    "requests in flight at the backend (every live API process)",
+                    ["backend"],
+                    multiprocess_mode="livesum",
+                    registry=None,
+                ),
+                Gauge(
+                    "fairlane_backend_circuit_state",
+                    "the most open circuit of any live API process: 0 closed, 1 half-open, 2 open",
+                    ["backend"],
+                    multiprocess_mode="livemax",
+                    registry=None,
+                ),
+            )
         return self._gauges
 
 
-publisher = Publisher()
-
-
-def processes_breakers() -> dict[str, dict]:
-    """Per backend, over every API process that published lately (this one alone without
-    Redis): requests in flight (summed) and how many processes have its circuit in each
-    state."""
-    client = redis_client()
+def processes_breakers(client) -> dict[str, dict]:
+    """Per backend, over every API process that published lately (`client`: the runtime's
+    Redis; this process alone without it): requests in flight (summed) and how many processes
+    have its circuit in each state."""
     if client is None:
         beats = [{"backends": _snapshot()}]
     else:
@@ -100,8 +95,9 @@ def processes_breakers() -> dict[str, dict]:
     totals: dict[str, dict] = {}
     for beat in beats:
         for name, state in beat["backends"].items():
-            entry = totals.setdefault(name, {"inflight": 0, "processes": 0, "closed": 0,
-                                             "half_open": 0, "open": 0})
+            entry = totals.setdefault(
+                name, {"inflight": 0, "processes": 0, "closed": 0, "half_open": 0, "open": 0}
+            )
             entry["inflight"] += state["inflight"]
             entry["processes"] += 1
             entry[state["state"]] = entry.get(state["state"], 0) + 1

@@ -12,11 +12,13 @@ from django.db.models.functions import Least
 from django.utils import timezone
 
 from routing.metrics import ATTEMPTS_BY_MINUTE, SEP
-from routing.models import Backend
+from routing.models import Backend, BackendKind
 from routing.ops.processes import processes_breakers
 from routing.overload import Load, brownout_level
 from tenants.models import AlertEvent, BudgetWindow, Reservation, Tenant, UsageRecord
-from workers import selectors as pool
+from workers.selectors import queue_states
+from workers.serving.pool import QueueState
+from workers.serving.runtime import Runtime
 
 ERRORS = ("failed", "rate_limited")
 REACHED = ("ok", "failed", "rate_limited", "refused")  # attempts that reached the backend
@@ -54,54 +56,71 @@ class BackendRow:
         return "closed"
 
 
-def _rates(minutes: int) -> dict[str, Rate]:
+def _rates(client, minutes: int) -> dict[str, Rate]:
     counts: dict[str, dict[str, int]] = {}
-    for field, value in ATTEMPTS_BY_MINUTE.totals(since_seconds=minutes * 60).items():
+    for field, value in ATTEMPTS_BY_MINUTE.totals(client, since_seconds=minutes * 60).items():
         backend, _, outcome = field.partition(SEP)
         counts.setdefault(backend, {})[outcome] = value
-    return {name: Rate(sum(c.get(o, 0) for o in REACHED), sum(c.get(o, 0) for o in ERRORS))
-            for name, c in counts.items()}
+    return {
+        name: Rate(sum(c.get(o, 0) for o in REACHED), sum(c.get(o, 0) for o in ERRORS))
+        for name, c in counts.items()
+    }
 
 
-def backends_overview(*, now: datetime | None = None) -> list[BackendRow]:
+def backends_overview(*, runtime: Runtime, now: datetime | None = None) -> list[BackendRow]:
     """Every backend (and the local engine pool, registered or not)."""
     now = now or timezone.now()
     rows = {b.name: b for b in Backend.objects.order_by("name")}
-    breakers, short, long = processes_breakers(), _rates(5), _rates(60)
+    client = runtime.redis
+    breakers, short, long = processes_breakers(client), _rates(client, 5), _rates(client, 60)
     names = sorted(set(rows) | {"local"} | set(short) | set(breakers))
     result = []
     for name in names:
         row = rows.get(name)
         circuits = breakers.get(name, {})
-        result.append(BackendRow(
-            name=name, kind=row.kind if row else "local",
-            health=(row.health_at(now) if row.is_enabled else "disabled") if row else "live",
-            detail=row.health_detail if row else "the platform's own engines",
-            probe_p95_ms=row.probe_p95_ms if row else 0.0,
-            inflight=circuits.get("inflight", 0), circuits=circuits,
-            rate_5m=short.get(name, Rate(0, 0)), rate_60m=long.get(name, Rate(0, 0)),
-            last_error=row.last_error if row and row.last_error_at and
-            now - row.last_error_at < timedelta(hours=1) else ""))
+        result.append(
+            BackendRow(
+                name=name,
+                kind=row.kind if row else BackendKind.LOCAL,
+                health=(row.health_at(now) if row.is_enabled else "disabled") if row else "live",
+                detail=row.health_detail if row else "the platform's own engines",
+                probe_p95_ms=row.probe_p95_ms if row else 0.0,
+                inflight=circuits.get("inflight", 0),
+                circuits=circuits,
+                rate_5m=short.get(name, Rate(0, 0)),
+                rate_60m=long.get(name, Rate(0, 0)),
+                last_error=row.last_error
+                if row and row.last_error_at and now - row.last_error_at < timedelta(hours=1)
+                else "",
+            )
+        )
     return result
 
 
 @dataclass(frozen=True, slots=True)
 class QueueRow:
-    state: pool.QueueState
+    state: QueueState
     brownout: int
     tenants: list[tuple[str, str, int]]  # (lane, tenant slug, waiting), most first
 
 
-def queue_overview() -> list[QueueRow]:
-    states = pool.queue_states()
+def queue_overview(*, runtime: Runtime) -> list[QueueRow]:
+    states = queue_states(pool=runtime.pool)
     ids = {int(t) for s in states for lane in s.lanes for t in lane.tenants if t.isdigit()}
-    slugs = {str(pk): slug for pk, slug in Tenant.objects.filter(pk__in=ids)
-             .values_list("pk", "slug")}
+    slugs = {
+        str(pk): slug for pk, slug in Tenant.objects.filter(pk__in=ids).values_list("pk", "slug")
+    }
     rows = []
     for state in states:
-        load = Load(lane_depth=0, tenant_depth=0, total_depth=state.depth, drain_rate=0.0)
-        waiting = sorted(((lane.lane, slugs.get(t, t), n) for lane in state.lanes
-                          for t, n in lane.tenants.items()), key=lambda r: -r[2])
+        load = Load(lane_depth=0, tenant_depth=0, total_depth=state.depth, dispatch_rate=0.0)
+        waiting = sorted(
+            (
+                (lane.lane, slugs.get(t, t), n)
+                for lane in state.lanes
+                for t, n in lane.tenants.items()
+            ),
+            key=lambda r: -r[2],
+        )
         rows.append(QueueRow(state, brownout_level(load), waiting[:20]))
     return rows
 
@@ -109,43 +128,74 @@ def queue_overview() -> list[QueueRow]:
 def spend_since(*, since: datetime) -> dict:
     """Totals, top spenders (tenant and agent) and spend per backend and model since then."""
     records = UsageRecord.objects.filter(created_at__gte=since).order_by()
-    totals = records.aggregate(cost=Sum("cost_microcents"), requests=Count("pk"),
-                               errors=Count("pk", filter=Q(status__in=("error", "timeout"))))
-    top = list(records.values("tenant__slug", "agent__name")
-               .annotate(cost=Sum("cost_microcents"), requests=Count("pk"))
-               .order_by("-cost")[:10])
-    by_route = list(records.values("backend", "model")
-                    .annotate(cost=Sum("cost_microcents"), requests=Count("pk"),
-                              tokens=Sum(F("prompt_tokens") + F("completion_tokens")))
-                    .order_by("-cost", "backend", "model")[:20])
-    return {"cost": totals["cost"] or 0, "requests": totals["requests"],
-            "errors": totals["errors"], "top": top, "by_route": by_route}
+    totals = records.aggregate(
+        cost=Sum("cost_microcents"),
+        requests=Count("pk"),
+        errors=Count("pk", filter=Q(status__in=("error", "timeout"))),
+    )
+    top = list(
+        records.values("tenant__slug", "agent__name")
+        .annotate(cost=Sum("cost_microcents"), requests=Count("pk"))
+        .order_by("-cost")[:10]
+    )
+    by_route = list(
+        records.values("backend", "model")
+        .annotate(
+            cost=Sum("cost_microcents"),
+            requests=Count("pk"),
+            tokens=Sum(F("prompt_tokens") + F("completion_tokens")),
+        )
+        .order_by("-cost", "backend", "model")[:20]
+    )
+    return {
+        "cost": totals["cost"] or 0,
+        "requests": totals["requests"],
+        "errors": totals["errors"],
+        "top": top,
+        "by_route": by_route,
+    }
 
 
 def budgets_nearest(*, now: datetime | None = None, limit: int = 15) -> list[BudgetWindow]:
     """The current windows of every budget, the most used first (spent and reserved against
     the limit, in percent, at most 999)."""
     now = now or timezone.now()
-    return list(BudgetWindow.objects.filter(start__lte=now, end__gt=now, budget__limit_microcents__gt=0)
-                .select_related("budget__tenant", "budget__agent")
-                .annotate(used=Least((F("spent_microcents") + F("reserved_microcents")) * 100
-                                     / F("budget__limit_microcents"), Value(999)))
-                .order_by("-used", "budget__tenant__slug")[:limit])
+    return list(
+        BudgetWindow.objects.filter(start__lte=now, end__gt=now, budget__limit_microcents__gt=0)
+        .select_related("budget__tenant", "budget__agent")
+        .annotate(
+            used=Least(
+                (F("spent_microcents") + F("reserved_microcents"))
+                * 100
+                / F("budget__limit_microcents"),
+                Value(999),
+            )
+        )
+        .order_by("-used", "budget__tenant__slug")[:limit]
+    )
 
 
 def alerts_recent(*, limit: int = 30) -> list[AlertEvent]:
-    return list(AlertEvent.objects.select_related("tenant", "agent")
-                .prefetch_related("deliveries").order_by("-created_at")[:limit])
+    return list(
+        AlertEvent.objects.select_related("tenant", "agent")
+        .prefetch_related("deliveries")
+        .order_by("-created_at")[:limit]
+    )
 
 
 def tenant_by_slug(*, slug: str) -> Tenant | None:
     return Tenant.objects.filter(slug=slug).first()
 
 
-# A request's timeline (workers/trace.py has its keys), in the order the steps happen.
-TIMELINE_STEPS = [("received", "received by the API"), ("admitted", "admitted (budget held)"),
-                  ("queued", "queued"), ("taken", "taken"), ("first_token", "first token"),
-                  ("last_token", "last token")]
+# A request's timeline (workers/serving/trace.py has its keys), in the order the steps happen.
+TIMELINE_STEPS = [
+    ("received", "received by the API"),
+    ("admitted", "admitted (budget held)"),
+    ("queued", "queued"),
+    ("taken", "taken"),
+    ("first_token", "first token"),
+    ("last_token", "last token"),
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,30 +220,51 @@ def request_lookup(*, query: str) -> RequestLookup:
     query = query.strip().lower()[:64]
     if not query:
         return RequestLookup([], None)
-    records = list(UsageRecord.objects.select_related("tenant", "agent")
-                   .filter(Q(request_id=query) | Q(trace_id=query)).order_by("created_at")[:50])
+    records = list(
+        UsageRecord.objects.select_related("tenant", "agent")
+        .filter(Q(request_id=query) | Q(trace_id=query))
+        .order_by("created_at")[:50]
+    )
     in_flight = None
     if not records:
-        in_flight = (Reservation.objects.select_related("tenant", "agent")
-                     .filter(request_id=query, status=Reservation.Status.HELD).first())
+        in_flight = (
+            Reservation.objects.select_related("tenant", "agent")
+            .filter(request_id=query, status=Reservation.Status.HELD)
+            .first()
+        )
     return RequestLookup(records, in_flight)
 
 
 def request_timeline(record: UsageRecord) -> list[Step]:
     """The steps of a settled request with the time each took; the settlement last."""
     line = record.timeline or {}
-    points = [(name, label, line[name]) for name, label in TIMELINE_STEPS
-              if isinstance(line.get(name), int | float)]
+    points = [
+        (name, label, line[name])
+        for name, label in TIMELINE_STEPS
+        if isinstance(line.get(name), int | float)
+    ]
     points.append(("settled", "settled (ledger row)", record.created_at.timestamp()))
-    details = {"queued": f"{line.get('lane', '')} lane, position {line['position']}"
-               if line.get("position") else line.get("lane", ""),
-               "taken": f"by worker {line['worker']}" if line.get("worker")
-               else f"sent to backend {line['backend']}" if line.get("backend") else ""}
+    details = {
+        "queued": f"{line.get('lane', '')} lane, position {line['position']}"
+        if line.get("position")
+        else line.get("lane", ""),
+        "taken": f"by worker {line['worker']}"
+        if line.get("worker")
+        else f"sent to backend {line['backend']}"
+        if line.get("backend")
+        else "",
+    }
     steps, start, previous = [], points[0][2], None
     for name, label, at in points:
-        steps.append(Step(name=name, label=label,
-                          at=datetime.fromtimestamp(at, tz=timezone.get_current_timezone()),
-                          since_previous_ms=None if previous is None else (at - previous) * 1000,
-                          since_start_ms=(at - start) * 1000, detail=details.get(name, "")))
+        steps.append(
+            Step(
+                name=name,
+                label=label,
+                at=datetime.fromtimestamp(at, tz=timezone.get_current_timezone()),
+                since_previous_ms=None if previous is None else (at - previous) * 1000,
+                since_start_ms=(at - start) * 1000,
+                detail=details.get(name, ""),
+            )
+        )
         previous = at
     return steps

@@ -4,38 +4,52 @@ for a stream, one object otherwise. The rate-limit slot is given back when the e
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from channels.db import database_sync_to_async
 
 from routing.metrics import TokenTimer
-from routing.ratelimit import Admitted, limiter_get
-from routing.wire.render import ChatFormat, Chunk, ErrorChunk, Rendered, UsageChunk
+from routing.ratelimit import Admitted
+from routing.services.request_logs import request_log_capture
+from routing.wire.render import ChatFormat, Chunk, Rendered, UsageChunk
 from tenants.errors import ApplicationError, error_from_code
 from tenants.models import UsageRecord
-from workers.events import Done, Event, Failed, Finish, Tokens
-from workers.jobs import GenerationJob
-from workers.settlement import generation_settle_partial
-from workers.transport import StreamLost, StreamTimeout
-from workers.versions import version_tag
+from workers.serving.errors import StreamLost, StreamTimeout
+from workers.serving.events import Done, Event, Failed, Finish, Tokens, TokenUsage
+from workers.serving.jobs import Job
+from workers.serving.runtime import Runtime
+from workers.serving.settlement import generation_settle_partial
+from workers.serving.versions import version_tag
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
 class Started:
     """A request the engine has accepted, with the formatter for its answer."""
 
-    job: GenerationJob
+    runtime: Runtime
+    job: Job
     format: ChatFormat | None
     events: AsyncIterator[Event]
     stream: bool
     include_usage: bool
     admitted: Admitted | None  # None: nothing to give back (a replayed cascade answer)
     brownout: str = ""  # the x-fairlane-brownout header, when the brownout changed the request
+    demoted: str = ""  # the x-fairlane-demoted header, when a soft budget level demoted it
     backend: str = ""  # the backend serving it (x-fairlane-backend)
     cascade: str = ""  # the tier that answered and its confidence (x-fairlane-cascade)
+    log_input: dict | None = None  # what it asked, for its tenant's request log (when kept)
+
+    @property
+    def formatter(self) -> ChatFormat:
+        """The answer's formatter (only an embedding, answered whole elsewhere, has none)."""
+        if self.format is None:
+            raise TypeError(f"request {self.job.request_id} has no answer to format")
+        return self.format
 
 
 def event_error(event: Failed) -> ApplicationError:
@@ -47,8 +61,11 @@ async def events_to_end(started: Started) -> AsyncIterator[Event]:
     here with an error, charging what was streamed (settlement is idempotent, so a late worker
     cannot charge twice)."""
     seen: list[Event] = []
-    timer = TokenTimer(model=started.job.model["name"], backend=started.backend,
-                       version=version_tag(started.job.model))
+    timer = TokenTimer(
+        model=started.job.model["name"],
+        backend=started.backend,
+        version=version_tag(started.job.model),
+    )
     try:
         async for event in started.events:
             seen.append(event)
@@ -57,8 +74,9 @@ async def events_to_end(started: Started) -> AsyncIterator[Event]:
     except (StreamTimeout, StreamLost) as exc:  # its worker went silent, or Redis failed
         logger.warning("request %s: %s", started.job.request_id, exc.message)
         closing: list[Event] = []
-        await database_sync_to_async(generation_settle_partial)(started.job, seen, backend="api",
-                                                                emit=closing.append)
+        await database_sync_to_async(generation_settle_partial)(
+            started.runtime.outbox, started.job, seen, backend="api", emit=closing.append
+        )
         for event in closing:
             if isinstance(event, Failed):
                 event = replace(event, code=exc.code, message=exc.message)
@@ -68,7 +86,8 @@ async def events_to_end(started: Started) -> AsyncIterator[Event]:
         timer.done()
         # The request's rate-limit slot is free again, and its unused tokens go back.
         if started.admitted is not None:
-            limiter_get().release(started.admitted, tokens_used=_tokens_used(seen))
+            started.runtime.limiter.release(started.admitted, tokens_used=_tokens_used(seen))
+        request_log_capture(job=started.job, asked=started.log_input, events=seen)
 
 
 def _tokens_used(events: list[Event]) -> int:
@@ -81,7 +100,7 @@ def _tokens_used(events: list[Event]) -> int:
 async def started_chunks(started: Started) -> AsyncIterator[Rendered]:
     """The chunks of a streamed answer; an error after the first token ends the stream (never
     a splice from elsewhere)."""
-    fmt, usage_too = started.format, started.include_usage
+    fmt, usage_too = started.formatter, started.include_usage
     for chunk in fmt.opening(usage_too):
         yield Chunk(chunk)
     async for event in events_to_end(started):
@@ -91,17 +110,22 @@ async def started_chunks(started: Started) -> AsyncIterator[Rendered]:
             case Tokens() if event.text or event.tool_calls or fmt.wants_logprobs:
                 yield Chunk(fmt.token_chunk(event, usage_too))
             case Tokens():
-                fmt.choices[event.choice].token_ids += event.token_ids
+                fmt.choices[event.choice].token_ids.extend(event.token_ids)
             case Finish():
                 yield Chunk(fmt.finish_chunk(event, usage_too))
             case Failed():
-                yield ErrorChunk(event_error(event))
+                yield event_error(event)
             case Done(usage=usage) if usage_too:
                 yield UsageChunk(fmt.usage_chunk(usage))
 
 
-async def started_collect(started: Started) -> dict:
-    """The whole answer as one object, or the run's error."""
+async def events_collect(
+    started: Started,
+    absorb: Callable[[Tokens | Finish], object],
+    result: Callable[[TokenUsage], T],
+) -> T:
+    """A whole answer's events fed to `absorb` (each front door's renderer), and `result` of
+    its usage; or the run's error, or its cancellation, raised."""
     error = None
     async for event in events_to_end(started):
         match event:
@@ -112,7 +136,14 @@ async def started_collect(started: Started) -> dict:
             case Done(status=UsageRecord.Status.CANCELLED):
                 raise ApplicationError("The request was cancelled.")
             case Done(usage=usage):
-                return started.format.response(usage)
+                return result(usage)
             case Tokens() | Finish():
-                started.format.absorb(event)
+                absorb(event)
     raise ApplicationError("The request ended without a result.")
+
+
+def started_collect(started: Started) -> Awaitable[dict]:
+    """The whole answer as one object, or the run's error (no frame of its own on the
+    answer's path: `manage.py bench hops` counts them)."""
+    fmt = started.formatter
+    return events_collect(started, fmt.absorb, fmt.response)

@@ -22,19 +22,28 @@ from routing.admission import Caller
 from routing.services.answers import Started, events_to_end
 from tenants.errors import ApplicationError, BudgetExhausted, RateLimited
 from tenants.models import UsageRecord
-from workers.events import Done, Event, Failed, Tokens
+from workers.serving.events import Done, Event, Failed, Tokens
+from workers.serving.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
 
-async def cascade_run(caller: Caller, endpoint: str, request, tiers: list[str], threshold: float,
-                      *, start) -> Started:
+async def cascade_run(
+    runtime: Runtime,
+    caller: Caller,
+    endpoint: str,
+    request,
+    tiers: list[str],
+    threshold: float,
+    *,
+    start,
+) -> Started:
     """Answer from the first confident tier, escalating as described above. `start` runs one
     tier's request (admission, routes walk) as generation does."""
     fallback: Started | None = None
     for tier in tiers[:-1]:
         try:
-            scored = await _tier_try(caller, endpoint, request, tier, threshold, start)
+            scored = await _tier_try(runtime, caller, endpoint, request, tier, threshold, start)
         except BudgetExhausted:
             if fallback is not None:
                 return _with_budget_note(fallback)
@@ -46,7 +55,7 @@ async def cascade_run(caller: Caller, endpoint: str, request, tiers: list[str], 
             fallback = replay
     last = dataclasses.replace(request, model=tiers[-1])
     try:
-        generation, served = await start(caller, endpoint, last)
+        generation, served = await start(runtime, caller, endpoint, last)
     except BudgetExhausted:
         if fallback is not None:
             return _with_budget_note(fallback)
@@ -59,8 +68,9 @@ def _with_budget_note(replay: Started) -> Started:
     return replay
 
 
-async def _tier_try(caller: Caller, endpoint: str, request, tier: str, threshold: float,
-                    start) -> tuple[bool, Started] | None:
+async def _tier_try(
+    runtime: Runtime, caller: Caller, endpoint: str, request, tier: str, threshold: float, start
+) -> tuple[bool, Started] | None:
     """Ask a cheaper tier, whole, with log-probabilities: (whether its mean log-probability
     reaches the threshold, its answer to replay); None when it could not answer."""
     sampling = request.sampling
@@ -68,26 +78,40 @@ async def _tier_try(caller: Caller, endpoint: str, request, tier: str, threshold
         sampling = dataclasses.replace(sampling, logprobs=0)
     try:
         generation, served = await start(
-            caller, endpoint, dataclasses.replace(request, model=tier, stream=False,
-                                              sampling=sampling))
+            runtime,
+            caller,
+            endpoint,
+            dataclasses.replace(request, model=tier, stream=False, sampling=sampling),
+        )
     except (BudgetExhausted, RateLimited):
         raise
     except ApplicationError as exc:  # this tier cannot answer this request: escalate
-        logger.info("cascade tier %s cannot answer (%s: %s); escalating", tier, exc.code,
-                    exc.message)
+        logger.info(
+            "cascade tier %s cannot answer (%s: %s); escalating", tier, exc.code, exc.message
+        )
         return None
     started = generation.started(served)
     events = [event async for event in events_to_end(started)]
     logprobs = [lp for e in events if isinstance(e, Tokens) for lp in (e.logprobs or ())]
     done = next((e for e in events if isinstance(e, Done)), None)
-    if (not logprobs or done is None or done.status != UsageRecord.Status.OK
-            or any(isinstance(e, Failed) for e in events)):
+    if (
+        not logprobs
+        or done is None
+        or done.status != UsageRecord.Status.OK
+        or any(isinstance(e, Failed) for e in events)
+    ):
         return None
     mean = sum(logprobs) / len(logprobs)
-    logger.info("request %s: cascade tier %s mean logprob %.3f (threshold %.3f)",
-                generation.request_id, tier, mean, threshold)
-    replay = generation.started(served, replay=True,
-                                wants_logprobs=request.sampling.logprobs is not None)
+    logger.info(
+        "request %s: cascade tier %s mean logprob %.3f (threshold %.3f)",
+        generation.request_id,
+        tier,
+        mean,
+        threshold,
+    )
+    replay = generation.started(
+        served, replay=True, wants_logprobs=request.sampling.logprobs is not None
+    )
     replay.stream, replay.include_usage = request.stream, request.include_usage
     replay.events = _replayed(events)
     replay.cascade = f"{tier}; mean_logprob={mean:.4f}"

@@ -18,10 +18,12 @@ import secrets
 from collections.abc import AsyncIterator
 
 from routing.wire.tools import ToolUse
-from workers.events import Done, Event, Failed, Finish, Tokens, ToolCallDelta
+from workers.serving.events import Done, Event, Failed, Finish, Tokens, ToolCallDelta
 
-PREAMBLE = ("You can call tools. To call one, answer with only a JSON object "
-            '{"name": <the tool\'s name>, "arguments": <its arguments>} and nothing else. ')
+PREAMBLE = (
+    "You can call tools. To call one, answer with only a JSON object "
+    '{"name": <the tool\'s name>, "arguments": <its arguments>} and nothing else. '
+)
 PARALLEL = "To call several at once, answer with only a JSON array of such objects. "
 ANY_OBJECT = {"type": "object"}
 
@@ -39,7 +41,7 @@ def _call_text(calls: list[dict]) -> str:
     """Past calls as the model answers them: one object, or an array of several."""
     written = []
     for call in calls:
-        function = call.get("function")
+        function = call["function"]
         try:
             arguments = json.loads(function.get("arguments"))
         except ValueError:
@@ -52,36 +54,40 @@ def local_messages(messages: list[dict], use: ToolUse, *, native: bool = False) 
     """The turns as the chat template gets them: unchanged without tools, or when the template
     renders tools itself (`native`: it gets the tools, the calls and the results as they are);
     else every content a string, the tools described in the (first) system turn."""
-    if native or (not tools_active(use) and not any(m.get("tool_calls")
-                                                    or m.get("role") == "tool"
-                                                    for m in messages)):
+    if native or (
+        not tools_active(use)
+        and not any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
+    ):
         return messages
-    turns = []
+    turns: list[dict] = []
     for message in messages:
         content = message.get("content") or ""
         if message.get("tool_calls"):
-            content = "\n".join(filter(None, [content, _call_text(message.get("tool_calls"))]))
+            content = "\n".join(filter(None, [content, _call_text(message["tool_calls"])]))
         turns.append({"role": message.get("role"), "content": content})
     if tools_active(use):
-        described = [{k: v for k, v in t.get("function").items() if k != "strict"}
-                     for t in use.tools]
-        preamble = (PREAMBLE + (PARALLEL if _parallel(use) else "") + "The tools:\n"
-                    + json.dumps(described))
+        described = [{k: v for k, v in t["function"].items() if k != "strict"} for t in use.tools]
+        preamble = (
+            PREAMBLE + (PARALLEL if _parallel(use) else "") + "The tools:\n" + json.dumps(described)
+        )
         if turns and turns[0].get("role") in {"system", "developer"}:
-            turns[0] = {**turns[0], "content": turns[0].get("content") + "\n\n" + preamble}
+            turns[0] = {**turns[0], "content": turns[0]["content"] + "\n\n" + preamble}
         else:
             turns.insert(0, {"role": "system", "content": preamble})
     return turns
 
 
 def _call_schema(tool: dict) -> dict:
-    function = tool.get("function")
+    function = tool["function"]
     arguments = function.get("parameters") or ANY_OBJECT
     # Its own base URI: the local $refs of its schema ("#/$defs/...") resolve inside it.
     arguments = {"$id": f"urn:fairlane:tool:{function.get('name')}", **arguments}
-    return {"type": "object", "required": ["name", "arguments"],
-            "additionalProperties": False, "properties": {
-                "name": {"const": function.get("name")}, "arguments": arguments}}
+    return {
+        "type": "object",
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+        "properties": {"name": {"const": function.get("name")}, "arguments": arguments},
+    }
 
 
 def _answer_schema(use: ToolUse) -> dict | None:
@@ -89,7 +95,7 @@ def _answer_schema(use: ToolUse) -> dict | None:
         return None
     if use.response_format.get("type") == "json_object":
         return ANY_OBJECT
-    return use.response_format.get("json_schema").get("schema") or {}
+    return use.response_format["json_schema"].get("schema") or {}
 
 
 def local_guide(use: ToolUse) -> dict:
@@ -107,16 +113,17 @@ def local_guide(use: ToolUse) -> dict:
         return {"guide": "json_schema", "guide_schema": json.dumps(_lenient(answer, use))}
     calls = [_call_schema(t) for t in use.tools]
     if isinstance(choice, dict):
-        name = choice.get("function").get("name")
-        calls = [c for c, t in zip(calls, use.tools) if t.get("function").get("name") == name]
+        name = choice["function"]["name"]
+        calls = [c for c, t in zip(calls, use.tools, strict=True) if t["function"]["name"] == name]
     elif choice != "required" and answer is None:
         return {}
     options = list(calls)
     if _parallel(use):
         options.append({"type": "array", "minItems": 1, "items": {"anyOf": calls}})
-    if choice == "auto" or choice is None:
-        options.append(answer if answer is ANY_OBJECT else
-                       {"$id": "urn:fairlane:response_format", **answer})
+    if (choice == "auto" or choice is None) and answer is not None:
+        options.append(
+            answer if answer is ANY_OBJECT else {"$id": "urn:fairlane:response_format", **answer}
+        )
     return {"guide": "json_schema", "guide_schema": json.dumps(_lenient({"anyOf": options}, use))}
 
 
@@ -125,9 +132,9 @@ def _lenient(schema: dict, use: ToolUse) -> dict:
     keyword the engine cannot enforce is refused (400); without `strict` (every schema of the
     guide must ask for it) such keywords are ignored and the rest enforced (llguidance's
     lenient mode)."""
-    flags = [t.get("function").get("strict") for t in use.tools] if tools_active(use) else []
+    flags = [t["function"].get("strict") for t in use.tools] if tools_active(use) else []
     if use.response_format is not None and use.response_format.get("type") == "json_schema":
-        flags.append(use.response_format.get("json_schema").get("strict"))
+        flags.append(use.response_format["json_schema"].get("strict"))
     if flags and all(flag is True for flag in flags):
         return schema
     return {**schema, "x-guidance": {"lenient": True}}
@@ -142,18 +149,30 @@ def _as_calls(text: str, names: set[str], *, parallel: bool) -> list[ToolCallDel
         return None
     calls = value if parallel and isinstance(value, list) and value else [value]
     for call in calls:
-        if (not isinstance(call, dict) or set(call) != {"name", "arguments"}
-                or call.get("name") not in names or not isinstance(call.get("arguments"), dict)):
+        if (
+            not isinstance(call, dict)
+            or set(call) != {"name", "arguments"}
+            or call.get("name") not in names
+            or not isinstance(call.get("arguments"), dict)
+        ):
             return None
-    return [ToolCallDelta(index=i, id=f"call_{secrets.token_hex(12)}", name=call.get("name"),
-                          arguments=json.dumps(call.get("arguments")))
-            for i, call in enumerate(calls)]
+    return [
+        ToolCallDelta(
+            index=i,
+            id=f"call_{secrets.token_hex(12)}",
+            name=call.get("name"),
+            arguments=json.dumps(call.get("arguments")),
+        )
+        for i, call in enumerate(calls)
+    ]
 
 
-async def tool_call_events(events: AsyncIterator[Event], use: ToolUse,
-                           ) -> AsyncIterator[Event]:
+async def tool_call_events(
+    events: AsyncIterator[Event],
+    use: ToolUse,
+) -> AsyncIterator[Event]:
     """The engine's events with answers that are tool calls turned into them."""
-    names = {t.get("function").get("name") for t in use.tools}
+    names = {t["function"]["name"] for t in use.tools}
     parallel = _parallel(use)
     held: dict[int, list[Tokens]] = {}  # per choice: text held back while it may be a call
     passing: set[int] = set()  # choices known to be text
@@ -162,14 +181,19 @@ async def tool_call_events(events: AsyncIterator[Event], use: ToolUse,
         pieces = held.pop(choice, [])
         if not pieces:
             return []
-        return [Tokens(choice=choice, text="".join(p.text for p in pieces),
-                       token_ids=tuple(t for p in pieces for t in p.token_ids))]
+        return [
+            Tokens(
+                choice=choice,
+                text="".join(p.text for p in pieces),
+                token_ids=tuple(t for p in pieces for t in p.token_ids),
+            )
+        ]
 
     async for event in events:
         match event:
             case Tokens(choice=choice) if choice not in passing:
                 held.setdefault(choice, []).append(event)
-                text = "".join(p.text for p in held.get(choice)).lstrip()
+                text = "".join(p.text for p in held[choice]).lstrip()
                 if text and not text.startswith(("{", "[")):
                     passing.add(choice)
                     for flushed in flush(choice):
@@ -185,8 +209,12 @@ async def tool_call_events(events: AsyncIterator[Event], use: ToolUse,
                 else:  # one chunk per call, as OpenAI streams them; the tokens with the first
                     token_ids = tuple(t for p in pieces for t in p.token_ids)
                     for call in calls:
-                        yield Tokens(choice=choice, text="", tool_calls=(call,),
-                                     token_ids=token_ids if call.index == 0 else ())
+                        yield Tokens(
+                            choice=choice,
+                            text="",
+                            tool_calls=(call,),
+                            token_ids=token_ids if call.index == 0 else (),
+                        )
                     yield Finish(choice=choice, reason="tool_calls")
             case Failed() | Done():
                 for choice in list(held):

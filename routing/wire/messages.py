@@ -24,12 +24,15 @@ TOOL_CALL_ID = re.compile(r"[A-Za-z0-9_.:-]{1,256}")
 
 
 def _text_parts(content: list, param: str) -> str:
-    parts = []
+    parts: list[str] = []
     for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
-                part.get("text"), str):
+        if (
+            not isinstance(part, dict)
+            or part.get("type") != "text"
+            or not isinstance(part.get("text"), str)
+        ):
             raise InvalidRequest(f"Content part {j} must be a text part here.", param=param)
-        parts.append(part.get("text"))
+        parts.append(part["text"])
     return "".join(parts)
 
 
@@ -40,31 +43,44 @@ def image_url_check(url: Any, param: str) -> None:
     if url.startswith("data:"):
         match = DATA_URL.fullmatch(url)
         if match is None or match.group(1) not in IMAGE_TYPES:
-            raise InvalidRequest("An image data URL must be data:image/(png|jpeg|gif|webp);"
-                                 "base64,<data>.", param=param)
+            raise InvalidRequest(
+                "An image data URL must be data:image/(png|jpeg|gif|webp);base64,<data>.",
+                param=param,
+            )
         if len(match.group(2)) * 3 // 4 > MAX_IMAGE_BYTES:
-            raise InvalidRequest(f"The image is larger than {MAX_IMAGE_BYTES} bytes.",
-                                 param=param)
+            raise InvalidRequest(f"The image is larger than {MAX_IMAGE_BYTES} bytes.", param=param)
         try:
             base64.b64decode(match.group(2), validate=True)
         except (binascii.Error, ValueError):
             raise InvalidRequest("The image data URL is not valid base64.", param=param) from None
         return
-    parts = urlsplit(url)
-    if parts.scheme not in {"http", "https"} or not parts.hostname or len(url) > MAX_URL_CHARS:
-        raise InvalidRequest(f"An image URL must be http(s) (up to {MAX_URL_CHARS} characters) "
-                             "or a data URL.", param=param)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. "http://[" (an unclosed IPv6 bracket), "http://a\uff03b"
+        parts = None
+    if (
+        parts is None
+        or parts.scheme not in {"http", "https"}
+        or not parts.hostname
+        or len(url) > MAX_URL_CHARS
+    ):
+        raise InvalidRequest(
+            f"An image URL must be http(s) (up to {MAX_URL_CHARS} characters) or a data URL.",
+            param=param,
+        )
 
 
 def _image_part(part: dict, param: str) -> dict:
     image = part.get("image_url")
     if not isinstance(image, dict) or set(image) - {"url", "detail"}:
-        raise InvalidRequest("An image_url part needs an object 'image_url' with 'url' (and "
-                             "optionally 'detail').", param=param)
+        raise InvalidRequest(
+            "An image_url part needs an object 'image_url' with 'url' (and optionally 'detail').",
+            param=param,
+        )
     image_url_check(image.get("url"), param)
     normal = {"url": image.get("url")}
     if image.get("detail") is not None:
-        if image.get("detail") not in DETAILS:
+        if not isinstance(image.get("detail"), str) or image.get("detail") not in DETAILS:
             raise InvalidRequest(f"'detail' must be one of {sorted(DETAILS)}.", param=param)
         normal["detail"] = image.get("detail")
     return {"type": "image_url", "image_url": normal}
@@ -82,8 +98,7 @@ def _user_content(content: list, param: str) -> str | list[dict]:
         elif part_type == "image_url":
             parts.append(_image_part(part, param))
         else:
-            raise InvalidRequest(f"Content part {j} must be a text or image_url part.",
-                                 param=param)
+            raise InvalidRequest(f"Content part {j} must be a text or image_url part.", param=param)
     return parts
 
 
@@ -97,8 +112,9 @@ def _content(message: dict, role: str, index: int) -> str | list[dict] | None:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise InvalidRequest("Message content must be a string or an array of content parts.",
-                             param=param)
+        raise InvalidRequest(
+            "Message content must be a string or an array of content parts.", param=param
+        )
     if role == "user":
         return _user_content(content, param)
     return _text_parts(content, param)
@@ -111,15 +127,27 @@ def _tool_calls(calls: Any, index: int) -> list[dict]:
     normal = []
     for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
-        if (not isinstance(function, dict) or call.get("type", "function") != "function"
-                or not isinstance(call.get("id"), str) or not call.get("id")
-                or not isinstance(function.get("name"), str) or not function.get("name")
-                or not isinstance(function.get("arguments"), str)):
-            raise InvalidRequest("Each tool call needs 'id', 'type': 'function' and 'function' "
-                                 "with string 'name' and 'arguments'.", param=param)
-        normal.append({"id": call.get("id"), "type": "function",
-                       "function": {"name": function.get("name"),
-                                    "arguments": function.get("arguments")}})
+        if (
+            not isinstance(function, dict)
+            or call.get("type", "function") != "function"
+            or not isinstance(call.get("id"), str)
+            or not call.get("id")
+            or not isinstance(function.get("name"), str)
+            or not function.get("name")
+            or not isinstance(function.get("arguments"), str)
+        ):
+            raise InvalidRequest(
+                "Each tool call needs 'id', 'type': 'function' and 'function' "
+                "with string 'name' and 'arguments'.",
+                param=param,
+            )
+        normal.append(
+            {
+                "id": call.get("id"),
+                "type": "function",
+                "function": {"name": function.get("name"), "arguments": function.get("arguments")},
+            }
+        )
     return normal
 
 
@@ -127,22 +155,28 @@ def _message(message: Any, index: int) -> dict:
     if not isinstance(message, dict):
         raise InvalidRequest("Each message must be an object.", param=f"messages[{index}]")
     role = message.get("role")
-    if role not in CHAT_ROLES:
-        raise InvalidRequest(f"Invalid role {role!r}; use one of {sorted(CHAT_ROLES)}.",
-                             param=f"messages[{index}].role")
+    if not isinstance(role, str) or role not in CHAT_ROLES:
+        raise InvalidRequest(
+            f"Invalid role {role!r}; use one of {sorted(CHAT_ROLES)}.",
+            param=f"messages[{index}].role",
+        )
     if message.get("function_call"):
-        raise InvalidRequest("'function_call' is deprecated and not supported; use "
-                             "'tool_calls'.", param=f"messages[{index}].function_call")
+        raise InvalidRequest(
+            "'function_call' is deprecated and not supported; use 'tool_calls'.",
+            param=f"messages[{index}].function_call",
+        )
     if message.get("tool_calls") is not None and role != "assistant":
-        raise InvalidRequest("Only assistant messages carry 'tool_calls'.",
-                             param=f"messages[{index}].tool_calls")
+        raise InvalidRequest(
+            "Only assistant messages carry 'tool_calls'.", param=f"messages[{index}].tool_calls"
+        )
     if role == "tool":
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str) or not TOOL_CALL_ID.fullmatch(call_id):
-            raise InvalidRequest("A tool message needs the 'tool_call_id' it answers.",
-                                 param=f"messages[{index}].tool_call_id")
-        return {"role": role, "tool_call_id": call_id,
-                "content": _content(message, role, index)}
+            raise InvalidRequest(
+                "A tool message needs the 'tool_call_id' it answers.",
+                param=f"messages[{index}].tool_call_id",
+            )
+        return {"role": role, "tool_call_id": call_id, "content": _content(message, role, index)}
     parsed = {"role": role, "content": _content(message, role, index)}
     if role == "assistant" and message.get("tool_calls") is not None:
         parsed["tool_calls"] = _tool_calls(message.get("tool_calls"), index)
@@ -161,8 +195,7 @@ def message_images(message: dict) -> list[str]:
     content = message.get("content")
     if not isinstance(content, list):
         return []
-    return [part.get("image_url").get("url") for part in content
-            if part.get("type") == "image_url"]
+    return [part.get("image_url").get("url") for part in content if part.get("type") == "image_url"]
 
 
 def message_text(message: dict) -> str:

@@ -38,16 +38,21 @@ class ToolUse:
 
 def _optional(value: dict, key: str, expected: type, param: str) -> None:
     if value.get(key) is not None and type(value.get(key)) is not expected:  # JSON: exact types
-        raise InvalidRequest(f"'{key}' must be of type {expected.__name__}.",
-                             param=f"{param}.{key}")
+        raise InvalidRequest(
+            f"'{key}' must be of type {expected.__name__}.", param=f"{param}.{key}"
+        )
 
 
 def _function(tool: Any, i: int) -> dict:
     param = f"tools[{i}]"
-    if not isinstance(tool, dict) or tool.get("type") != "function" or set(tool) - {
-            "type", "function"}:
-        raise InvalidRequest("Each tool must be {'type': 'function', 'function': {...}}.",
-                             param=f"{param}.type")
+    if (
+        not isinstance(tool, dict)
+        or tool.get("type") != "function"
+        or set(tool) - {"type", "function"}
+    ):
+        raise InvalidRequest(
+            "Each tool must be {'type': 'function', 'function': {...}}.", param=f"{param}.type"
+        )
     function = tool.get("function")
     param += ".function"
     if not isinstance(function, dict):
@@ -57,13 +62,13 @@ def _function(tool: Any, i: int) -> dict:
         raise InvalidRequest(f"Unknown tool field {unknown!r}.", param=f"{param}.{unknown}")
     name = function.get("name")
     if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise InvalidRequest("A function name is 1 to 64 of a-z, A-Z, 0-9, _ and -.",
-                             param=f"{param}.name")
+        raise InvalidRequest(
+            "A function name is 1 to 64 of a-z, A-Z, 0-9, _ and -.", param=f"{param}.name"
+        )
     _optional(function, "description", str, param)
     _optional(function, "parameters", dict, param)
     _optional(function, "strict", bool, param)
-    return {"type": "function",
-            "function": {k: v for k, v in function.items() if v is not None}}
+    return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
 
 
 def _tools(body: dict) -> tuple[dict, ...]:
@@ -71,10 +76,9 @@ def _tools(body: dict) -> tuple[dict, ...]:
     if tools is None or tools == []:  # [] was accepted as "no tools" before tools were served
         return ()
     if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
-        raise InvalidRequest(f"'tools' must be an array of up to {MAX_TOOLS} tools.",
-                             param="tools")
+        raise InvalidRequest(f"'tools' must be an array of up to {MAX_TOOLS} tools.", param="tools")
     parsed = tuple(_function(tool, i) for i, tool in enumerate(tools))
-    names = [t.get("function").get("name") for t in parsed]
+    names = [t["function"]["name"] for t in parsed]
     if len(set(names)) != len(names):
         raise InvalidRequest("Function names must be unique.", param="tools")
     return parsed
@@ -87,19 +91,28 @@ def _tool_choice(body: dict, tools: tuple[dict, ...]) -> str | dict | None:
     if choice in ("none", "auto"):
         return choice if tools else None  # neutral without tools, as before tools were served
     if not tools:
-        raise InvalidRequest("'tool_choice' is only allowed when 'tools' are given.",
-                             param="tool_choice")
+        raise InvalidRequest(
+            "'tool_choice' is only allowed when 'tools' are given.", param="tool_choice"
+        )
     if choice == "required":
         return choice
     function = choice.get("function") if isinstance(choice, dict) else None
-    if (not isinstance(function, dict) or choice.get("type") != "function"
-            or set(choice) != {"type", "function"} or set(function) != {"name"}):
-        raise InvalidRequest(f"'tool_choice' must be one of {sorted(CHOICES)} or "
-                             "{'type': 'function', 'function': {'name': ...}}.",
-                             param="tool_choice")
-    if function.get("name") not in {t.get("function").get("name") for t in tools}:
-        raise InvalidRequest(f"'tool_choice' names {function.get('name')!r}, which is not one "
-                             "of the tools.", param="tool_choice")
+    if (
+        not isinstance(function, dict)
+        or choice.get("type") != "function"
+        or set(choice) != {"type", "function"}
+        or set(function) != {"name"}
+    ):
+        raise InvalidRequest(
+            f"'tool_choice' must be one of {sorted(CHOICES)} or "
+            "{'type': 'function', 'function': {'name': ...}}.",
+            param="tool_choice",
+        )
+    if function.get("name") not in [t["function"]["name"] for t in tools]:
+        raise InvalidRequest(
+            f"'tool_choice' names {function.get('name')!r}, which is not one of the tools.",
+            param="tool_choice",
+        )
     return {"type": "function", "function": {"name": function.get("name")}}
 
 
@@ -110,9 +123,11 @@ def _json_schema(value: Any) -> dict:
     if set(value) - SCHEMA_KEYS:
         unknown = sorted(set(value) - SCHEMA_KEYS)[0]
         raise InvalidRequest(f"Unknown json_schema field {unknown!r}.", param=f"{param}.{unknown}")
-    if not isinstance(value.get("name"), str) or not NAME.fullmatch(value.get("name")):
-        raise InvalidRequest("A schema name is 1 to 64 of a-z, A-Z, 0-9, _ and -.",
-                             param=f"{param}.name")
+    name = value.get("name")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise InvalidRequest(
+            "A schema name is 1 to 64 of a-z, A-Z, 0-9, _ and -.", param=f"{param}.name"
+        )
     _optional(value, "description", str, param)
     _optional(value, "schema", dict, param)
     _optional(value, "strict", bool, param)
@@ -130,22 +145,27 @@ def _response_format(body: dict) -> dict | None:
         return {"type": "json_object"}
     if format_type == "json_schema" and set(value) <= {"type", "json_schema"}:
         return {"type": "json_schema", "json_schema": _json_schema(value.get("json_schema"))}
-    raise InvalidRequest("'response_format' must be {'type': 'text'}, {'type': 'json_object'} "
-                         "or {'type': 'json_schema', 'json_schema': {...}}.",
-                         param="response_format")
+    raise InvalidRequest(
+        "'response_format' must be {'type': 'text'}, {'type': 'json_object'} "
+        "or {'type': 'json_schema', 'json_schema': {...}}.",
+        param="response_format",
+    )
 
 
 def tool_use_parse(body: dict) -> ToolUse:
     if body.get("functions") or body.get("function_call"):
         name = "functions" if body.get("functions") else "function_call"
-        raise InvalidRequest(f"'{name}' is deprecated and not supported; use 'tools'.",
-                             param=name)
+        raise InvalidRequest(f"'{name}' is deprecated and not supported; use 'tools'.", param=name)
     tools = _tools(body)
     choice = _tool_choice(body, tools)
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
-        raise InvalidRequest("'parallel_tool_calls' must be a boolean.",
-                             param="parallel_tool_calls")
-    return ToolUse(tools=tools, tool_choice=choice,
-                   parallel_tool_calls=parallel if tools else None,
-                   response_format=_response_format(body))
+        raise InvalidRequest(
+            "'parallel_tool_calls' must be a boolean.", param="parallel_tool_calls"
+        )
+    return ToolUse(
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=parallel if tools else None,
+        response_format=_response_format(body),
+    )

@@ -28,6 +28,14 @@
     });
   }
 
+  // Max tokens cannot ask for more than the chosen model's context (less one prompt token).
+  function fitMaxTokens() {
+    var option = el("pg-model").selectedOptions[0], input = el("pg-max-tokens");
+    var context = option && parseInt(option.dataset.context, 10);
+    input.max = context > 1 ? context - 1 : 32768;
+    if (parseInt(input.value, 10) > parseInt(input.max, 10)) input.value = input.max;
+  }
+
   function loadModels() {
     return fetch("/v1/models", {headers: {Authorization: "Bearer " + state.key}})
       .then(function (r) { return r.json().then(function (d) { return [r, d]; }); })
@@ -39,11 +47,13 @@
         pair[1].data.forEach(function (m) {
           var option = document.createElement("option");
           option.value = option.textContent = m.id;
+          if (m.max_model_len) option.dataset.context = m.max_model_len;
           select.appendChild(option);
         });
         if (chosen) select.value = chosen;
         if (!select.value && select.options.length) select.selectedIndex = 0;
         select.disabled = !pair[1].data.length;
+        fitMaxTokens();
         if (!pair[1].data.length) status("No model this agent may use is served right now.");
       });
   }
@@ -211,6 +221,6 @@
     el("pg-transcript").innerHTML = "";
   });
   el("pg-agent").addEventListener("change", setAgent);
-  el("pg-model").addEventListener("change", function () { busy(!!state.current); });
+  el("pg-model").addEventListener("change", function () { fitMaxTokens(); busy(!!state.current); });
   setAgent();
 })();

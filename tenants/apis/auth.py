@@ -8,6 +8,7 @@ from tenants.errors import NotFound, PermissionDenied
 from tenants.models import ROLE_RANK, ApiKey, Role, Scope, Tenant
 from tenants.selectors import membership_get, tenant_get
 from tenants.services.keys import api_key_authenticate
+from tenants.services.sessions import SSO_REQUIRED, tenant_needs_sso
 
 
 class ApiKeyPrincipal:
@@ -59,6 +60,8 @@ def principal_role(*, principal, tenant: Tenant) -> str | None:
             return Role.VIEWER
         raise PermissionDenied("This API key lacks the management.read scope.")
     membership = membership_get(tenant=tenant, user=principal)
+    if membership is not None and tenant_needs_sso(tenant=tenant, user=principal):
+        raise PermissionDenied(SSO_REQUIRED)
     return membership.role if membership else None
 
 
@@ -67,7 +70,7 @@ def tenant_for(*, principal, slug: str, min_role: str = Role.VIEWER) -> tuple[Te
     not belong to is a 404, exactly like one that does not exist."""
     tenant = tenant_get(slug=slug)
     role = principal_role(principal=principal, tenant=tenant) if tenant else None
-    if role is None:
+    if tenant is None or role is None:
         raise NotFound("No such tenant.")
     if ROLE_RANK[role] < ROLE_RANK[min_role]:
         raise PermissionDenied(f"This needs the {min_role} role or higher in {slug}.")

@@ -1,8 +1,8 @@
 """One mapping from errors to HTTP responses in the OpenAI error shape, for DRF views and for
 Django's own 404/500 pages under /api/ and /v1/."""
 
-from django.http import Http404, JsonResponse
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions as drf
 
@@ -19,13 +19,16 @@ def _join(path: str, key) -> str:
 
 def _flatten(detail, path: str = "") -> list[tuple[str, str]]:
     if isinstance(detail, dict):
-        return [item for key, value in detail.items()
-                for item in _flatten(value, _join(path, key))]
+        return [item for key, value in detail.items() for item in _flatten(value, _join(path, key))]
     if isinstance(detail, list):
         if all(not isinstance(d, (dict, list)) for d in detail):
             return [(path, " ".join(str(d) for d in detail))]
-        return [item for i, value in enumerate(detail) if value
-                for item in _flatten(value, _join(path, i))]
+        return [
+            item
+            for i, value in enumerate(detail)
+            if value
+            for item in _flatten(value, _join(path, i))
+        ]
     return [(path, str(detail))]
 
 
@@ -61,8 +64,9 @@ def as_application_error(exc: Exception) -> errors.ApplicationError | None:
 def error_response(exc: errors.ApplicationError) -> JsonResponse:
     """The one HTTP rendering of an application error: the OpenAI error body, its status, and
     its headers (Retry-After, x-should-retry, a 401's WWW-Authenticate)."""
-    response = JsonResponse(errors.error_body_for(exc), status=exc.status,
-                            headers=errors.error_headers(exc))
+    response = JsonResponse(
+        errors.error_body_for(exc), status=exc.status, headers=errors.error_headers(exc)
+    )
     if exc.status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="fairlane"'
     return response

@@ -15,8 +15,9 @@ class StrictLimitOffsetPagination(LimitOffsetPagination):
         if raw is None:
             return default
         if not raw.isascii() or not raw.isdigit() or not low <= int(raw) <= MAX_QUERY_INT:
-            raise InvalidRequest(f"'{name}' must be an integer from {low} to {MAX_QUERY_INT}.",
-                                 param=name)
+            raise InvalidRequest(
+                f"'{name}' must be an integer from {low} to {MAX_QUERY_INT}.", param=name
+            )
         return int(raw)
 
     def get_limit(self, request):

@@ -16,7 +16,7 @@ from tenants.apis.serializers import StrictSerializer
 
 DESCRIPTIONS = {
     400: "Invalid request: malformed JSON, a wrong type, an unknown field or an out-of-range "
-         "value (`param` names it).",
+    "value (`param` names it).",
     401: "No credentials, or a key or session that is not valid.",
     403: "Your role in the tenant, or the key's scopes, do not allow this.",
     404: "No such object, or a tenant you are not a member of.",
@@ -28,8 +28,10 @@ DESCRIPTIONS = {
 class ErrorDetailOut(serializers.Serializer):
     message = serializers.CharField()
     type = serializers.CharField()
-    code = serializers.CharField(help_text="Stable, machine-readable: e.g. invalid_request, "
-                                           "authentication, permission, not_found, conflict.")
+    code = serializers.CharField(
+        help_text="Stable, machine-readable: e.g. invalid_request, "
+        "authentication, permission, not_found, conflict."
+    )
     param = serializers.CharField(allow_null=True, help_text="The parameter at fault, if any.")
 
 
@@ -39,8 +41,10 @@ class ErrorOut(serializers.Serializer):
 
 # Some character that str.strip() keeps (Python's whitespace, spelled out, so that every
 # regex engine reads it the same).
-NOT_ONLY_WHITESPACE = ("[^\\t\\n\\x0b\\x0c\\r\\x1c-\\x1f \\x85\\xa0\\u1680"
-                       "\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]")
+NOT_ONLY_WHITESPACE = (
+    "[^\\t\\n\\x0b\\x0c\\r\\x1c-\\x1f \\x85\\xa0\\u1680"
+    "\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+)
 
 
 def error_statuses(method: str) -> list[int]:
@@ -58,11 +62,17 @@ class FairlaneAutoSchema(AutoSchema):
 
     def _map_serializer_field(self, field, direction, bypass_extensions=False):
         schema = super()._map_serializer_field(field, direction, bypass_extensions)
-        if (direction == "request" and isinstance(field, serializers.CharField)
-                and field.trim_whitespace and not field.allow_blank
-                and schema.get("type") == "string" and "pattern" not in schema
-                and "enum" not in schema and "format" not in schema
-                and not any(isinstance(v, RegexValidator) for v in field.validators)):
+        if (
+            direction == "request"
+            and isinstance(field, serializers.CharField)
+            and field.trim_whitespace
+            and not field.allow_blank
+            and schema.get("type") == "string"
+            and "pattern" not in schema
+            and "enum" not in schema
+            and "format" not in schema
+            and not any(isinstance(v, RegexValidator) for v in field.validators)
+        ):
             schema["pattern"] = NOT_ONLY_WHITESPACE  # DRF strips it, then refuses blanks
         return schema
 
@@ -78,8 +88,7 @@ class FairlaneAutoSchema(AutoSchema):
             return responses
         for status in error_statuses(self.method):
             if str(status) not in responses:
-                response = self._get_response_for_code(ErrorOut, str(status),
-                                                       direction=direction)
+                response = self._get_response_for_code(ErrorOut, str(status), direction=direction)
                 response["description"] = DESCRIPTIONS[status]
                 responses[str(status)] = response
         return responses

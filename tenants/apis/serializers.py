@@ -1,10 +1,19 @@
 """Request and response shapes of the management API. Input is strict: unknown fields, wrong
 JSON types (a string for a number, 1 for true) and out-of-range values are 400s."""
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tenants.models import (
-    MAX_MICROCENTS, Lane, Period, Role, Scope, name_validator, timezone_names,
+    MAX_MICROCENTS,
+    Lane,
+    Period,
+    Role,
+    Scope,
+    SoftAction,
+    Tenant,
+    name_validator,
+    timezone_names,
 )
 
 # IANA time zones, as the schema's enum: a client (and schemathesis) knows which are valid.
@@ -68,6 +77,7 @@ def _microcents_field(**kwargs) -> StrictIntegerField:
 
 # --- input ---------------------------------------------------------------------------------
 
+
 class TenantCreateIn(StrictSerializer):
     name = StrictCharField(max_length=200)
     slug = StrictSlugField(max_length=63)
@@ -79,6 +89,10 @@ class TenantUpdateIn(StrictSerializer):
     name = StrictCharField(max_length=200, required=False)
     timezone = StrictChoiceField(choices=TIMEZONES, required=False)
     default_lane = StrictChoiceField(choices=Lane.choices, required=False)
+    departed_member_keys = StrictChoiceField(
+        choices=Tenant.DepartedMemberKeys.choices, required=False
+    )
+    sso_only = StrictBooleanField(required=False)
 
 
 class MemberAddIn(StrictSerializer):
@@ -96,39 +110,55 @@ MAX_LIMIT = 2**31 - 1
 
 class RateLimitsIn(StrictSerializer):
     rpm_limit = StrictIntegerField(min_value=1, max_value=10**9, required=False, allow_null=True)
-    tpm_limit = StrictIntegerField(min_value=1, max_value=MAX_LIMIT, required=False,
-                                   allow_null=True)
-    concurrency_limit = StrictIntegerField(min_value=1, max_value=10**6, required=False,
-                                           allow_null=True)
+    tpm_limit = StrictIntegerField(
+        min_value=1, max_value=MAX_LIMIT, required=False, allow_null=True
+    )
+    concurrency_limit = StrictIntegerField(
+        min_value=1, max_value=10**6, required=False, allow_null=True
+    )
 
 
 class AgentCreateIn(RateLimitsIn):
     name = StrictCharField(max_length=100, validators=[name_validator])
     description = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
-    allowed_models = serializers.ListField(child=StrictCharField(max_length=200,
-                                                                validators=[name_validator]),
-                                           required=False, default=list, max_length=200)
-    lane = StrictChoiceField(choices=[("", "tenant default"), *Lane.choices], required=False,
-                             default="", allow_blank=True)
+    allowed_models = serializers.ListField(
+        child=StrictCharField(max_length=200, validators=[name_validator]),
+        required=False,
+        default=list,
+        max_length=200,
+    )
+    lane = StrictChoiceField(
+        choices=[("", "tenant default"), *Lane.choices],
+        required=False,
+        default="",
+        allow_blank=True,
+    )
 
 
 class AgentUpdateIn(RateLimitsIn):
     name = StrictCharField(max_length=100, required=False, validators=[name_validator])
     description = StrictCharField(max_length=500, required=False, allow_blank=True)
-    allowed_models = serializers.ListField(child=StrictCharField(max_length=200,
-                                                                validators=[name_validator]),
-                                           required=False, max_length=200)
-    lane = StrictChoiceField(choices=[("", "tenant default"), *Lane.choices], required=False,
-                             allow_blank=True)
+    allowed_models = serializers.ListField(
+        child=StrictCharField(max_length=200, validators=[name_validator]),
+        required=False,
+        max_length=200,
+    )
+    lane = StrictChoiceField(
+        choices=[("", "tenant default"), *Lane.choices], required=False, allow_blank=True
+    )
     is_active = StrictBooleanField(required=False)
 
 
 class KeyCreateIn(RateLimitsIn):
     agent = serializers.UUIDField()
     name = StrictCharField(max_length=100, required=False, allow_blank=True, default="")
-    scopes = serializers.ListField(child=StrictChoiceField(choices=Scope.choices), required=False,
-                                   allow_empty=False, min_length=1,
-                                   max_length=len(Scope.choices))
+    scopes = serializers.ListField(
+        child=StrictChoiceField(choices=Scope.choices),
+        required=False,
+        allow_empty=False,
+        min_length=1,
+        max_length=len(Scope.choices),
+    )
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
 
@@ -136,13 +166,22 @@ class KeyRotateIn(StrictSerializer):
     grace_seconds = StrictIntegerField(min_value=0, max_value=30 * 24 * 3600, default=3600)
 
 
-class BudgetCreateIn(StrictSerializer):
+class BudgetSoftIn(StrictSerializer):
+    """A budget's soft level: at `soft_limit_microcents` (≤ the limit; null: none) spent and
+    reserved, `soft_action` applies (throttle: `soft_rpm` requests per minute)."""
+
+    soft_limit_microcents = _microcents_field(required=False, allow_null=True)
+    soft_action = StrictChoiceField(choices=SoftAction.choices, required=False)
+    soft_rpm = StrictIntegerField(min_value=1, max_value=1_000_000, required=False, allow_null=True)
+
+
+class BudgetCreateIn(BudgetSoftIn):
     agent = serializers.UUIDField(required=False, allow_null=True, default=None)
     period = StrictChoiceField(choices=Period.choices, default=Period.DAILY)
     limit_microcents = _microcents_field()
 
 
-class BudgetUpdateIn(StrictSerializer):
+class BudgetUpdateIn(BudgetSoftIn):
     period = StrictChoiceField(choices=Period.choices, required=False)
     limit_microcents = _microcents_field(required=False)
 
@@ -157,6 +196,7 @@ class UsageQueryIn(serializers.Serializer):
 
 # --- output --------------------------------------------------------------------------------
 
+
 class RateLimitsOut(serializers.Serializer):
     rpm_limit = serializers.IntegerField(allow_null=True)
     tpm_limit = serializers.IntegerField(allow_null=True)
@@ -170,6 +210,8 @@ class TenantOut(RateLimitsOut):
     timezone = serializers.CharField()
     weight = serializers.IntegerField()
     default_lane = serializers.CharField()
+    departed_member_keys = serializers.CharField()
+    sso_only = serializers.BooleanField()
     created_at = serializers.DateTimeField()
     role = serializers.SerializerMethodField()
 
@@ -183,6 +225,30 @@ class MemberOut(serializers.Serializer):
     email = serializers.CharField(source="user.email")
     role = serializers.CharField()
     created_at = serializers.DateTimeField()
+
+
+class KeyFatesOut(serializers.Serializer):
+    revoked = serializers.ListField(
+        child=serializers.CharField(), help_text="Prefixes of the keys that would be revoked."
+    )
+    handed_over = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="Prefixes of the inference keys that would stay with their agent.",
+    )
+
+
+class MemberDetailOut(MemberOut):
+    keys_on_removal = serializers.SerializerMethodField(
+        help_text="What removing this member now would do to the keys they made."
+    )
+
+    @extend_schema_field(KeyFatesOut)
+    def get_keys_on_removal(self, membership) -> dict:
+        fates = self.context["fates"]
+        return {
+            "revoked": [k.prefix for k in fates.revoked],
+            "handed_over": [k.prefix for k in fates.handed_over],
+        }
 
 
 class AgentOut(RateLimitsOut):
@@ -208,6 +274,9 @@ class KeyOut(RateLimitsOut):
     revoked_at = serializers.DateTimeField(allow_null=True)
     last_used_at = serializers.DateTimeField(allow_null=True)
     rotated_from = serializers.UUIDField(source="rotated_from_id", allow_null=True)
+    handed_over_at = serializers.DateTimeField(
+        allow_null=True, help_text="When its maker left and it stayed with its agent."
+    )
 
 
 class KeyCreatedOut(KeyOut):
@@ -229,6 +298,9 @@ class BudgetOut(serializers.Serializer):
     agent_name = serializers.CharField(source="agent.name", default=None, allow_null=True)
     period = serializers.CharField()
     limit_microcents = serializers.IntegerField()
+    soft_limit_microcents = serializers.IntegerField(allow_null=True)
+    soft_action = serializers.CharField()
+    soft_rpm = serializers.IntegerField(allow_null=True)
     window = WindowOut(source="current_window")
 
 
@@ -236,8 +308,7 @@ class UsageOut(serializers.Serializer):
     request_id = serializers.CharField()
     agent = serializers.UUIDField(source="agent_id")
     agent_name = serializers.CharField(source="agent.name")
-    api_key_prefix = serializers.CharField(source="api_key.prefix", default=None,
-                                           allow_null=True)
+    api_key_prefix = serializers.CharField(source="api_key.prefix", default=None, allow_null=True)
     backend = serializers.CharField()
     model = serializers.CharField()
     prompt_tokens = serializers.IntegerField()
@@ -246,7 +317,8 @@ class UsageOut(serializers.Serializer):
     total_tokens = serializers.IntegerField()
     cost_microcents = serializers.IntegerField()
     unbilled_microcents = serializers.IntegerField(
-        help_text="What the request cost beyond the room its budgets had left (normally 0).")
+        help_text="What the request cost beyond the room its budgets had left (normally 0)."
+    )
     latency_ms = serializers.IntegerField()
     status = serializers.CharField()
     created_at = serializers.DateTimeField()

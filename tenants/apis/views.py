@@ -20,6 +20,7 @@ from tenants.apis.pagination import StrictLimitOffsetPagination
 from tenants.errors import InvalidRequest, NotFound, PermissionDenied
 from tenants.models import Role, Scope
 from tenants.services import budgets, keys, tenancy
+from tenants.services.member_keys import member_keys_fate
 
 
 def _valid(serializer_class, data, **kwargs) -> dict:
@@ -50,10 +51,22 @@ class MeView(APIView):
     def get(self, request):
         if isinstance(request.user, ApiKeyPrincipal):
             key = request.user.api_key
-            return Response({"type": "api_key", "key": key.prefix, "tenant": key.tenant.slug,
-                             "agent": key.agent.name, "scopes": key.scopes})
-        return Response({"type": "user", "username": request.user.get_username(),
-                         "is_staff": request.user.is_staff})
+            return Response(
+                {
+                    "type": "api_key",
+                    "key": key.prefix,
+                    "tenant": key.tenant.slug,
+                    "agent": key.agent.name,
+                    "scopes": key.scopes,
+                }
+            )
+        return Response(
+            {
+                "type": "user",
+                "username": request.user.get_username(),
+                "is_staff": request.user.is_staff,
+            }
+        )
 
 
 class TenantListView(ListView):
@@ -68,19 +81,30 @@ class TenantListView(ListView):
             roles = {m.tenant_id: m.role for m in request.user.memberships.all()}
         return _paginated(self, request, tenants, s.TenantOut, roles=roles)
 
-    @extend_schema(request=s.TenantCreateIn, responses={201: s.TenantOut},
-                   summary="Create a tenant (you become its owner)")
+    @extend_schema(
+        request=s.TenantCreateIn,
+        responses={201: s.TenantOut},
+        summary="Create a tenant (you become its owner)",
+    )
     def post(self, request):
         if isinstance(request.user, ApiKeyPrincipal) or not settings.FAIRLANE_SELF_SERVICE_TENANTS:
-            raise PermissionDenied("Tenants are created by signed-in people"
-                                   + ("" if settings.FAIRLANE_SELF_SERVICE_TENANTS
-                                      else " through the admin") + ".")
+            raise PermissionDenied(
+                "Tenants are created by signed-in people"
+                + ("" if settings.FAIRLANE_SELF_SERVICE_TENANTS else " through the admin")
+                + "."
+            )
         data = _valid(s.TenantCreateIn, request.data)
-        tenant = tenancy.tenant_create(name=data["name"], slug=data["slug"], owner=request.user,
-                                       timezone_name=data["timezone"],
-                                       default_lane=data["default_lane"])
-        return Response(s.TenantOut(tenant, context={"roles": {tenant.pk: Role.OWNER}}).data,
-                        status=status.HTTP_201_CREATED)
+        tenant = tenancy.tenant_create(
+            name=data["name"],
+            slug=data["slug"],
+            owner=request.user,
+            timezone_name=data["timezone"],
+            default_lane=data["default_lane"],
+        )
+        return Response(
+            s.TenantOut(tenant, context={"roles": {tenant.pk: Role.OWNER}}).data,
+            status=status.HTTP_201_CREATED,
+        )
 
 
 class TenantDetailView(APIView):
@@ -92,7 +116,9 @@ class TenantDetailView(APIView):
     @extend_schema(request=s.TenantUpdateIn, responses=s.TenantOut)
     def patch(self, request, slug):
         tenant, role = tenant_for(principal=request.user, slug=slug, min_role=Role.ADMIN)
-        tenant = tenancy.tenant_update(tenant=tenant, **_valid(s.TenantUpdateIn, request.data))
+        tenant = tenancy.tenant_update(
+            tenant=tenant, actor_role=role, **_valid(s.TenantUpdateIn, request.data)
+        )
         return Response(s.TenantOut(tenant, context={"roles": {tenant.pk: role}}).data)
 
 
@@ -109,21 +135,37 @@ class MemberListView(ListView):
         user = get_user_model().objects.filter(username=data["username"], is_active=True).first()
         if user is None:  # a reference to nobody: 404, like an unknown agent id
             raise NotFound("No active user with that username.", param="username")
-        membership = tenancy.member_add(tenant=tenant, user=user, role=data["role"],
-                                        actor_role=role)
+        membership = tenancy.member_add(
+            tenant=tenant, user=user, role=data["role"], actor_role=role
+        )
         return Response(s.MemberOut(membership).data, status=status.HTTP_201_CREATED)
 
 
 class MemberDetailView(APIView):
+    @extend_schema(responses=s.MemberDetailOut)
+    def get(self, request, slug, member_id):
+        tenant, _ = tenant_for(principal=request.user, slug=slug)
+        membership = selectors.membership_get_by_id(tenant=tenant, membership_id=member_id)
+        fates = member_keys_fate(tenant=tenant, user=membership.user, role=None)
+        return Response(s.MemberDetailOut(membership, context={"fates": fates}).data)
+
     @extend_schema(request=s.MemberUpdateIn, responses=s.MemberOut)
     def patch(self, request, slug, member_id):
         tenant, role = tenant_for(principal=request.user, slug=slug, min_role=Role.ADMIN)
         membership = selectors.membership_get_by_id(tenant=tenant, membership_id=member_id)
-        membership = tenancy.member_update(membership=membership, actor_role=role,
-                                           **_valid(s.MemberUpdateIn, request.data))
+        membership = tenancy.member_update(
+            membership=membership, actor_role=role, **_valid(s.MemberUpdateIn, request.data)
+        )
         return Response(s.MemberOut(membership).data)
 
-    @extend_schema(responses={204: None})
+    @extend_schema(
+        responses={204: None},
+        description=(
+            "Remove the member. The keys they made are revoked, or, for inference-only keys where "
+            "the tenant's departed_member_keys is hand_over, stay with their agent; GET the member "
+            "first to see which (keys_on_removal)."
+        ),
+    )
     def delete(self, request, slug, member_id):
         tenant, role = tenant_for(principal=request.user, slug=slug, min_role=Role.ADMIN)
         membership = selectors.membership_get_by_id(tenant=tenant, membership_id=member_id)
@@ -160,32 +202,43 @@ class AgentDetailView(APIView):
     @extend_schema(responses={200: s.AgentOut}, summary="Deactivate an agent and revoke its keys")
     def delete(self, request, slug, agent_id):
         tenant, _ = tenant_for(principal=request.user, slug=slug, min_role=Role.ADMIN)
-        agent = tenancy.agent_deactivate(agent=selectors.agent_get(tenant=tenant,
-                                                                   agent_id=agent_id))
+        agent = tenancy.agent_deactivate(
+            agent=selectors.agent_get(tenant=tenant, agent_id=agent_id)
+        )
         return Response(s.AgentOut(agent).data)
 
 
 class KeyListView(ListView):
-    @extend_schema(responses=s.KeyOut(many=True),
-                   parameters=[OpenApiParameter("agent", OpenApiTypes.UUID,
-                                                description="agent id")])
+    @extend_schema(
+        responses=s.KeyOut(many=True),
+        parameters=[OpenApiParameter("agent", OpenApiTypes.UUID, description="agent id")],
+    )
     def get(self, request, slug):
         tenant, _ = tenant_for(principal=request.user, slug=slug)
         agent = _usage_filters(request, tenant).get("agent")
-        return _paginated(self, request, selectors.api_key_list(tenant=tenant, agent=agent),
-                          s.KeyOut)
+        return _paginated(
+            self, request, selectors.api_key_list(tenant=tenant, agent=agent), s.KeyOut
+        )
 
-    @extend_schema(request=s.KeyCreateIn, responses={201: s.KeyCreatedOut},
-                   summary="Create a key; the response is the only time the key is shown")
+    @extend_schema(
+        request=s.KeyCreateIn,
+        responses={201: s.KeyCreatedOut},
+        summary="Create a key; the response is the only time the key is shown",
+    )
     def post(self, request, slug):
         tenant, role = tenant_for(principal=request.user, slug=slug, min_role=Role.MEMBER)
         data = _valid(s.KeyCreateIn, request.data)
         agent = selectors.agent_get(tenant=tenant, agent_id=data["agent"])
         key, plain = keys.api_key_create(
-            tenant=tenant, agent=agent, name=data["name"],
+            tenant=tenant,
+            agent=agent,
+            name=data["name"],
             scopes=data.get("scopes") or [Scope.INFERENCE.value],
-            expires_at=data["expires_at"], created_by=_person(request), actor_role=role,
-            **{k: data[k] for k in ("rpm_limit", "tpm_limit", "concurrency_limit") if k in data})
+            expires_at=data["expires_at"],
+            created_by=_person(request),
+            actor_role=role,
+            **{k: data[k] for k in ("rpm_limit", "tpm_limit", "concurrency_limit") if k in data},
+        )
         key.key = plain
         response = Response(s.KeyCreatedOut(key).data, status=status.HTTP_201_CREATED)
         response["Cache-Control"] = "no-store"
@@ -193,7 +246,11 @@ class KeyListView(ListView):
 
 
 def _person(request):
-    return None if isinstance(request.user, ApiKeyPrincipal) else request.user
+    """Who a new key is made by: the signed-in person, or the person who made the key the
+    request came with (so a key minted by a key still follows that person's fate)."""
+    if isinstance(request.user, ApiKeyPrincipal):
+        return request.user.api_key.created_by
+    return request.user
 
 
 class KeyDetailView(APIView):
@@ -210,14 +267,21 @@ class KeyDetailView(APIView):
 
 
 class KeyRotateView(APIView):
-    @extend_schema(request=s.KeyRotateIn, responses={201: s.KeyCreatedOut},
-                   summary="Replace a key; the old one works for grace_seconds more")
+    @extend_schema(
+        request=s.KeyRotateIn,
+        responses={201: s.KeyCreatedOut},
+        summary="Replace a key; the old one works for grace_seconds more",
+    )
     def post(self, request, slug, key_id):
         tenant, role = tenant_for(principal=request.user, slug=slug, min_role=Role.MEMBER)
         old = selectors.api_key_get(tenant=tenant, key_id=key_id)
         data = _valid(s.KeyRotateIn, request.data)
-        key, plain = keys.api_key_rotate(key=old, grace_seconds=data["grace_seconds"],
-                                         created_by=_person(request), actor_role=role)
+        key, plain = keys.api_key_rotate(
+            key=old,
+            grace_seconds=data["grace_seconds"],
+            created_by=_person(request),
+            actor_role=role,
+        )
         key.key = plain
         response = Response(s.KeyCreatedOut(key).data, status=status.HTTP_201_CREATED)
         response["Cache-Control"] = "no-store"
@@ -231,14 +295,25 @@ class BudgetListView(ListView):
         budget_list = [_with_window(b) for b in selectors.budget_list(tenant=tenant)]
         return _paginated(self, request, budget_list, s.BudgetOut)
 
-    @extend_schema(request=s.BudgetCreateIn, responses={201: s.BudgetOut},
-                   summary="Set a budget for an agent, or for the tenant (agent: null)")
+    @extend_schema(
+        request=s.BudgetCreateIn,
+        responses={201: s.BudgetOut},
+        summary="Set a budget for an agent, or for the tenant (agent: null)",
+    )
     def post(self, request, slug):
         tenant, _ = tenant_for(principal=request.user, slug=slug, min_role=Role.ADMIN)
         data = _valid(s.BudgetCreateIn, request.data)
-        agent = selectors.agent_get(tenant=tenant, agent_id=data["agent"]) if data["agent"] else None
-        budget = budgets.budget_create(tenant=tenant, agent=agent, period=data["period"],
-                                       limit_microcents=data["limit_microcents"])
+        agent = (
+            selectors.agent_get(tenant=tenant, agent_id=data["agent"]) if data["agent"] else None
+        )
+        soft = {f: data[f] for f in budgets.SOFT_FIELDS if f in data}
+        budget = budgets.budget_create(
+            tenant=tenant,
+            agent=agent,
+            period=data["period"],
+            limit_microcents=data["limit_microcents"],
+            **soft,
+        )
         return Response(s.BudgetOut(_with_window(budget)).data, status=status.HTTP_201_CREATED)
 
 
@@ -272,9 +347,11 @@ def _usage_filters(request, tenant) -> dict:
     return query
 
 
-USAGE_PARAMETERS = [OpenApiParameter("since", OpenApiTypes.DATETIME),
-                    OpenApiParameter("until", OpenApiTypes.DATETIME),
-                    OpenApiParameter("agent", OpenApiTypes.UUID, description="agent id")]
+USAGE_PARAMETERS = [
+    OpenApiParameter("since", OpenApiTypes.DATETIME),
+    OpenApiParameter("until", OpenApiTypes.DATETIME),
+    OpenApiParameter("agent", OpenApiTypes.UUID, description="agent id"),
+]
 
 
 class UsageListView(ListView):

@@ -40,16 +40,21 @@ class AlertRule(models.Model):
     budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="alert_rules")
     kind = models.CharField(max_length=16, choices=Kind.choices)
     percent = models.PositiveSmallIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(1000)])
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(1000)]
+    )
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["budget", "kind", "percent"],
-                                               name="alert_rule_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["budget", "kind", "percent"], name="alert_rule_unique")
+        ]
         ordering = ["budget", "kind", "percent"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.percent} %"
 
     @property
     def key(self) -> str:
-        return FORECAST if self.kind == self.Kind.FORECAST else threshold_rule(self.percent)
+        return FORECAST if self.kind == self.Kind.FORECAST else threshold_rule(self.percent or 0)
 
 
 class AlertState(models.Model):
@@ -71,8 +76,14 @@ class AlertState(models.Model):
     changed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["budget", "window_start", "rule"],
-                                               name="alert_state_unique")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["budget", "window_start", "rule"], name="alert_state_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.state}"
 
 
 class AlertEvent(models.Model):
@@ -80,10 +91,12 @@ class AlertEvent(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="alert_events")
-    budget = models.ForeignKey(Budget, null=True, blank=True, on_delete=models.SET_NULL,
-                               related_name="+")
-    agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.SET_NULL,
-                              related_name="+")
+    budget = models.ForeignKey(
+        Budget, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    agent = models.ForeignKey(
+        Agent, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     event = models.CharField(max_length=32, choices=AlertEventName.choices)
     rule = models.CharField(max_length=32)
     period = models.CharField(max_length=16)
@@ -98,8 +111,13 @@ class AlertEvent(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["tenant", "created_at"], name="alert_event_tenant_time"),
-                   models.Index(fields=["created_at"], name="alert_event_time")]
+        indexes = [
+            models.Index(fields=["tenant", "created_at"], name="alert_event_tenant_time"),
+            models.Index(fields=["created_at"], name="alert_event_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} ({self.rule})"
 
 
 class AlertDestination(models.Model):
@@ -111,8 +129,9 @@ class AlertDestination(models.Model):
         WEBHOOK = "webhook"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE,
-                               related_name="alert_destinations")
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="alert_destinations"
+    )
     kind = models.CharField(max_length=16, choices=Kind.choices)
     target = models.CharField(max_length=2000)
     # The webhook's signing secret, encrypted (it is needed to sign; shown once).
@@ -123,13 +142,20 @@ class AlertDestination(models.Model):
     class Meta:
         ordering = ["kind", "target"]
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "kind", "target"],
-                                    condition=models.Q(tenant__isnull=False),
-                                    name="alert_destination_unique"),
-            models.UniqueConstraint(fields=["kind", "target"],
-                                    condition=models.Q(tenant__isnull=True),
-                                    name="alert_destination_platform_unique"),
+            models.UniqueConstraint(
+                fields=["tenant", "kind", "target"],
+                condition=models.Q(tenant__isnull=False),
+                name="alert_destination_unique",
+            ),
+            models.UniqueConstraint(
+                fields=["kind", "target"],
+                condition=models.Q(tenant__isnull=True),
+                name="alert_destination_platform_unique",
+            ),
         ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.target}"
 
 
 class AlertDelivery(models.Model):
@@ -144,8 +170,13 @@ class AlertDelivery(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     event = models.ForeignKey(AlertEvent, on_delete=models.CASCADE, related_name="deliveries")
-    destination = models.ForeignKey(AlertDestination, null=True, blank=True,
-                                    on_delete=models.SET_NULL, related_name="deliveries")
+    destination = models.ForeignKey(
+        AlertDestination,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="deliveries",
+    )
     kind = models.CharField(max_length=16, choices=AlertDestination.Kind.choices)
     target = models.CharField(max_length=2000)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
@@ -157,3 +188,6 @@ class AlertDelivery(models.Model):
 
     class Meta:
         ordering = ["-next_attempt_at"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} delivery: {self.status}"

@@ -6,6 +6,7 @@ floats: a price of $0.15 per million tokens is 15 micro-cents per token.
 
 import uuid
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
@@ -24,33 +25,72 @@ class Period(models.TextChoices):
     MONTHLY = "monthly"
 
 
+class SoftAction(models.TextChoices):
+    """What a budget does once its window's spent + reserved reaches its soft level."""
+
+    ALERT = "alert"  # only the alert
+    DEMOTE = "demote"  # new requests run on the bulk lane until the window resets
+    THROTTLE = "throttle"  # new requests are limited to soft_rpm requests per minute
+
+
 class Budget(models.Model):
     """A spending limit per window for an agent, or for the whole tenant when agent is empty.
-    Windows start at midnight in the tenant's time zone (weeks on Monday, months on the 1st)."""
+    Windows start at midnight in the tenant's time zone (weeks on Monday, months on the 1st).
+    An optional soft level below the limit slows its owner down instead of refusing
+    (`soft_action`); the limit itself still refuses."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="budgets")
-    agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.CASCADE,
-                              related_name="budgets")
+    agent = models.ForeignKey(
+        Agent, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
+    )
     period = models.CharField(max_length=16, choices=Period.choices, default=Period.DAILY)
     limit_microcents = models.BigIntegerField(
         validators=[MinValueValidator(0), MaxValueValidator(MAX_MICROCENTS)]
+    )
+    soft_limit_microcents = models.BigIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(0), MaxValueValidator(MAX_MICROCENTS)]
+    )
+    soft_action = models.CharField(
+        max_length=16, choices=SoftAction.choices, default=SoftAction.ALERT
+    )
+    soft_rpm = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(1_000_000)]
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "agent"], condition=Q(agent__isnull=False),
-                                    name="budget_one_per_agent"),
-            models.UniqueConstraint(fields=["tenant"], condition=Q(agent__isnull=True),
-                                    name="budget_one_per_tenant"),
+            models.CheckConstraint(
+                condition=Q(soft_limit_microcents__isnull=True)
+                | Q(soft_limit_microcents__lte=models.F("limit_microcents")),
+                name="budget_soft_lte_limit",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "agent"],
+                condition=Q(agent__isnull=False),
+                name="budget_one_per_agent",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant"], condition=Q(agent__isnull=True), name="budget_one_per_tenant"
+            ),
         ]
         ordering = ["tenant", "agent"]
 
     def __str__(self) -> str:
-        owner = self.agent.name if self.agent_id else "tenant"
+        owner = self.agent.name if self.agent else "tenant"
         return f"{self.tenant.slug}/{owner} {self.period}"
+
+    def clean(self) -> None:
+        errors = {}
+        soft = self.soft_limit_microcents
+        if soft is not None and self.limit_microcents is not None and soft > self.limit_microcents:
+            errors["soft_limit_microcents"] = "The soft limit must not exceed the limit."
+        if self.soft_action == SoftAction.THROTTLE and not self.soft_rpm:
+            errors["soft_rpm"] = "A throttling soft limit needs soft_rpm (requests per minute)."
+        if errors:
+            raise ValidationError(errors)
 
 
 class BudgetWindow(models.Model):
@@ -67,10 +107,14 @@ class BudgetWindow(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["budget", "start"], name="budget_window_unique"),
             models.CheckConstraint(condition=Q(spent_microcents__gte=0), name="window_spent_gte_0"),
-            models.CheckConstraint(condition=Q(reserved_microcents__gte=0),
-                                   name="window_reserved_gte_0"),
+            models.CheckConstraint(
+                condition=Q(reserved_microcents__gte=0), name="window_reserved_gte_0"
+            ),
         ]
         ordering = ["budget", "-start"]
+
+    def __str__(self) -> str:
+        return f"{self.start:%Y-%m-%d %H:%M}-{self.end:%Y-%m-%d %H:%M}"
 
 
 class Reservation(models.Model):
@@ -87,13 +131,16 @@ class Reservation(models.Model):
     request_id = models.CharField(max_length=64, unique=True)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="reservations")
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="reservations")
-    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL,
-                                related_name="+")
+    api_key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     amount_microcents = models.BigIntegerField()
-    agent_window = models.ForeignKey(BudgetWindow, null=True, blank=True,
-                                     on_delete=models.SET_NULL, related_name="+")
-    tenant_window = models.ForeignKey(BudgetWindow, null=True, blank=True,
-                                      on_delete=models.SET_NULL, related_name="+")
+    agent_window = models.ForeignKey(
+        BudgetWindow, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    tenant_window = models.ForeignKey(
+        BudgetWindow, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.HELD)
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
@@ -101,6 +148,9 @@ class Reservation(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.request_id
 
 
 class UsageRecord(models.Model):
@@ -117,8 +167,9 @@ class UsageRecord(models.Model):
     request_id = models.CharField(max_length=64, unique=True)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_records")
     agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="usage_records")
-    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL,
-                                related_name="+")
+    api_key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     backend = models.CharField(max_length=100, blank=True, default="")
     model = models.CharField(max_length=200, blank=True, default="")
     prompt_tokens = models.PositiveIntegerField(default=0)
@@ -144,9 +195,11 @@ class UsageRecord(models.Model):
             models.Index(fields=["agent", "created_at"], name="usage_agent_time"),
             # Operators' figures across tenants (the ops dashboard: top spenders, per model).
             models.Index(fields=["created_at"], name="usage_time"),
-            models.Index(fields=["trace_id"], name="usage_trace",
-                         condition=~models.Q(trace_id="")),
+            models.Index(fields=["trace_id"], name="usage_trace", condition=~models.Q(trace_id="")),
         ]
+
+    def __str__(self) -> str:
+        return self.request_id
 
     @property
     def total_tokens(self) -> int:

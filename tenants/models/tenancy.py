@@ -68,6 +68,21 @@ class Tenant(RateLimits):
     default_lane = models.CharField(max_length=16, choices=Lane.choices, default=Lane.STANDARD)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    class DepartedMemberKeys(models.TextChoices):
+        """What becomes of the keys a member made, when the member leaves (removed, their
+        account deactivated) or drops below the role that could make them: revoked, or (for
+        keys that can only call the inference API) handed over to the agent they belong to.
+        Keys carrying management scopes are always revoked."""
+
+        REVOKE = "revoke"
+        HAND_OVER = "hand_over"
+
+    departed_member_keys = models.CharField(
+        max_length=16, choices=DepartedMemberKeys.choices, default=DepartedMemberKeys.REVOKE
+    )
+    # Members reach this tenant through single sign-on only: a password session gets 403.
+    sso_only = models.BooleanField(default=False)
+
     class Meta:
         ordering = ["slug"]
 
@@ -86,15 +101,29 @@ class Role(models.TextChoices):
     VIEWER = "viewer"
 
 
-ROLE_RANK = {Role.VIEWER: 1, Role.MEMBER: 2, Role.ADMIN: 3, Role.OWNER: 4}
+ROLE_RANK: dict[str, int] = {Role.VIEWER: 1, Role.MEMBER: 2, Role.ADMIN: 3, Role.OWNER: 4}
 
 
 class Membership(models.Model):
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
-                             related_name="memberships")
+    """A person in a tenant with a role. A deactivated membership (SCIM's `active: false`)
+    stays for the record and can be reactivated, but gives no access."""
+
+    class Source(models.TextChoices):
+        MANUAL = "manual"  # added by a person (portal, API, admin)
+        SSO = "sso"  # made at sign-in from the identity provider's claims
+        SCIM = "scim"  # provisioned by the tenant's SCIM client
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
     created_at = models.DateTimeField(auto_now_add=True)
+    is_active = models.BooleanField(default=True)
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.MANUAL)
+    # SCIM: the resource id the tenant's identity provider knows this member by, and its own.
+    scim_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    scim_external_id = models.CharField(max_length=200, blank=True, default="")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique")]
@@ -151,14 +180,19 @@ class ApiKey(RateLimits):
     key_id = models.CharField(max_length=16, unique=True, editable=False)
     secret_hash = models.CharField(max_length=64, editable=False)
     scopes = models.JSONField(default=list)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
-                                   on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
-    rotated_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
-                                     related_name="rotated_to")
+    rotated_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="rotated_to"
+    )
+    # Set when the member who made it left and the tenant's policy handed it to its agent: it
+    # no longer follows that member's fate (created_by still says who made it).
+    handed_over_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

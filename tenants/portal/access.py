@@ -15,9 +15,12 @@ from django.views.decorators.http import require_POST
 
 from tenants import errors, selectors
 from tenants.models import ROLE_RANK, Membership, Role, Tenant
+from tenants.services.sessions import SSO_REQUIRED, tenant_needs_sso
 
-SUSPENDED = ("This tenant is suspended by the platform's operators: the portal is read-only "
-             "and its API keys are refused.")
+SUSPENDED = (
+    "This tenant is suspended by the platform's operators: the portal is read-only "
+    "and its API keys are refused."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +55,10 @@ class Portal:
 def portal_resolve(*, user, slug: str) -> Portal:
     tenant = selectors.tenant_get(slug=slug)
     membership = selectors.membership_get(tenant=tenant, user=user) if tenant else None
-    if membership is None:
+    if tenant is None or membership is None:
         raise Http404("No such tenant.")
+    if tenant_needs_sso(tenant=tenant, user=user):
+        raise PermissionDenied(SSO_REQUIRED)
     return Portal(tenant=tenant, membership=membership)
 
 
@@ -70,8 +75,10 @@ def portal_page(min_role: str = Role.VIEWER, *, write: bool = False, form: bool 
             if writes and not portal.tenant.is_active:
                 raise PermissionDenied(SUSPENDED)
             if not portal.at_least(min_role):
-                raise PermissionDenied(f"This needs the {min_role} role or higher in "
-                                       f"{portal.tenant.slug}; yours is {portal.role}.")
+                raise PermissionDenied(
+                    f"This needs the {min_role} role or higher in "
+                    f"{portal.tenant.slug}; yours is {portal.role}."
+                )
             request.portal = portal
             try:
                 # Times on the tenant's pages read in the tenant's zone, as its windows do.

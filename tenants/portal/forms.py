@@ -7,11 +7,25 @@ from decimal import Decimal
 from django import forms
 
 from tenants.errors import ApplicationError
-from tenants.models import MAX_MICROCENTS, MICROCENTS_PER_USD, Lane, Period, Role, Scope
+from tenants.models import (
+    MAX_MICROCENTS,
+    MICROCENTS_PER_USD,
+    Agent,
+    Lane,
+    Period,
+    Role,
+    Scope,
+    SoftAction,
+)
 
 MAX_USD = Decimal(MAX_MICROCENTS) / MICROCENTS_PER_USD
-GRACE_CHOICES = [(0, "none: stop at once"), (300, "5 minutes"), (3600, "1 hour"),
-                 (86400, "1 day"), (604800, "7 days")]
+GRACE_CHOICES = [
+    (0, "none: stop at once"),
+    (300, "5 minutes"),
+    (3600, "1 hour"),
+    (86400, "1 day"),
+    (604800, "7 days"),
+]
 
 
 def form_error_apply(form: forms.Form, exc: ApplicationError, fields: dict | None = None):
@@ -34,40 +48,98 @@ class PortalForm(forms.Form):
 
 
 class BudgetFields(PortalForm):
-    budget_period = forms.ChoiceField(choices=Period.choices, initial=Period.DAILY,
-                                      label="Budget period")
+    budget_period = forms.ChoiceField(
+        choices=Period.choices, initial=Period.DAILY, label="Budget period"
+    )
     budget_limit_usd = forms.DecimalField(
-        required=False, min_value=0, max_value=MAX_USD, decimal_places=8, label="Budget (USD)",
-        help_text="Empty: no budget of its own (the tenant's budget still applies).")
+        required=False,
+        min_value=0,
+        max_value=MAX_USD,
+        decimal_places=8,
+        label="Budget (USD)",
+        help_text="Empty: no budget of its own (the tenant's budget still applies).",
+    )
+
+    budget_soft_limit_usd = forms.DecimalField(
+        required=False,
+        min_value=0,
+        max_value=MAX_USD,
+        decimal_places=8,
+        label="Soft limit (USD)",
+        help_text="Empty: none. Once spent and reserved reach it, the soft action applies.",
+    )
+    budget_soft_action = forms.ChoiceField(
+        choices=SoftAction.choices,
+        initial=SoftAction.ALERT,
+        required=False,
+        label="At the soft limit",
+        help_text="alert: only alert; demote: bulk lane; throttle: the rpm below.",
+    )
+    budget_soft_rpm = forms.IntegerField(
+        required=False, min_value=1, max_value=1_000_000, label="Throttle (requests per minute)"
+    )
 
     def budget(self) -> tuple[str, int | None]:
-        return (self.cleaned_data["budget_period"],
-                usd_to_microcents(self.cleaned_data["budget_limit_usd"]))
+        return (
+            self.cleaned_data["budget_period"],
+            usd_to_microcents(self.cleaned_data["budget_limit_usd"]),
+        )
+
+    def budget_soft(self) -> dict:
+        """The soft level's fields as the budget services take them."""
+        return {
+            "soft_limit_microcents": usd_to_microcents(self.cleaned_data["budget_soft_limit_usd"]),
+            "soft_action": self.cleaned_data["budget_soft_action"] or SoftAction.ALERT,
+            "soft_rpm": self.cleaned_data["budget_soft_rpm"],
+        }
 
 
 class AgentForm(BudgetFields):
     name = forms.CharField(max_length=100)
     description = forms.CharField(max_length=500, required=False)
     allowed_models = forms.CharField(
-        required=False, max_length=4000, label="Allowed models",
-        help_text="Comma-separated model names; empty: every model the platform serves.")
+        required=False,
+        max_length=4000,
+        label="Allowed models",
+        help_text="Comma-separated model names; empty: every model the platform serves.",
+    )
     lane = forms.ChoiceField(choices=[("", "tenant default"), *Lane.choices], required=False)
-    rpm_limit = forms.IntegerField(required=False, min_value=1, max_value=10**9,
-                                   label="Requests per minute")
-    tpm_limit = forms.IntegerField(required=False, min_value=1, max_value=10**12,
-                                   label="Tokens per minute")
-    concurrency_limit = forms.IntegerField(required=False, min_value=1, max_value=10**6,
-                                           label="Requests at once")
-    field_order = ["name", "description", "allowed_models", "lane", "rpm_limit", "tpm_limit",
-                   "concurrency_limit", "budget_period", "budget_limit_usd"]
+    rpm_limit = forms.IntegerField(
+        required=False, min_value=1, max_value=10**9, label="Requests per minute"
+    )
+    tpm_limit = forms.IntegerField(
+        required=False, min_value=1, max_value=10**12, label="Tokens per minute"
+    )
+    concurrency_limit = forms.IntegerField(
+        required=False, min_value=1, max_value=10**6, label="Requests at once"
+    )
+    field_order = [
+        "name",
+        "description",
+        "allowed_models",
+        "lane",
+        "rpm_limit",
+        "tpm_limit",
+        "concurrency_limit",
+        "budget_period",
+        "budget_limit_usd",
+        "budget_soft_limit_usd",
+        "budget_soft_action",
+        "budget_soft_rpm",
+    ]
 
     def agent_fields(self) -> dict:
         data = self.cleaned_data
         models = [m.strip() for m in data["allowed_models"].replace("\n", ",").split(",")]
-        return {"name": data["name"], "description": data["description"],
-                "allowed_models": [m for m in models if m], "lane": data["lane"],
-                "rpm_limit": data["rpm_limit"], "tpm_limit": data["tpm_limit"],
-                "concurrency_limit": data["concurrency_limit"]}
+        return {
+            "name": data["name"],
+            "description": data["description"],
+            "allowed_models": [m for m in models if m],
+            "lane": data["lane"],
+            "rpm_limit": data["rpm_limit"],
+            "tpm_limit": data["tpm_limit"],
+            "concurrency_limit": data["concurrency_limit"],
+        }
 
 
 class TenantBudgetForm(BudgetFields):
@@ -75,13 +147,18 @@ class TenantBudgetForm(BudgetFields):
 
 
 class KeyForm(PortalForm):
-    agent = forms.ModelChoiceField(queryset=None, empty_label=None)
+    agent = forms.ModelChoiceField(queryset=Agent.objects.none(), empty_label=None)
     name = forms.CharField(max_length=100, required=False)
-    scopes = forms.MultipleChoiceField(choices=Scope.choices, initial=[Scope.INFERENCE],
-                                       widget=forms.CheckboxSelectMultiple)
-    expires_in_days = forms.IntegerField(required=False, min_value=1, max_value=3650,
-                                         label="Expires in (days)",
-                                         help_text="Empty: never expires.")
+    scopes = forms.MultipleChoiceField(
+        choices=Scope.choices, initial=[Scope.INFERENCE], widget=forms.CheckboxSelectMultiple
+    )
+    expires_in_days = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=3650,
+        label="Expires in (days)",
+        help_text="Empty: never expires.",
+    )
 
     def __init__(self, *args, agents, **kwargs):
         super().__init__(*args, **kwargs)
@@ -90,8 +167,9 @@ class KeyForm(PortalForm):
 
 
 class RotateForm(PortalForm):
-    grace_seconds = forms.TypedChoiceField(choices=GRACE_CHOICES, coerce=int, initial=3600,
-                                           label="The old key keeps working for")
+    grace_seconds = forms.TypedChoiceField(
+        choices=GRACE_CHOICES, coerce=int, initial=3600, label="The old key keeps working for"
+    )
 
 
 class MemberAddForm(PortalForm):
@@ -101,3 +179,14 @@ class MemberAddForm(PortalForm):
 
 class MemberRoleForm(PortalForm):
     role = forms.ChoiceField(choices=Role.choices)
+
+
+class RequestLogPolicyForm(PortalForm):
+    enabled = forms.BooleanField(required=False, label="Keep the prompt and answer of requests")
+    retention_days = forms.IntegerField(
+        min_value=1, max_value=365, initial=7, label="Keep them for (days)"
+    )
+    redact_emails = forms.BooleanField(required=False, label="Redact email addresses")
+    redact_numbers = forms.BooleanField(
+        required=False, label="Redact numbers (six or more digits: phones, cards, accounts)"
+    )

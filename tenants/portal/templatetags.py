@@ -20,4 +20,3 @@ def usd(microcents) -> str:
     if abs(amount) >= Decimal("0.01"):
         return f"${amount:,.2f}"
     return f"${amount:.8f}".rstrip("0")
-

@@ -44,8 +44,9 @@ class SpendLine:
     def remaining_microcents(self) -> int | None:
         if self.budget is None:
             return None
-        return max(0, self.budget.limit_microcents - self.spent_microcents
-                   - self.reserved_microcents)
+        return max(
+            0, self.budget.limit_microcents - self.spent_microcents - self.reserved_microcents
+        )
 
     @property
     def used_ratio(self) -> float | None:
@@ -66,7 +67,7 @@ class SpendLine:
             return "unbudgeted"
         if self.remaining_microcents == 0:
             return "exhausted"
-        return "warning" if self.used_ratio >= WARN_RATIO else "ok"
+        return "warning" if (self.used_ratio or 0.0) >= WARN_RATIO else "ok"
 
     @property
     def projected_exhaustion(self) -> datetime | None:
@@ -92,8 +93,9 @@ class Today:
 
 
 def _windows_by_budget(*, budgets: list[Budget], now: datetime) -> dict:
-    bounds = {b.pk: window_bounds(period=b.period, tz_name=b.tenant.timezone, now=now)
-              for b in budgets}
+    bounds = {
+        b.pk: window_bounds(period=b.period, tz_name=b.tenant.timezone, now=now) for b in budgets
+    }
     if not budgets:
         return {}
     match = reduce(or_, (Q(budget_id=pk, start=start) for pk, (start, _) in bounds.items()))
@@ -102,9 +104,14 @@ def _windows_by_budget(*, budgets: list[Budget], now: datetime) -> dict:
 
 
 def _rates_by_agent(*, tenant: Tenant, now: datetime) -> dict:
-    rows = (UsageRecord.objects.filter(tenant=tenant, created_at__gte=now - RUN_RATE_WINDOW,
-                                       created_at__lte=now)
-            .order_by().values("agent_id").annotate(cost=Sum("cost_microcents")))
+    rows = (
+        UsageRecord.objects.filter(
+            tenant=tenant, created_at__gte=now - RUN_RATE_WINDOW, created_at__lte=now
+        )
+        .order_by()
+        .values("agent_id")
+        .annotate(cost=Sum("cost_microcents"))
+    )
     hours = RUN_RATE_WINDOW.total_seconds() / 3600
     return {row["agent_id"]: int(row["cost"] / hours) for row in rows}
 
@@ -113,19 +120,28 @@ def spend_today(*, tenant: Tenant, now: datetime | None = None) -> tuple[Today, 
     """Today's (in the tenant's zone) totals, and each agent's cost today by agent id."""
     now = now or timezone.now()
     start, _ = window_bounds(period=Period.DAILY, tz_name=tenant.timezone, now=now)
-    rows = list(UsageRecord.objects.filter(tenant=tenant, created_at__gte=start)
-                .order_by().values("agent_id").annotate(
-                    requests=Count("pk"), cost=Sum("cost_microcents"),
-                    errors=Count("pk", filter=Q(status__in=ERROR_STATUSES))))
-    today = Today(start=start, requests=sum(r["requests"] for r in rows),
-                  errors=sum(r["errors"] for r in rows),
-                  cost_microcents=sum(r["cost"] for r in rows))
+    rows = list(
+        UsageRecord.objects.filter(tenant=tenant, created_at__gte=start)
+        .order_by()
+        .values("agent_id")
+        .annotate(
+            requests=Count("pk"),
+            cost=Sum("cost_microcents"),
+            errors=Count("pk", filter=Q(status__in=ERROR_STATUSES)),
+        )
+    )
+    today = Today(
+        start=start,
+        requests=sum(r["requests"] for r in rows),
+        errors=sum(r["errors"] for r in rows),
+        cost_microcents=sum(r["cost"] for r in rows),
+    )
     return today, {r["agent_id"]: r["cost"] for r in rows}
 
 
-def spend_overview(*, tenant: Tenant, now: datetime | None = None) -> tuple[SpendLine,
-                                                                           list[SpendLine],
-                                                                           Today]:
+def spend_overview(
+    *, tenant: Tenant, now: datetime | None = None
+) -> tuple[SpendLine, list[SpendLine], Today]:
     """The tenant's line, one line per active agent (and per inactive one with a budget),
     and today's totals."""
     now = now or timezone.now()
@@ -142,12 +158,22 @@ def spend_overview(*, tenant: Tenant, now: datetime | None = None) -> tuple[Spen
             start, end = window_bounds(period=Period.DAILY, tz_name=tenant.timezone, now=now)
             return SpendLine(agent, None, start, end, spent, 0, rate, now)
         start, end, window = windows[budget.pk]
-        return SpendLine(agent, budget, start, end,
-                         window.spent_microcents if window else 0,
-                         window.reserved_microcents if window else 0, rate, now)
+        return SpendLine(
+            agent,
+            budget,
+            start,
+            end,
+            window.spent_microcents if window else 0,
+            window.reserved_microcents if window else 0,
+            rate,
+            now,
+        )
 
-    agents = Agent.objects.filter(Q(is_active=True) | Q(budgets__isnull=False),
-                                  tenant=tenant).distinct().order_by("name")
+    agents = (
+        Agent.objects.filter(Q(is_active=True) | Q(budgets__isnull=False), tenant=tenant)
+        .distinct()
+        .order_by("name")
+    )
     lines = [line(agent, rates.get(agent.pk, 0)) for agent in agents]
     return line(None, sum(rates.values())), lines, today
 
@@ -156,15 +182,25 @@ def spend_alerts(*, tenant: Tenant, now: datetime | None = None) -> list[SpendLi
     """Budgets at or above 80 % of their limit in their current window, or exhausted (the
     portal's banner). Two queries: the budgets and their current windows."""
     now = now or timezone.now()
-    budgets = list(Budget.objects.filter(tenant=tenant).select_related("agent", "tenant")
-                   .order_by("agent__name"))
+    budgets = list(
+        Budget.objects.filter(tenant=tenant)
+        .select_related("agent", "tenant")
+        .order_by("agent__name")
+    )
     windows = _windows_by_budget(budgets=budgets, now=now)
     lines = []
     for budget in budgets:
         start, end, window = windows[budget.pk]
-        line = SpendLine(budget.agent, budget, start, end,
-                         window.spent_microcents if window else 0,
-                         window.reserved_microcents if window else 0, 0, now)
+        line = SpendLine(
+            budget.agent,
+            budget,
+            start,
+            end,
+            window.spent_microcents if window else 0,
+            window.reserved_microcents if window else 0,
+            0,
+            now,
+        )
         if line.state in {"warning", "exhausted"}:
             lines.append(line)
     return lines

@@ -50,8 +50,9 @@ class UsageReport:
 
 
 def usage_filtered(*, tenant: Tenant, filters: UsageFilter) -> QuerySet[UsageRecord]:
-    records = UsageRecord.objects.filter(tenant=tenant, created_at__gte=filters.since,
-                                         created_at__lt=filters.until)
+    records = UsageRecord.objects.filter(
+        tenant=tenant, created_at__gte=filters.since, created_at__lt=filters.until
+    )
     if filters.agent is not None:
         records = records.filter(agent=filters.agent)
     if filters.api_key is not None:
@@ -65,19 +66,25 @@ def usage_filtered(*, tenant: Tenant, filters: UsageFilter) -> QuerySet[UsageRec
 
 def _aggregates() -> dict:
     # Names unlike the columns': an aggregate named like a column would shadow it.
-    return {"requests": Count("pk"), "prompt": Sum("prompt_tokens"),
-            "completion": Sum("completion_tokens"),
-            "tokens": Sum(F("prompt_tokens") + F("completion_tokens")),
-            "cost": Sum("cost_microcents"), "latency": Sum("latency_ms"),
-            "errors": Count("pk", filter=Q(status__in=ERROR_STATUSES))}
+    return {
+        "requests": Count("pk"),
+        "prompt": Sum("prompt_tokens"),
+        "completion": Sum("completion_tokens"),
+        "tokens": Sum(F("prompt_tokens") + F("completion_tokens")),
+        "cost": Sum("cost_microcents"),
+        "latency": Sum("latency_ms"),
+        "errors": Count("pk", filter=Q(status__in=ERROR_STATUSES)),
+    }
 
 
 def _labels(*, tenant: Tenant, split: str) -> dict:
     if split == "agent":
         return dict(Agent.objects.filter(tenant=tenant).values_list("pk", "name"))
     if split == "key":
-        return {pk: f"fl-{key_id}" for pk, key_id in
-                ApiKey.objects.filter(tenant=tenant).values_list("pk", "key_id")}
+        return {
+            pk: f"fl-{key_id}"
+            for pk, key_id in ApiKey.objects.filter(tenant=tenant).values_list("pk", "key_id")
+        }
     return {}
 
 
@@ -96,8 +103,10 @@ class _UtcHour(Func):
 
 
 def _whole_hour_offsets(tz: ZoneInfo, filters: UsageFilter) -> bool:
-    return all(moment.astimezone(tz).utcoffset().total_seconds() % 3600 == 0
-               for moment in (filters.since, filters.until))
+    return all(
+        (moment.astimezone(tz).utcoffset() or timedelta()).total_seconds() % 3600 == 0
+        for moment in (filters.since, filters.until)
+    )
 
 
 def _bucketed(*, records: QuerySet, tz: ZoneInfo, bucket: str, filters: UsageFilter):
@@ -107,28 +116,38 @@ def _bucketed(*, records: QuerySet, tz: ZoneInfo, bucket: str, filters: UsageFil
     the tenant's zone itself."""
     trunc = BUCKETS[bucket][0]
     if connection.vendor != "sqlite" or not _whole_hour_offsets(tz, filters):
-        return (records.annotate(bucket=trunc("created_at", tzinfo=tz)),
-                lambda value: value.astimezone(tz).replace(tzinfo=None))
+        return (
+            records.annotate(bucket=trunc("created_at", tzinfo=tz)),
+            lambda value: value.astimezone(tz).replace(tzinfo=None),
+        )
 
     def local(value: str) -> datetime:
         at = datetime.strptime(value, "%Y-%m-%d %H").replace(tzinfo=UTC).astimezone(tz)
         at = at.replace(tzinfo=None)
         return at.replace(hour=0) if bucket == "day" else at
+
     return records.annotate(bucket=_UtcHour("created_at")), local
 
 
-def usage_report(*, tenant: Tenant, filters: UsageFilter, bucket: str, split: str,
-                 metric: str = "cost") -> UsageReport:
+def usage_report(
+    *, tenant: Tenant, filters: UsageFilter, bucket: str, split: str, metric: str = "cost"
+) -> UsageReport:
     """Sums per bucket and group in one grouped query; the series (zero-filled, biggest
     groups first), the totals per group and overall are added up from its few rows."""
     tz = ZoneInfo(tenant.timezone)
-    records, local = _bucketed(records=usage_filtered(tenant=tenant, filters=filters).order_by(),
-                               tz=tz, bucket=bucket, filters=filters)
-    rows = records.annotate(group=F(SPLITS[split])).values("bucket", "group").annotate(
-        **_aggregates())
+    records, local = _bucketed(
+        records=usage_filtered(tenant=tenant, filters=filters).order_by(),
+        tz=tz,
+        bucket=bucket,
+        filters=filters,
+    )
+    rows = (
+        records.annotate(group=F(SPLITS[split])).values("bucket", "group").annotate(**_aggregates())
+    )
     names = _labels(tenant=tenant, split=split)
-    buckets = _bucket_starts(since=filters.since, until=filters.until, trunc=bucket, tz=tz,
-                             step=BUCKETS[bucket][1])
+    buckets = _bucket_starts(
+        since=filters.since, until=filters.until, trunc=bucket, tz=tz, step=BUCKETS[bucket][1]
+    )
     index = {b: i for i, b in enumerate(buckets)}
     values: dict[str, list[int]] = {}
     per_group: dict[str, dict] = {}
@@ -141,9 +160,13 @@ def usage_report(*, tenant: Tenant, filters: UsageFilter, bucket: str, split: st
         sums = per_group.setdefault(label, dict.fromkeys(SUMS, 0))
         for name in SUMS:
             sums[name] += row[name] or 0
-    breakdown = sorted(({"label": label, **sums, "latency_ms": sums["latency"] / sums["requests"]}
-                        for label, sums in per_group.items()),
-                       key=lambda row: (-row["cost"], row["label"]))
+    breakdown = sorted(
+        (
+            {"label": label, **sums, "latency_ms": sums["latency"] / sums["requests"]}
+            for label, sums in per_group.items()
+        ),
+        key=lambda row: (-row["cost"], row["label"]),
+    )
     totals = {name: sum(row[name] for row in breakdown) for name in SUMS}
     return UsageReport(series=_series(buckets, values, tz), breakdown=breakdown, totals=totals)
 
@@ -151,17 +174,19 @@ def usage_report(*, tenant: Tenant, filters: UsageFilter, bucket: str, split: st
 def _series(buckets: list[datetime], values: dict, tz: ZoneInfo) -> Series:
     ordered = sorted(values.items(), key=lambda item: -sum(item[1]))
     series = Series(buckets=[b.replace(tzinfo=tz) for b in buckets])
-    keep = ordered[:MAX_SERIES - 1] if len(ordered) > MAX_SERIES else ordered
+    keep = ordered[: MAX_SERIES - 1] if len(ordered) > MAX_SERIES else ordered
     for label, column in keep:
         series.groups[label] = column
     if len(ordered) > MAX_SERIES:
-        series.groups["other"] = [sum(col) for col in zip(*(v for _, v in
-                                                             ordered[MAX_SERIES - 1:]))]
+        series.groups["other"] = [
+            sum(col) for col in zip(*(v for _, v in ordered[MAX_SERIES - 1 :]), strict=False)
+        ]
     return series
 
 
-def _bucket_starts(*, since: datetime, until: datetime, trunc: str, tz: ZoneInfo,
-                   step: timedelta) -> list[datetime]:
+def _bucket_starts(
+    *, since: datetime, until: datetime, trunc: str, tz: ZoneInfo, step: timedelta
+) -> list[datetime]:
     """Naive local bucket starts covering [since, until): wall-clock steps, so a day is a
     calendar day across a DST change."""
     first = since.astimezone(tz).replace(minute=0, second=0, microsecond=0, tzinfo=None)
@@ -177,10 +202,16 @@ def _bucket_starts(*, since: datetime, until: datetime, trunc: str, tz: ZoneInfo
 
 def usage_records(*, tenant: Tenant, filters: UsageFilter) -> QuerySet[UsageRecord]:
     """The rows themselves, newest first (for the table and the CSV export)."""
-    return (usage_filtered(tenant=tenant, filters=filters)
-            .select_related("agent", "api_key").order_by("-created_at", "-pk"))
+    return (
+        usage_filtered(tenant=tenant, filters=filters)
+        .select_related("agent", "api_key")
+        .order_by("-created_at", "-pk")
+    )
 
 
 def usage_record_get(*, tenant: Tenant, request_id: str) -> UsageRecord | None:
-    return (UsageRecord.objects.filter(tenant=tenant, request_id=request_id)
-            .select_related("agent", "api_key").first())
+    return (
+        UsageRecord.objects.filter(tenant=tenant, request_id=request_id)
+        .select_related("agent", "api_key")
+        .first()
+    )

@@ -1,4 +1,4 @@
-"""The hold and the settlement in one round trip each, on PostgreSQL: the functions that
+"""The reservation and the settlement in one round trip each, on PostgreSQL: the functions that
 migration 0005 creates, called here. They keep the rules budgets.py and settlement.py state
 (both windows or neither; the agent's window locked before the tenant's; a settlement charges
 at most what its windows have room for and writes its one ledger row), as one short
@@ -9,11 +9,13 @@ Both are sent with server-side binding on psycopg's own cursor: its C dumpers en
 parameters. Django's cursor binds client-side, quoting each parameter into the SQL in Python,
 which cost more CPU than the rest of the call. They are prepared on each connection at first
 use (FAIRLANE_DB_PREPARE): Django sets psycopg's prepare threshold to never, and parsing and
-planning them on every call cost PostgreSQL ~120 us of CPU a request (hold and settlement,
-one at a time: 700 -> 575 us). Database errors still come out as Django's (IntegrityError, ...)."""
+planning them on every call cost PostgreSQL measurable CPU a request (docs/benchmarks.md).
+Database errors still come out as Django's (IntegrityError, ...). The SQL functions keep the
+names they were created with (fairlane_budget_hold*)."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 import psycopg
@@ -23,18 +25,25 @@ from psycopg.types.json import Jsonb
 from tenants.models import Reservation
 from tenants.services.group_commit import GroupCommit, prepared
 
-HOLD = "SELECT fairlane_budget_hold(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-SETTLE = ("SELECT * FROM fairlane_budget_settle(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-          "%s, %s)")
+RESERVE = "SELECT fairlane_budget_hold(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+SETTLE = (
+    "SELECT * FROM fairlane_budget_settle(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
 # Concurrent requests' calls, batched (migration 0007's functions; one array per parameter).
-_holds = GroupCommit(HOLD, "SELECT * FROM fairlane_budget_hold_many(%s::uuid[], "
-                     "%s::varchar[], %s::bigint[], %s::uuid[], %s::uuid[], %s::bigint[], "
-                     "%s::bigint[], %s::bigint[], %s::timestamptz[], %s::timestamptz[])")
-_settlements = GroupCommit(SETTLE, "SELECT * FROM fairlane_budget_settle_many(%s::varchar[], "
-                           "%s::bigint[], %s::bigint[], %s::varchar[], %s::varchar[], "
-                           "%s::integer[], %s::integer[], %s::integer[], %s::integer[], "
-                           "%s::varchar[], %s::timestamptz[], %s::varchar[], %s::varchar[], "
-                           "%s::jsonb[])")
+_reservations = GroupCommit(
+    RESERVE,
+    "SELECT * FROM fairlane_budget_hold_many(%s::uuid[], "
+    "%s::varchar[], %s::bigint[], %s::uuid[], %s::uuid[], %s::bigint[], "
+    "%s::bigint[], %s::bigint[], %s::timestamptz[], %s::timestamptz[])",
+)
+_settlements = GroupCommit(
+    SETTLE,
+    "SELECT * FROM fairlane_budget_settle_many(%s::varchar[], "
+    "%s::bigint[], %s::bigint[], %s::varchar[], %s::varchar[], "
+    "%s::integer[], %s::integer[], %s::integer[], %s::integer[], "
+    "%s::varchar[], %s::timestamptz[], %s::varchar[], %s::varchar[], "
+    "%s::jsonb[])",
+)
 
 
 _vendor: str | None = None
@@ -47,21 +56,31 @@ def enabled() -> bool:
     return _vendor == "postgresql"
 
 
-def hold(reservation: Reservation) -> str:
-    """Hold `reservation` (unsaved) on its windows and insert it: "" when held, else whose
+def reserve(reservation: Reservation) -> str:
+    """Reserve `reservation` (unsaved) on its windows and insert it: "" when held, else whose
     window could not cover it ("agent" or "tenant"), with nothing held. IntegrityError when
     the request id has a reservation already."""
     r = reservation
-    params = [r.id, r.request_id, r.tenant_id, r.agent_id, r.api_key_id, r.amount_microcents,
-              r.agent_window_id, r.tenant_window_id, r.created_at, r.expires_at]
+    params = [
+        r.id,
+        r.request_id,
+        r.tenant_id,
+        r.agent_id,
+        r.api_key_id,
+        r.amount_microcents,
+        r.agent_window_id,
+        r.tenant_window_id,
+        r.created_at,
+        r.expires_at,
+    ]
     if not connection.in_atomic_block:  # the request path: batched with its neighbours'
-        refused = _holds.run(params)[0]
+        refused = _reservations.run(params)[0]
         if refused == "duplicate":
             raise IntegrityError(f"a reservation for request {r.request_id} exists")
         return refused
     # Inside a caller's transaction a refused insert must not abort it: a savepoint.
     with transaction.atomic():
-        return _call_one(HOLD, params)[0]
+        return _call_one(RESERVE, params)[0]
 
 
 def _call_one(sql: str, params: list) -> tuple:
@@ -70,7 +89,10 @@ def _call_one(sql: str, params: list) -> tuple:
     connection.ensure_connection()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, params, prepare=prepared())
-        return cursor.fetchone()
+        row = cursor.fetchone()
+    if row is None:  # every budget function returns one row
+        raise IntegrityError("the budget function returned no row")
+    return row
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +102,8 @@ class Settled:
     held: int
     prior: str  # the reservation's status before (held, released, expired)
     usage_id: int | None
-    agent_id: object = None
-    api_key_id: object = None
+    agent_id: uuid.UUID | None = None  # psycopg reads uuid columns as uuid.UUID
+    api_key_id: uuid.UUID | None = None
     agent_window_id: int | None = None
     tenant_window_id: int | None = None
     agent_spent: int | None = None  # the windows' spent after this charge
@@ -89,9 +111,23 @@ class Settled:
 
 
 def settle(*, request_id: str, tenant_id: int, cost: int, usage, now) -> Settled:
-    params = [request_id, tenant_id, cost, usage.backend, usage.model, usage.prompt_tokens,
-              usage.completion_tokens, usage.cached_tokens, usage.latency_ms, usage.status, now,
-              usage.trace_id, usage.model_version, Jsonb(usage.timeline or {})]
+    params = [
+        request_id,
+        tenant_id,
+        cost,
+        usage.backend,
+        usage.model,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.cached_tokens,
+        usage.latency_ms,
+        usage.status,
+        now,
+        usage.trace_id,
+        usage.model_version,
+        Jsonb(usage.timeline or {}),
+    ]
     outcome, charge, held, prior, usage_id, *rest = (
-        _call_one(SETTLE, params) if connection.in_atomic_block else _settlements.run(params))
+        _call_one(SETTLE, params) if connection.in_atomic_block else _settlements.run(params)
+    )
     return Settled(outcome, charge or 0, held or 0, prior or "", usage_id, *rest)

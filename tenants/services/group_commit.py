@@ -12,7 +12,7 @@ order, in one transaction, so each call's result is what it would have been had 
 made one after another. When the batch's statement fails and the connection still works, each
 call runs again alone, so that only the one at fault fails; when the connection failed, every
 call of the batch gets that error, as each would have alone (callers treat it as transient: a
-hold is released, a settlement is queued durably, workers/outbox.py).
+hold is released, a settlement is queued durably, workers/serving/outbox.py).
 
 The leader runs the batch on its own thread's connection (from the pool, and checked by it,
 where FAIRLANE_DB_POOL_SIZE sets one). A follower gives its pooled connection back before it
@@ -47,6 +47,8 @@ class Call:
     def result(self) -> tuple:
         if self.error is not None:
             raise _django_error(self.error)
+        if self.row is None:  # every budget function returns one row
+            raise utils.DatabaseError("the budget function returned no row")
         return self.row
 
 
@@ -68,7 +70,7 @@ class GroupCommit:
             leads = not self._running
             self._running = True
         if not leads:
-            if connection.pool is not None and connection.connection is not None:
+            if getattr(connection, "pool", None) is not None and connection.connection is not None:
                 connection.close()  # back to the pool, for the leader (see above)
             call.done.wait()
             if not call.lead:
@@ -99,7 +101,7 @@ class GroupCommit:
                 self._alone(conn, batch[0])
             else:
                 self._together(conn, batch)
-        except Exception as exc:  # noqa: BLE001 - the connection failed: each caller's error
+        except Exception as exc:
             for call in batch:
                 if call.row is None and call.error is None:
                     call.error = exc
@@ -120,7 +122,7 @@ class GroupCommit:
             call.error = exc
 
     def _together(self, conn: psycopg.Connection, batch: list[Call]) -> None:
-        columns = [list(column) for column in zip(*(call.params for call in batch))]
+        columns = [list(column) for column in zip(*(call.params for call in batch), strict=False)]
         try:
             with psycopg.Cursor(conn) as cursor:
                 cursor.execute(self.many, columns, prepare=prepared())
@@ -128,8 +130,9 @@ class GroupCommit:
         except psycopg.Error as exc:
             if conn.closed or conn.broken:
                 raise
-            logger.info("a batch of %d budget calls failed (%s): each alone", len(batch),
-                        type(exc).__name__)
+            logger.info(
+                "a batch of %d budget calls failed (%s): each alone", len(batch), type(exc).__name__
+            )
             for call in batch:
                 self._alone(conn, call)
             return
@@ -150,9 +153,17 @@ def _django_error(exc: BaseException) -> BaseException:
         error = type(exc)(*exc.args)
         error.__cause__ = exc.__cause__ or exc
         return error
-    for name in ("DataError", "OperationalError", "IntegrityError", "InternalError",
-                 "ProgrammingError", "NotSupportedError", "DatabaseError", "InterfaceError",
-                 "Error"):
+    for name in (
+        "DataError",
+        "OperationalError",
+        "IntegrityError",
+        "InternalError",
+        "ProgrammingError",
+        "NotSupportedError",
+        "DatabaseError",
+        "InterfaceError",
+        "Error",
+    ):
         if isinstance(exc, getattr(psycopg, name)):
             error = getattr(utils, name)(*exc.args)
             error.__cause__ = exc

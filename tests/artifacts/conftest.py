@@ -10,8 +10,12 @@ from workers.artifacts.keys import public_text
 from workers.artifacts.signing import model_sign
 from workers.engine import preset_create
 
-PREDICATE = {"name": "tiny-signed", "version": "3", "source": "hf://example/tiny@abc123",
-             "license": "apache-2.0"}
+PREDICATE = {
+    "name": "tiny-signed",
+    "version": "3",
+    "source": "hf://example/tiny@abc123",
+    "license": "apache-2.0",
+}
 
 
 @pytest.fixture

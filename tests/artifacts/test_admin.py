@@ -21,8 +21,12 @@ def operator(client, make_user):
 def test_served_models_show_each_workers_last_check(operator):
     model = ServedModel.objects.create(name="llama", source="/models/llama")
     ModelVerification.objects.create(model=model, worker="celery@gpu-1", status="verified")
-    ModelVerification.objects.create(model=model, worker="celery@gpu-2", status="refused",
-                                     reasons="hash_mismatch: model.safetensors: sha256 differs")
+    ModelVerification.objects.create(
+        model=model,
+        worker="celery@gpu-2",
+        status="refused",
+        reasons="hash_mismatch: model.safetensors: sha256 differs",
+    )
     ServedModel.objects.create(name="fresh", source="preset:tiny")
     listing = operator.get("/admin/workers/servedmodel/").content.decode()
     assert "refused (celery@gpu-2)" in listing and "not loaded yet" in listing
@@ -34,33 +38,53 @@ def test_served_models_show_each_workers_last_check(operator):
 
 def test_a_trusted_key_is_added_as_pem_and_stored_normalised(operator):
     key = Ed25519PrivateKey.generate().public_key()
-    pem = key.public_bytes(serialization.Encoding.PEM,
-                           serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-    response = operator.post("/admin/workers/trustedkey/add/",
-                             {"name": "release", "public_key": pem, "is_active": "on"})
+    pem = key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
+    response = operator.post(
+        "/admin/workers/trustedkey/add/", {"name": "release", "public_key": pem, "is_active": "on"}
+    )
     assert response.status_code == 302, response.content.decode()[:2000]
     row = TrustedKey.objects.get(name="release")
     assert (row.public_key, row.key_id) == (public_text(key), key_id(key))
 
 
 def test_a_bad_key_is_a_form_error_and_stores_nothing(operator):
-    response = operator.post("/admin/workers/trustedkey/add/",
-                             {"name": "junk", "public_key": "ssh-rsa AAAA", "is_active": "on"})
+    response = operator.post(
+        "/admin/workers/trustedkey/add/",
+        {"name": "junk", "public_key": "ssh-rsa AAAA", "is_active": "on"},
+    )
     assert response.status_code == 200 and "ed25519:" in response.content.decode()
     assert not TrustedKey.objects.exists()
 
 
-def test_adding_a_model_in_the_admin_checks_it_and_records_provenance(operator, signed_model,
-                                                                      trusted):
-    fields = {"name": "signed", "source": str(signed_model), "description": "",
-              "price_input_per_mtok": 0, "price_output_per_mtok": 0,
-              "price_cached_per_mtok": 0, "is_enabled": "on", "runtime": "engine",
-              "quantization": "",
-              "quantization_group_size": 128, "speculative_method": "",
-              "speculative_tokens": 4, "speculative_draft": "",
-              **{f"verifications-{k}": v for k, v in (("TOTAL_FORMS", 0), ("INITIAL_FORMS", 0),
-                                                       ("MIN_NUM_FORMS", 0),
-                                                       ("MAX_NUM_FORMS", 1000))}}
+def test_adding_a_model_in_the_admin_checks_it_and_records_provenance(
+    operator, signed_model, trusted
+):
+    fields = {
+        "name": "signed",
+        "source": str(signed_model),
+        "description": "",
+        "price_input_per_mtok": 0,
+        "price_output_per_mtok": 0,
+        "price_cached_per_mtok": 0,
+        "is_enabled": "on",
+        "runtime": "engine",
+        "quantization": "",
+        "quantization_group_size": 128,
+        "speculative_method": "",
+        "speculative_tokens": 4,
+        "speculative_draft": "",
+        **{
+            f"verifications-{k}": v
+            for k, v in (
+                ("TOTAL_FORMS", 0),
+                ("INITIAL_FORMS", 0),
+                ("MIN_NUM_FORMS", 0),
+                ("MAX_NUM_FORMS", 1000),
+            )
+        },
+    }
     (signed_model / "notes.txt").write_text("added after signing")
     refused = operator.post("/admin/workers/servedmodel/add/", fields)
     assert refused.status_code == 200 and "extra_file: notes.txt" in refused.content.decode()

@@ -40,8 +40,18 @@ def test_keygen_sign_trust_verify_register(tmp_path, model):
     assert kid in out and os.stat(keyfile).st_mode & 0o777 == 0o600
     assert (tmp_path / "release.pem.pub").read_text().startswith("ed25519:")
 
-    out = run("model_sign", str(model), "--key", keyfile, "--model-version", "2024-06",
-              "--source", "hf://org/llama-tiny@abc", "--licence", "apache-2.0")
+    out = run(
+        "model_sign",
+        str(model),
+        "--key",
+        keyfile,
+        "--model-version",
+        "2024-06",
+        "--source",
+        "hf://org/llama-tiny@abc",
+        "--licence",
+        "apache-2.0",
+    )
     assert kid in out and (model / MANIFEST_NAME).exists() and (model / SIGNATURE_NAME).exists()
 
     with pytest.raises(CommandError, match=f"untrusted_key: signed by {kid}"):
@@ -55,8 +65,7 @@ def test_keygen_sign_trust_verify_register(tmp_path, model):
 
     out = run("model_register", "llama", str(model))
     row = ServedModel.objects.get(name="llama")
-    assert (row.signer, row.origin, row.license) == (kid, "hf://org/llama-tiny@abc",
-                                                     "apache-2.0")
+    assert (row.signer, row.origin, row.license) == (kid, "hf://org/llama-tiny@abc", "apache-2.0")
     assert row.manifest_digest in out
 
 
@@ -69,8 +78,11 @@ def test_verify_says_exactly_what_is_wrong(tmp_path, model):
     with pytest.raises(CommandError) as caught:
         run("model_verify", str(model))
     message = str(caught.value)
-    for expected in ("hash_mismatch: model.safetensors", "missing_file: generation_config.json",
-                     "extra_file: notes.md"):
+    for expected in (
+        "hash_mismatch: model.safetensors",
+        "missing_file: generation_config.json",
+        "extra_file: notes.md",
+    ):
         assert expected in message
 
 

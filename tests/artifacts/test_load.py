@@ -13,6 +13,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.test import AsyncClient
 
+from routing.runtimes import runtime_build, runtime_using
 from tenants.errors import InvalidRequest
 from tests.artifacts.conftest import PREDICATE, flip_byte
 from workers import host as host_module
@@ -22,10 +23,9 @@ from workers.artifacts.load import ModelRefused
 from workers.artifacts.manifest import MANIFEST_NAME, SIGNATURE_NAME
 from workers.artifacts.signing import model_sign
 from workers.engine import SamplingParams
-from workers.host import EngineHost
-from workers.metrics import verify_failures
 from workers.models import ModelVerification, ServedModel
-from workers.registry import ModelInfo, model_register
+from workers.serving.catalog import ModelInfo
+from workers.serving.registration import model_register
 
 pytestmark = pytest.mark.django_db
 
@@ -39,6 +39,7 @@ def builds(monkeypatch):
     def spy(config, **options):  # options: the host's scheduling policy
         built.append(config.model)
         return real(config, **options)
+
     monkeypatch.setattr(host_module.AsyncEngine, "from_config", staticmethod(spy))
     return built
 
@@ -51,10 +52,17 @@ def registered(trusted, signed_model, settings):
 
 
 @pytest.fixture
-def engine_host():
-    host = EngineHost()
-    yield host
-    host.shutdown()
+def runtime():
+    """An embedded runtime of this test's own, installed: its pool counts the refusals."""
+    runtime = runtime_build("embedded")
+    with runtime_using(runtime):
+        yield runtime
+    runtime.engine_host.shutdown()
+
+
+@pytest.fixture
+def engine_host(runtime):
+    return runtime.engine_host
 
 
 def wrong_key(path):
@@ -95,8 +103,9 @@ TAMPERS = {
 }
 
 
-def test_a_correctly_signed_model_loads_and_is_recorded_verified(registered, engine_host,
-                                                                 builds, signing_key):
+def test_a_correctly_signed_model_loads_and_is_recorded_verified(
+    registered, engine_host, builds, signing_key
+):
     engine = engine_host.engine(registered)
     assert builds == [str(registered.source)]
     out = engine.engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0))
@@ -107,10 +116,11 @@ def test_a_correctly_signed_model_loads_and_is_recorded_verified(registered, eng
 
 
 @pytest.mark.parametrize("case", sorted(TAMPERS))
-def test_a_tampered_model_is_refused_before_any_weight_is_read(case, registered, engine_host,
-                                                              builds, signed_model):
+def test_a_tampered_model_is_refused_before_any_weight_is_read(
+    case, registered, engine_host, builds, signed_model, runtime
+):
     tamper, code = TAMPERS[case]
-    before = verify_failures()
+    before = runtime.pool.verify_failures()
     tamper(signed_model)
     with pytest.raises(ModelRefused) as refused:
         engine_host.engine(registered)
@@ -118,13 +128,14 @@ def test_a_tampered_model_is_refused_before_any_weight_is_read(case, registered,
     assert builds == [] and engine_host.hosted() == []
     assert refused.value.status == 503 and str(signed_model) not in refused.value.message
     counted = ("signed", refused.value.problems[0].code)  # one count per refused load
-    assert verify_failures()[counted] == before.get(counted, 0) + 1
+    assert runtime.pool.verify_failures()[counted] == before.get(counted, 0) + 1
     check = ModelVerification.objects.get(model__name="signed")
     assert check.status == "refused" and code in check.reasons
 
 
-def test_a_refusal_is_remembered_then_checked_again(registered, engine_host, builds,
-                                                   signed_model, signing_key, monkeypatch):
+def test_a_refusal_is_remembered_then_checked_again(
+    registered, engine_host, builds, signed_model, signing_key, monkeypatch
+):
     flip_byte(signed_model / "model.safetensors")
     with pytest.raises(ModelRefused):
         engine_host.engine(registered)
@@ -138,7 +149,8 @@ def test_a_refusal_is_remembered_then_checked_again(registered, engine_host, bui
 
 
 def test_warn_loads_unsigned_and_untrusted_models_but_never_tampered_ones(
-        registered, engine_host, builds, signed_model, settings):
+    registered, engine_host, builds, signed_model, settings
+):
     settings.FAIRLANE_MODEL_SIGNATURES = "warn"
     wrong_key(signed_model)
     engine_host.engine(registered)
@@ -186,19 +198,20 @@ def test_metrics_show_the_refusal(registered, engine_host, signed_model, client)
     with pytest.raises(ModelRefused):
         engine_host.engine(registered)
     text = client.get("/metrics").content.decode()
-    assert 'fairlane_model_verify_failures_total{model="signed",reason="hash_mismatch"} 1.0' \
-        in text
+    assert 'fairlane_model_verify_failures_total{model="signed",reason="hash_mismatch"} 1.0' in text
 
 
 @pytest.mark.django_db(transaction=True)
 async def test_embedded_a_request_for_a_refused_model_gets_a_clean_503(
-        registered, signed_model, settings, api_key):
-    settings.FAIRLANE_ENGINE_MODE = "embedded"
+    registered, signed_model, runtime, api_key
+):
     flip_byte(signed_model / "model.safetensors")
     response = await AsyncClient().post(
-        "/v1/chat/completions", {"model": "signed", "max_tokens": 2,
-                                 "messages": [{"role": "user", "content": "hi"}]},
-        content_type="application/json", headers={"Authorization": f"Bearer {api_key[1]}"})
+        "/v1/chat/completions",
+        {"model": "signed", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {api_key[1]}"},
+    )
     assert response.status_code == 503, response.content
     error = json.loads(response.content)["error"]
     assert error["code"] == "backend_unavailable" and str(signed_model) not in error["message"]

@@ -12,7 +12,7 @@ from workers.artifacts.load import ModelRefused, artifact_check
 from workers.artifacts.manifest import MANIFEST_NAME, SIGNATURE_NAME
 from workers.artifacts.trust import trusted_keys
 from workers.artifacts.verify import TRUSTED, UNSIGNED
-from workers.registry import ModelInfo, model_dir
+from workers.serving.catalog import ModelInfo, model_dir
 
 pytestmark = pytest.mark.django_db
 
@@ -38,8 +38,12 @@ def test_a_preset_is_signed_by_the_dev_key_made_on_first_use(data):
     result, refusals = artifact_check(path=path)
     assert refusals == [] and result.trust == TRUSTED
     assert result.signer == key_id(key.public_key()) and result.signer in trusted_keys()
-    assert result.predicate == {"name": "tiny", "version": "seed7-format1",
-                                "source": "preset:tiny@7", "license": "NOASSERTION"}
+    assert result.predicate == {
+        "name": "tiny",
+        "version": "seed7-format1",
+        "source": "preset:tiny@7",
+        "license": "NOASSERTION",
+    }
 
 
 def test_a_preset_stripped_of_its_signature_is_made_again_not_blessed(data):
@@ -55,11 +59,11 @@ def test_a_preset_stripped_of_its_signature_is_made_again_not_blessed(data):
 
 
 def test_a_signed_preset_changed_afterwards_is_refused_at_load(data):
-    from workers.host import EngineHost
+    from routing.runtimes import runtime_build
 
     path = model_dir("preset:tiny@7")
     flip_byte(path / "model.safetensors")
-    host = EngineHost()
+    host = runtime_build("embedded").engine_host
     with pytest.raises(ModelRefused):
         host.engine(ModelInfo(name="tiny7", source="preset:tiny@7"))
     assert model_dir("preset:tiny@7") == path  # not regenerated over a signed directory

@@ -71,7 +71,9 @@ def test_a_file_removed(signed_model, signing_key):
 def test_a_file_renamed(signed_model, signing_key):
     os.rename(signed_model / "tokenizer.json", signed_model / "tokenizer.json.bak")
     assert sorted(codes(model_verify(signed_model, trust(signing_key)))) == [
-        "extra_file", "missing_file"]
+        "extra_file",
+        "missing_file",
+    ]
 
 
 def test_a_file_added_in_a_subdirectory(signed_model, signing_key):
@@ -159,8 +161,9 @@ def test_a_symlinked_subdirectory_is_not_followed(signed_model, signing_key, tmp
 
 def test_a_manifest_naming_a_path_outside_the_directory(signed_model, signing_key):
     statement = json.loads((signed_model / MANIFEST_NAME).read_bytes())
-    statement["subject"].append({"name": "../../etc/passwd", "digest": {"sha256": "0" * 64},
-                                 "annotations": {"size": 1}})
+    statement["subject"].append(
+        {"name": "../../etc/passwd", "digest": {"sha256": "0" * 64}, "annotations": {"size": 1}}
+    )
     data = canonical(statement)
     (signed_model / MANIFEST_NAME).write_bytes(data)
     (signed_model / SIGNATURE_NAME).write_bytes(canonical(signature_document(signing_key, data)))

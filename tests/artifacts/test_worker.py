@@ -10,19 +10,18 @@ import uuid
 import httpx
 import pytest
 
-from routing.bench.fake_vllm import FakeVllm
 from routing.backend_store import backend_model_set, backend_register
+from routing.bench.fake_vllm import FakeVllm
 from tenants.models import Scope
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
 from tests.artifacts.conftest import PREDICATE, flip_byte
-from tests.conftest import child_env
+from tests.conftest import child_env, workers_live
 from tests.servers import AsgiServer, CeleryWorker
 from workers.artifacts.keys import public_text
 from workers.artifacts.signing import model_sign
 from workers.models import ModelVerification
-from workers.registry import model_register
-from workers.worker import workers_live
+from workers.serving.registration import model_register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,14 +33,21 @@ def signed_copy(pristine, path, key):
 
 
 def chat(server, key, model):
-    return httpx.post(server.url + "/v1/chat/completions", timeout=60,
-                      headers={"Authorization": f"Bearer {key}"},
-                      json={"model": model, "max_tokens": 3,
-                            "messages": [{"role": "user", "content": "hello there"}]})
+    return httpx.post(
+        server.url + "/v1/chat/completions",
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}"},
+        json={
+            "model": model,
+            "max_tokens": 3,
+            "messages": [{"role": "user", "content": "hello there"}],
+        },
+    )
 
 
 def test_a_worker_refuses_a_tampered_model_and_requests_for_it_never_hang(
-        trusted, pristine, tmp_path, tenant, agent):
+    trusted, pristine, tmp_path, tenant, agent
+):
     key = trusted
     for name in ("good", "bad", "lonely"):
         model_register(name=name, source=str(signed_copy(pristine, tmp_path / name, key)))
@@ -49,14 +55,18 @@ def test_a_worker_refuses_a_tampered_model_and_requests_for_it_never_hang(
     flip_byte(tmp_path / "lonely" / "model.safetensors")
     budget_create(tenant=tenant, agent=agent, limit_microcents=10**9)
     api = api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])[1]
-    env = child_env(FAIRLANE_ENGINE_MODE="celery", FAIRLANE_HEARTBEAT_SECONDS="1",
-                    FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
-                    FAIRLANE_MODEL_SIGNATURES="require",
-                    FAIRLANE_TRUSTED_KEYS=public_text(key.public_key()),
-                    FAIRLANE_FIRST_EVENT_TIMEOUT_SECONDS="5")
+    env = child_env(
+        FAIRLANE_ENGINE_MODE="celery",
+        FAIRLANE_HEARTBEAT_SECONDS="1",
+        FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
+        FAIRLANE_MODEL_SIGNATURES="require",
+        FAIRLANE_TRUSTED_KEYS=public_text(key.public_key()),
+        FAIRLANE_FIRST_EVENT_TIMEOUT_SECONDS="5",
+    )
     with FakeVllm("served-elsewhere", reply_tokens=3) as vllm:
-        backend = backend_register(name="vllm-fallback", kind="openai_compatible",
-                                   base_url=vllm.url)
+        backend = backend_register(
+            name="vllm-fallback", kind="openai_compatible", base_url=vllm.url
+        )
         backend_model_set(backend=backend, model="bad", upstream_name=vllm.model)
         worker = CeleryWorker(env)
         server = AsgiServer(env)
@@ -87,8 +97,11 @@ def test_a_worker_refuses_a_tampered_model_and_requests_for_it_never_hang(
             assert str(tmp_path) not in alone.text
 
             metrics = httpx.get(server.url + "/metrics").text
-            count = re.search(r'fairlane_model_verify_failures_total\{model="bad",'
-                              r'reason="hash_mismatch"\} (\S+)', metrics)
+            count = re.search(
+                r'fairlane_model_verify_failures_total\{model="bad",'
+                r'reason="hash_mismatch"\} (\S+)',
+                metrics,
+            )
             assert count and float(count[1]) >= 1
             checks = {c.model.name: c.status for c in ModelVerification.objects.all()}
             assert checks == {"good": "verified", "bad": "refused", "lonely": "refused"}

@@ -3,15 +3,23 @@ import pytest
 from tenants.models import Scope
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
-from workers.registry import model_register
+from workers.serving.registration import model_register
 
 # 10 / 40 / 5 micro-cents per input / output / cached token, as the demo.
-PRICES = {"price_input_per_mtok": 10_000_000, "price_output_per_mtok": 40_000_000,
-          "price_cached_per_mtok": 5_000_000}
+PRICES = {
+    "price_input_per_mtok": 10_000_000,
+    "price_output_per_mtok": 40_000_000,
+    "price_cached_per_mtok": 5_000_000,
+}
 # A chat whose worst case is about 1,900 micro-cents (prompt ~30 tokens, 32 completion
 # tokens at most, all generated: ignore_eos).
-CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "tell me a story"}],
-        "max_tokens": 32, "ignore_eos": True, "stream_options": {"include_usage": True}}
+CHAT = {
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "tell me a story"}],
+    "max_tokens": 32,
+    "ignore_eos": True,
+    "stream_options": {"include_usage": True},
+}
 
 
 @pytest.fixture

@@ -34,17 +34,22 @@ class Outcome:
             return False
         if not self.errors:
             return True
-        after = self.chunks[self.chunks.index(self.errors[0]) + 1:]
+        after = self.chunks[self.chunks.index(self.errors[0]) + 1 :]
         return all(not c.get("choices") for c in after)  # at most the usage chunk follows
 
 
-async def stream(client: httpx.AsyncClient, key: str, body: dict,
-                 started: list | None = None) -> Outcome:
+async def stream(
+    client: httpx.AsyncClient, key: str, body: dict, started: list | None = None
+) -> Outcome:
     """One streamed request; appended to `started` when its first chunk arrives."""
     outcome = Outcome()
     try:
-        async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True},
-                                 headers={"Authorization": f"Bearer {key}"}) as response:
+        async with client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={**body, "stream": True},
+            headers={"Authorization": f"Bearer {key}"},
+        ) as response:
             outcome.status = response.status_code
             outcome.request_id = response.headers.get("x-request-id", "")
             outcome.retry_after = response.headers.get("retry-after")
@@ -66,12 +71,14 @@ async def stream(client: httpx.AsyncClient, key: str, body: dict,
     return outcome
 
 
-async def storm(url: str, key: str, body: dict, count: int,
-                started: list | None = None) -> list[Outcome]:
+async def storm(
+    url: str, key: str, body: dict, count: int, started: list | None = None
+) -> list[Outcome]:
     limits = httpx.Limits(max_connections=count + 16, max_keepalive_connections=count)
     async with httpx.AsyncClient(base_url=url, timeout=180, limits=limits) as client:
-        return list(await asyncio.gather(*(stream(client, key, body, started)
-                                           for _ in range(count))))
+        return list(
+            await asyncio.gather(*(stream(client, key, body, started) for _ in range(count)))
+        )
 
 
 async def until(predicate, timeout: float, what: str) -> None:
@@ -84,6 +91,7 @@ async def until(predicate, timeout: float, what: str) -> None:
 
 def warm_up(url: str, key: str, body: dict, timeout: float = 120) -> None:
     """Until one request is served end to end (the worker has loaded its models)."""
+
     async def go():
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             deadline = time.monotonic() + timeout
@@ -93,4 +101,5 @@ def warm_up(url: str, key: str, body: dict, timeout: float = 120) -> None:
                     return
                 assert time.monotonic() < deadline, outcome
                 await asyncio.sleep(0.5)
+
     asyncio.run(go())

@@ -27,20 +27,24 @@ class SlowProxy:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.server = self.loop.run_until_complete(
-            asyncio.start_server(self._serve, "127.0.0.1", self.port))
+            asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        )
         self._ready.set()
         self.loop.run_forever()
 
     async def _serve(self, client_reader, client_writer) -> None:
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection(
-                "127.0.0.1", self.target_port)
+                "127.0.0.1", self.target_port
+            )
         except OSError:
             client_writer.close()
             return
-        await asyncio.gather(self._pipe(client_reader, upstream_writer),
-                             self._pipe(upstream_reader, client_writer),
-                             return_exceptions=True)
+        await asyncio.gather(
+            self._pipe(client_reader, upstream_writer),
+            self._pipe(upstream_reader, client_writer),
+            return_exceptions=True,
+        )
 
     async def _pipe(self, reader, writer) -> None:
         """Copy with a delay per chunk; the order is kept, the chunks overlap in flight."""
@@ -64,7 +68,19 @@ class SlowProxy:
             queue.put_nowait((self.loop.time() + self.delay, None))
             await asyncio.gather(sender, return_exceptions=True)
 
+    async def _shutdown(self) -> None:
+        """Close the listener and finish every pipe, so no coroutine outlives the loop (one
+        collected later would run its ``finally`` on a closed loop)."""
+        self.server.close()
+        tasks = [t for t in asyncio.all_tasks(self.loop) if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
+        future = asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
+        future.result(timeout=10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()

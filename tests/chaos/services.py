@@ -47,9 +47,23 @@ class RedisServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.dir), *self.extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+                *self.extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         _wait_port(self.port)
 
     def kill(self) -> None:
@@ -89,12 +103,30 @@ class RedisCluster:
     """Three masters, no replicas: every slot is served by exactly one node."""
 
     def __init__(self) -> None:
-        self.nodes = [RedisServer("--cluster-enabled", "yes", "--cluster-config-file",
-                                  "nodes.conf", port=_cluster_port()) for _ in range(3)]
-        subprocess.run(["redis-cli", "--cluster", "create",
-                        *(f"127.0.0.1:{n.port}" for n in self.nodes),
-                        "--cluster-replicas", "0", "--cluster-yes"],
-                       check=True, capture_output=True, timeout=30)
+        self.nodes = [
+            RedisServer(
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                port=_cluster_port(),
+            )
+            for _ in range(3)
+        ]
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             info = self.nodes[0].client().execute_command("CLUSTER", "INFO")
@@ -118,8 +150,9 @@ class Database:
     """A PostgreSQL database of our own on the local server, cloned from the test database (its
     schema and the rows the test committed). Only its own connections are ever terminated."""
 
-    def __init__(self, template: str, *, host: str = "127.0.0.1", port: int = 5432,
-                 user: str = "postgres") -> None:
+    def __init__(
+        self, template: str, *, host: str = "127.0.0.1", port: int = 5432, user: str = "postgres"
+    ) -> None:
         self.name = f"fl_chaos_{uuid.uuid4().hex[:10]}"
         self.host, self.port, self.user = host, port, user
         with self._admin() as conn:
@@ -131,24 +164,29 @@ class Database:
                     # Idle connections that earlier tests' threads (the loop's executor, which
                     # the request path uses) left open on the test database: the test process
                     # reconnects when it needs them (CONN_HEALTH_CHECKS).
-                    conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                 "WHERE datname = %s AND pid <> pg_backend_pid() "
-                                 "AND state = 'idle'", [template])
+                    conn.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = %s AND pid <> pg_backend_pid() "
+                        "AND state = 'idle'",
+                        [template],
+                    )
                     time.sleep(0.1)
             else:
                 raise RuntimeError(f"{template} stayed in use")
 
     def _admin(self) -> psycopg.Connection:
-        return psycopg.connect(host=self.host, port=self.port, user=self.user,
-                               dbname="postgres", autocommit=True)
+        return psycopg.connect(
+            host=self.host, port=self.port, user=self.user, dbname="postgres", autocommit=True
+        )
 
     @property
     def url(self) -> str:
         return f"postgres://{self.user}@{self.host}:{self.port}/{self.name}"
 
     def connect(self) -> psycopg.Connection:
-        return psycopg.connect(host=self.host, port=self.port, user=self.user,
-                               dbname=self.name, autocommit=True)
+        return psycopg.connect(
+            host=self.host, port=self.port, user=self.user, dbname=self.name, autocommit=True
+        )
 
     def query(self, sql: str, *params) -> list[tuple]:
         with self.connect() as conn:
@@ -157,17 +195,20 @@ class Database:
     def terminate_connections(self) -> int:
         """pg_terminate_backend on every session of this database (ours only)."""
         with self._admin() as conn:
-            rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                "WHERE datname = %s AND pid <> pg_backend_pid()",
-                                (self.name,)).fetchall()
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()",
+                (self.name,),
+            ).fetchall()
         return len(rows)
 
     def set_reachable(self, reachable: bool) -> None:
         """Refuse (or accept again) new sessions, and end the open ones: to its clients the
         database is unreachable."""
         with self._admin() as conn:
-            conn.execute(f'ALTER DATABASE "{self.name}" ALLOW_CONNECTIONS '
-                         f'{"true" if reachable else "false"}')
+            conn.execute(
+                f'ALTER DATABASE "{self.name}" ALLOW_CONNECTIONS {"true" if reachable else "false"}'
+            )
         if not reachable:
             self.terminate_connections()
 

@@ -6,6 +6,9 @@ budget goes over its limit; no hold outlives its request; and the pools recover 
 
 import asyncio
 import collections
+import json
+import subprocess
+import sys
 import time
 import uuid
 
@@ -17,7 +20,7 @@ from django.db import connections
 from tests.chaos.conftest import CHAT
 from tests.chaos.load import storm, stream, until, warm_up
 from tests.chaos.services import Database, RedisServer
-from tests.conftest import child_env, wait_for
+from tests.conftest import ROOT, child_env, wait_for
 from tests.servers import AsgiServer, CeleryWorker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -27,11 +30,15 @@ def test_postgres_connections_killed_under_load(chaos_key):
     connections.close_all()
     db = Database(settings.DATABASES["default"]["NAME"])
     redis_server = RedisServer()
-    env = child_env(DATABASE_URL=db.url, REDIS_URL=redis_server.url,
-                    FAIRLANE_ENGINE_MODE="celery", FAIRLANE_HEARTBEAT_SECONDS="1",
-                    FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
-                    FAIRLANE_SETTLEMENT_RETRY_SECONDS="0.5",
-                    FAIRLANE_DB_POOL_TIMEOUT_SECONDS="5")
+    env = child_env(
+        DATABASE_URL=db.url,
+        REDIS_URL=redis_server.url,
+        FAIRLANE_ENGINE_MODE="celery",
+        FAIRLANE_HEARTBEAT_SECONDS="1",
+        FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
+        FAIRLANE_SETTLEMENT_RETRY_SECONDS="0.5",
+        FAIRLANE_DB_POOL_TIMEOUT_SECONDS="5",
+    )
     worker = CeleryWorker(env, concurrency=8)
     server = AsgiServer(env)
     killed = []
@@ -56,29 +63,56 @@ def test_postgres_connections_killed_under_load(chaos_key):
         def query(sql, *params):
             return db.query(sql, *params)
 
-        wait_for(lambda: query("SELECT count(*) FROM tenants_reservation WHERE status = 'held'")
-                 == [(0,)], timeout=60, what="every hold released or settled")
+        wait_for(
+            lambda: (
+                query("SELECT count(*) FROM tenants_reservation WHERE status = 'held'") == [(0,)]
+            ),
+            timeout=60,
+            what="every hold released or settled",
+        )
         seen = collections.Counter((o.status, len(o.errors)) for o in outcomes)
         assert sum(killed) > 0, killed  # sessions of ours were really terminated
-        assert all(o.is_clean() for o in outcomes), (seen, [o for o in outcomes
-                                                            if not o.is_clean()])
+        assert all(o.is_clean() for o in outcomes), (
+            seen,
+            [o for o in outcomes if not o.is_clean()],
+        )
         assert {status for status, _ in seen} <= {200, 429, 503}, seen
-        assert after.status == 200 and after.has_done and not after.errors, \
-            (after, server.output()[-6000:])
+        assert after.status == 200 and after.has_done and not after.errors, (
+            after,
+            server.output()[-6000:],
+        )
         started = [o for o in outcomes + [after] if o.status == 200]
         for outcome in started:  # exactly one ledger row each, charged as reported
-            rows = query("SELECT completion_tokens FROM tenants_usagerecord "
-                         "WHERE request_id = %s", outcome.request_id)
+            rows = query(
+                "SELECT completion_tokens FROM tenants_usagerecord WHERE request_id = %s",
+                outcome.request_id,
+            )
             assert len(rows) == 1, (outcome, rows)
             if not outcome.errors:
                 assert rows[0][0] == outcome.completion_tokens
         for request_id in {o.request_id for o in outcomes if o.request_id}:
-            assert len(query("SELECT 1 FROM tenants_usagerecord WHERE request_id = %s",
-                             request_id)) <= 1
+            assert (
+                len(query("SELECT 1 FROM tenants_usagerecord WHERE request_id = %s", request_id))
+                <= 1
+            )
         for spent, reserved, limit in query(
-                "SELECT w.spent_microcents, w.reserved_microcents, b.limit_microcents FROM "
-                "tenants_budgetwindow w JOIN tenants_budget b ON b.id = w.budget_id"):
+            "SELECT w.spent_microcents, w.reserved_microcents, b.limit_microcents FROM "
+            "tenants_budgetwindow w JOIN tenants_budget b ON b.id = w.budget_id"
+        ):
             assert spent + reserved <= limit and reserved == 0
+        # Every window's figures equal what its ledger rows and holds add up to, as the
+        # operator's command checks them (issue 32).
+        checked = subprocess.run(
+            [sys.executable, "manage.py", "budgets_reconcile", "--json"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        report = json.loads(checked.stdout)
+        assert checked.returncode == 0 and report["differences"] == [], checked.stdout
+        assert report["windows_checked"] >= 1, report  # the agent budget's window
     finally:
         server.stop()
         worker.stop()

@@ -55,22 +55,36 @@ def assert_drained(outcomes, short, refused, took, server):
     assert short.status == 200 and short.has_done and not short.errors  # finished in time
     for outcome in outcomes:  # cut at the deadline, cleanly
         assert outcome.status == 200 and outcome.is_clean() and len(outcome.errors) == 1, (
-            outcome, took, _drain_lines(server))
+            outcome,
+            took,
+            _drain_lines(server),
+        )
         assert outcome.errors[0]["error"]["code"] == "service_unavailable"
     assert DRAIN - 1 < took < DRAIN + 20, took
-    wait_for(lambda: not Reservation.objects.filter(status=Reservation.Status.HELD).exists(),
-             timeout=30, what="every hold settled")
+    wait_for(
+        lambda: not Reservation.objects.filter(status=Reservation.Status.HELD).exists(),
+        timeout=30,
+        what="every hold settled",
+    )
     for outcome in outcomes:
-        record = wait_for(lambda: UsageRecord.objects.filter(
-            request_id=outcome.request_id).first(), timeout=30, what="a ledger row")
+        record = wait_for(
+            lambda outcome=outcome: UsageRecord.objects.filter(
+                request_id=outcome.request_id
+            ).first(),
+            timeout=30,
+            what="a ledger row",
+        )
         assert record.status == UsageRecord.Status.CANCELLED and record.completion_tokens > 0
     assert UsageRecord.objects.get(request_id=short.request_id).status == UsageRecord.Status.OK
 
 
 def _drain_lines(server: AsgiServer) -> list[str]:
     """The server's own account of the drain (what it saw in flight, what it cut)."""
-    return [line for line in server.output().splitlines()
-            if "routing.drain" in line or "Shutting down" in line or "Finished" in line]
+    return [
+        line
+        for line in server.output().splitlines()
+        if "routing.drain" in line or "Shutting down" in line or "Finished" in line
+    ]
 
 
 @pytest.fixture
@@ -81,8 +95,9 @@ def drain_key(chaos_key):
 
 
 def test_sigterm_drains_the_embedded_mode(drain_key):
-    server = AsgiServer(child_env(FAIRLANE_ENGINE_MODE="embedded",
-                                  FAIRLANE_DRAIN_TIMEOUT_SECONDS=str(DRAIN)))
+    server = AsgiServer(
+        child_env(FAIRLANE_ENGINE_MODE="embedded", FAIRLANE_DRAIN_TIMEOUT_SECONDS=str(DRAIN))
+    )
     try:
         warm_up(server.url, drain_key, LONG)
         warm_up(server.url, drain_key, SHORT)
@@ -92,9 +107,12 @@ def test_sigterm_drains_the_embedded_mode(drain_key):
 
 
 def test_sigterm_drains_the_distributed_mode(drain_key):
-    env = child_env(FAIRLANE_ENGINE_MODE="celery", FAIRLANE_HEARTBEAT_SECONDS="1",
-                    FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
-                    FAIRLANE_DRAIN_TIMEOUT_SECONDS=str(DRAIN))
+    env = child_env(
+        FAIRLANE_ENGINE_MODE="celery",
+        FAIRLANE_HEARTBEAT_SECONDS="1",
+        FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
+        FAIRLANE_DRAIN_TIMEOUT_SECONDS=str(DRAIN),
+    )
     worker = CeleryWorker(env, concurrency=8)
     server = AsgiServer(env)
     try:

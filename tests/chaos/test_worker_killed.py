@@ -31,10 +31,14 @@ def stream_events(client, request_id: str) -> list[dict]:
 def test_a_stalled_then_killed_worker_is_resumed_once_and_fenced_off(chaos_key):
     redis_server = RedisServer()
     proxy = SlowProxy(redis_server.port, delay=0.05)
-    env = child_env(REDIS_URL=proxy.url, FAIRLANE_ENGINE_MODE="celery",
-                    FAIRLANE_HEARTBEAT_SECONDS="1", FAIRLANE_HEARTBEAT_TTL_SECONDS="3",
-                    FAIRLANE_CLAIM_SECONDS="4",
-                    FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-")
+    env = child_env(
+        REDIS_URL=proxy.url,
+        FAIRLANE_ENGINE_MODE="celery",
+        FAIRLANE_HEARTBEAT_SECONDS="1",
+        FAIRLANE_HEARTBEAT_TTL_SECONDS="3",
+        FAIRLANE_CLAIM_SECONDS="4",
+        FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
+    )
     doomed = CeleryWorker(env, name="doomed", concurrency=8)
     server = AsgiServer(env)
     heir = None
@@ -42,16 +46,17 @@ def test_a_stalled_then_killed_worker_is_resumed_once_and_fenced_off(chaos_key):
         warm_up(server.url, chaos_key, BODY)  # on the doomed worker: it alone is up
         # One standard request at a time on the heir (3 slots, the last 2 kept for realtime),
         # so the stalled worker holds most of them.
-        heir = CeleryWorker({**env, "FAIRLANE_WORKER_CONCURRENCY": "3"}, name="heir",
-                            concurrency=8)
+        heir = CeleryWorker({**env, "FAIRLANE_WORKER_CONCURRENCY": "3"}, name="heir", concurrency=8)
         warm_up(server.url, chaos_key, BODY)
         client = redis_server.client()  # straight to Redis: what the streams hold
 
         started_ref: list = []
 
         def resumed() -> bool:
-            return any([e["type"] for e in stream_events(client, o.request_id)].count(
-                "accepted") == 2 for o in started_ref)
+            return any(
+                [e["type"] for e in stream_events(client, o.request_id)].count("accepted") == 2
+                for o in started_ref
+            )
 
         async def scenario():
             started = started_ref
@@ -76,12 +81,18 @@ def test_a_stalled_then_killed_worker_is_resumed_once_and_fenced_off(chaos_key):
             assert kinds.count("done") == 1 and kinds[-1] == "done", kinds
             # Every token once: nothing the stalled worker wrote after the heir took over.
             assert sum(len(e["token_ids"]) for e in events if e["type"] == "token") == TOKENS
-            streamed = sum(1 for c in outcome.chunks if c.get("choices")
-                           and c["choices"][0]["delta"].get("content") is not None)
+            streamed = sum(
+                1
+                for c in outcome.chunks
+                if c.get("choices") and c["choices"][0]["delta"].get("content") is not None
+            )
             assert 1 <= streamed <= TOKENS + 1
         assert resumed_count >= 1
-        wait_for(lambda: not Reservation.objects.filter(
-            status=Reservation.Status.HELD).exists(), timeout=30, what="every hold settled")
+        wait_for(
+            lambda: not Reservation.objects.filter(status=Reservation.Status.HELD).exists(),
+            timeout=30,
+            what="every hold settled",
+        )
         for outcome in outcomes:
             record = UsageRecord.objects.get(request_id=outcome.request_id)
             assert record.status == UsageRecord.Status.OK and record.completion_tokens == TOKENS

@@ -17,8 +17,9 @@ def test_the_gpu_worker_reserves_a_gpu_and_runs_on_cuda():
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     assert gpu["environment"]["FAIRLANE_ENGINE_DEVICE"] == "cuda"
     # the rest of the environment is the shared one (database, Redis, secret)
-    assert gpu["environment"]["REDIS_URL"] == COMPOSE["services"]["worker"]["environment"][
-        "REDIS_URL"]
+    assert (
+        gpu["environment"]["REDIS_URL"] == COMPOSE["services"]["worker"]["environment"]["REDIS_URL"]
+    )
     command = gpu["command"]
     assert command[command.index("-Q") + 1] == "gpu"
 
@@ -33,7 +34,8 @@ def test_the_gpu_build_installs_cuda_torch_and_vllm():
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     args = COMPOSE["services"]["worker-gpu"]["build"]["args"]
     assert args["GPU"] and "download.pytorch.org/whl/cpu" not in args["TORCH_INDEX"]
-    assert re.search(r'if \[ -n "\$GPU" \]; then pip install .*-r requirements-gpu.txt ;',
-                     dockerfile)
+    assert re.search(
+        r'if \[ -n "\$GPU" \]; then pip install .*-r requirements-gpu.txt ;', dockerfile
+    )
     assert re.search(r"ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu", dockerfile)
     assert "vllm==" in (DEPLOY.parent / "requirements-gpu.txt").read_text()

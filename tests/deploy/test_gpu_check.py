@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from routing.bench.fake_vllm import FakeVllm
 from deploy.gpu.stream_check import stream_check
+from routing.bench.fake_vllm import FakeVllm
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "gpu-check.sh"
@@ -21,9 +21,17 @@ def test_the_script_parses_and_stops_clearly_without_a_gpu(tmp_path):
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'No devices were found' >&2\nexit 6\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
-    done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "GPU_CHECK_OUT": str(tmp_path / "out"),
-                               "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    done = subprocess.run(
+        ["bash", str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            "GPU_CHECK_OUT": str(tmp_path / "out"),
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        },
+    )
     assert done.returncode == 2 and "no NVIDIA GPU here" in done.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["exit"] == 2 and "vllm" not in summary
@@ -44,14 +52,21 @@ def test_the_stream_check_fails_on_a_server_that_streams_nothing():
 
 
 def test_engines_default_to_cuda_only_when_asked(tmp_path):
-    code = ("from deploy.gpu.on_cuda import engines_on_cuda\n"
-            "from workers.engine.config import EngineConfig\n"
-            "from workers.engine import preset_create\n"
-            f"p = str(preset_create('tiny', r'{tmp_path}/m'))\n"
-            "assert EngineConfig(model=p).device == 'cpu'\n"
-            "engines_on_cuda(); engines_on_cuda()\n"
-            "assert EngineConfig(model=p).device == 'cuda'\n"
-            "assert EngineConfig(model=p, device='cpu').device == 'cpu'\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT}/platform"})
+    code = (
+        "from deploy.gpu.on_cuda import engines_on_cuda\n"
+        "from workers.engine.config import EngineConfig\n"
+        "from workers.engine import preset_create\n"
+        f"p = str(preset_create('tiny', r'{tmp_path}/m'))\n"
+        "assert EngineConfig(model=p).device == 'cpu'\n"
+        "engines_on_cuda(); engines_on_cuda()\n"
+        "assert EngineConfig(model=p).device == 'cuda'\n"
+        "assert EngineConfig(model=p, device='cpu').device == 'cpu'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT}/platform"},
+    )
     assert done.returncode == 0, done.stderr

@@ -6,19 +6,18 @@ import uuid
 
 import pytest
 
-from tests.deploy.test_k8s import RENDERED, of
-from workers.registry import model_register
-from workers.transport import queue_for, redis_sync
+from tests.deploy.manifests import of
+from workers.serving.registration import model_register
+from workers.transport import queue_for
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def queue(settings):
-    settings.FAIRLANE_ENGINE_MODE = "celery"
+def queue(settings, distributed):
     settings.FAIRLANE_QUEUE_NAMESPACE = f"t{uuid.uuid4().hex[:8]}-"
     model_register(name="tiny", source="preset:tiny")
-    fair = queue_for(redis_sync(), "tiny")
+    fair = queue_for(distributed.redis, "tiny")
     yield fair
     fair.clear()
 
@@ -29,9 +28,13 @@ def scrape(client) -> str:
     return response.content.decode()
 
 
-def test_every_metric_the_scalers_query_is_exported(client, queue):
-    queries = [t["metadata"]["query"] for docs in RENDERED.values()
-               for s in of(docs, "ScaledObject") for t in s["spec"]["triggers"]]
+def test_every_metric_the_scalers_query_is_exported(client, queue, manifests):
+    queries = [
+        t["metadata"]["query"]
+        for docs in manifests.values()
+        for s in of(docs, "ScaledObject")
+        for t in s["spec"]["triggers"]
+    ]
     names = {n for q in queries for n in re.findall(r"\b(fairlane_[a-z_]+)\b", q)}
     assert names == {"fairlane_queue_depth", "fairlane_model_replicas_min"}
     text = scrape(client)

@@ -16,8 +16,14 @@ from deploy.sbom import ROOT, pins
 @pytest.fixture(scope="module")
 def sbom(tmp_path_factory):
     out = tmp_path_factory.mktemp("sbom") / "fairlane.cdx.json"
-    done = subprocess.run(["make", "-s", "sbom", f"SBOM={out}"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "MAKEFLAGS": ""})
+    done = subprocess.run(
+        ["make", "-s", "sbom", f"SBOM={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "MAKEFLAGS": ""},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return out.read_text()
 

@@ -55,7 +55,13 @@ def hf_greedy(hf_model, prompts) -> list[list[int]]:
     refs = []
     for p in prompts:
         ids = torch.tensor([p])
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NUM_NEW_TOKENS, do_sample=False, pad_token_id=0)
+        out = hf_model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NUM_NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
         refs.append(out[0, len(p) :].tolist())
     return refs
 

@@ -13,8 +13,11 @@ from workers.engine.tokenizer import Tokenizer
 
 def guide_for(tokenizer: Tokenizer, schema: dict | None = None) -> Guide:
     """JSON mode's guide, or a schema's."""
-    params = SamplingParams(guide="json_object") if schema is None else SamplingParams(
-        guide="json_schema", guide_schema=json.dumps(schema))
+    params = (
+        SamplingParams(guide="json_object")
+        if schema is None
+        else SamplingParams(guide="json_schema", guide_schema=json.dumps(schema))
+    )
     return guide_start(tokenizer, (tokenizer.eos_token_id,), params)
 
 
@@ -38,11 +41,13 @@ def accepts(tokenizer: Tokenizer, data: bytes, schema: dict | None = None) -> bo
     """`data` whole: every token allowed, then EOS."""
     guide = guide_for(tokenizer, schema)
     return follows(guide, byte_ids(tokenizer, data)) and bool(
-        guide.allowed()[tokenizer.eos_token_id])
+        guide.allowed()[tokenizer.eos_token_id]
+    )
 
 
-def random_walk(tokenizer: Tokenizer, guide: Guide, seed: int, *, closing: set[bytes],
-                max_steps: int = 3000) -> bytes:
+def random_walk(
+    tokenizer: Tokenizer, guide: Guide, seed: int, *, closing: set[bytes], max_steps: int = 3000
+) -> bytes:
     """Pick allowed tokens at random (a closing one more often) until the guide allows only
     EOS, or allows it and a coin says stop; the bytes written."""
     table, eos = tokenizer.token_bytes_table(), tokenizer.eos_token_id

@@ -21,15 +21,23 @@ def perturbed_copy(source: Path, target: Path, *, noise: float, seed: int) -> Pa
             shutil.copy2(path, target / path.name)
     g = torch.Generator().manual_seed(seed)
     weights = load_file(str(source / "model.safetensors"))
-    jittered = {name: (w + noise * w.std() * torch.randn(w.shape, generator=g)).contiguous() for name, w in weights.items()}
+    jittered = {
+        name: (w + noise * w.std() * torch.randn(w.shape, generator=g)).contiguous()
+        for name, w in weights.items()
+    }
     save_file(jittered, str(target / "model.safetensors"), metadata={"format": "pt"})
     return target
 
 
 def always(method: str, k: int = 4, **kwargs) -> SpeculativeConfig:
     """A config that speculates whatever the batch size or acceptance (the exactness tests)."""
-    return SpeculativeConfig(method, num_speculative_tokens=k, disable_by_batch_size=None,
-                             min_acceptance_rate=0.0, **kwargs)
+    return SpeculativeConfig(
+        method,
+        num_speculative_tokens=k,
+        disable_by_batch_size=None,
+        min_acceptance_rate=0.0,
+        **kwargs,
+    )
 
 
 class ScriptedProposer:
@@ -45,7 +53,7 @@ class ScriptedProposer:
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
         self.num_calls += 1
-        for seq, k in zip(seqs, ks):
+        for seq, k in zip(seqs, ks, strict=False):
             tokens, probs = self.script(seq, k)
             seq.spec_token_ids = list(tokens)[:k]
             seq.spec_draft_probs = None if probs is None else probs[:k]

@@ -33,7 +33,9 @@ async def test_concurrent_streams_equal_hf_and_share_steps(front, prompts, hf_gr
     assert_no_leaks(front.engine)
 
 
-async def test_bad_input_raises_in_the_caller_and_loop_keeps_serving(front, prompts, hf_greedy, greedy):
+async def test_bad_input_raises_in_the_caller_and_loop_keeps_serving(
+    front, prompts, hf_greedy, greedy
+):
     with pytest.raises(InvalidRequest):
         await _collect(front, "", greedy)
     assert await _collect(front, prompts[3], greedy) == hf_greedy[3]
@@ -44,7 +46,7 @@ async def test_cancelled_stream_is_aborted_and_frees_its_blocks(front):
     seen = asyncio.Event()
 
     async def consume():
-        async for out in front.generate([5] * 40, params, request_id="gone"):
+        async for _out in front.generate([5] * 40, params, request_id="gone"):
             seen.set()
 
     task = asyncio.create_task(consume())
@@ -64,7 +66,9 @@ def test_blocking_streams_from_threads(front, prompts, hf_greedy, greedy):
     results: dict[int, list[int]] = {}
 
     def worker(i: int) -> None:
-        results[i] = [t for out in front.stream(prompts[i], greedy, timeout=60) for t in out.new_token_ids]
+        results[i] = [
+            t for out in front.stream(prompts[i], greedy, timeout=60) for t in out.new_token_ids
+        ]
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
     for t in threads:

@@ -14,7 +14,9 @@ from workers.engine.sequence import Sequence
 
 
 def _seq(tokens: list[int], salt: str = "a") -> Sequence:
-    return Sequence("r", tokens, Params(), tenant=salt, lane="standard", salt=salt, arrival_time=0.0)
+    return Sequence(
+        "r", tokens, Params(), tenant=salt, lane="standard", salt=salt, arrival_time=0.0
+    )
 
 
 def _run(bm: BlockManager, seq: Sequence) -> None:
@@ -93,8 +95,12 @@ def test_no_block_leaks_after_1000_requests_with_random_aborts(make_engine):
     live: list[str] = []
     shared = [rng.randrange(5, 261) for _ in range(48)]
     for i in range(1000):
-        prompt = (shared if rng.random() < 0.5 else []) + [rng.randrange(5, 261) for _ in range(rng.randint(1, 40))]
-        params = SamplingParams(max_tokens=rng.randint(1, 12), temperature=rng.choice([0.0, 1.0]), ignore_eos=True)
+        prompt = (shared if rng.random() < 0.5 else []) + [
+            rng.randrange(5, 261) for _ in range(rng.randint(1, 40))
+        ]
+        params = SamplingParams(
+            max_tokens=rng.randint(1, 12), temperature=rng.choice([0.0, 1.0]), ignore_eos=True
+        )
         live.append(engine.add_request(prompt, params, tenant=f"t{i % 3}"))
         if rng.random() < 0.3:
             engine.abort(live.pop(rng.randrange(len(live))))

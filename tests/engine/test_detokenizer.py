@@ -1,4 +1,5 @@
-"""Streaming text never shows a broken character: split UTF-8 characters wait for their last byte."""
+"""Streaming text never shows a broken character: split UTF-8 characters wait for their last
+byte."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import random
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer as HFTokenizer, decoders, models
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models
 
 from workers.engine import SamplingParams, Tokenizer
 from workers.engine.detokenizer import IncrementalDetokenizer
@@ -59,7 +61,11 @@ def test_mixed_text_streams_whole_characters_only(tokenizer):
 def test_a_byte_that_can_never_complete_shows_at_once(tokenizer):
     # A lone continuation byte is invalid the moment it arrives; a lead byte cut off by "A" too.
     assert _feed(tokenizer, _byte_ids(tokenizer, b"\x80"), is_finished=False) == [FFFD]
-    assert _feed(tokenizer, _byte_ids(tokenizer, b"\xe4\xb8A"), is_finished=False) == ["", "", FFFD + "A"]
+    assert _feed(tokenizer, _byte_ids(tokenizer, b"\xe4\xb8A"), is_finished=False) == [
+        "",
+        "",
+        FFFD + "A",
+    ]
 
 
 def test_an_unfinished_character_becomes_fffd_only_at_the_end(tokenizer):
@@ -71,9 +77,16 @@ def test_an_unfinished_character_becomes_fffd_only_at_the_end(tokenizer):
 def test_deltas_equal_decoding_the_whole_output_for_random_bytes(tokenizer):
     rng = random.Random(0)
     for _ in range(200):
-        data = bytes(rng.choice([rng.randrange(256), rng.randrange(0x80, 0x100)]) for _ in range(rng.randint(1, 24)))
+        data = bytes(
+            rng.choice([rng.randrange(256), rng.randrange(0x80, 0x100)])
+            for _ in range(rng.randint(1, 24))
+        )
         ids = _byte_ids(tokenizer, data)
-        assert "".join(_feed(tokenizer, ids)) == tokenizer.decode(ids) == data.decode("utf-8", errors="replace")
+        assert (
+            "".join(_feed(tokenizer, ids))
+            == tokenizer.decode(ids)
+            == data.decode("utf-8", errors="replace")
+        )
 
 
 def test_special_tokens_render_as_nothing(tokenizer):
@@ -84,7 +97,8 @@ def test_special_tokens_render_as_nothing(tokenizer):
 
 
 def test_stop_string_across_split_characters(tiny_dir, tokenizer):
-    """The engine's per-token path: stop on "中!" whose bytes arrive one per step; nothing half-sent."""
+    """The engine's per-token path: stop on "中!" whose bytes arrive one per step; nothing
+    half-sent."""
     params = Params(max_tokens=64, stop=["中!"])
     prompt = tokenizer.encode("Q")
     seq = Sequence("r", prompt, params, tenant="t", lane="standard", salt="t", arrival_time=0.0)
@@ -105,7 +119,7 @@ def test_engine_stream_equals_decoding_its_tokens(make_engine, prompts):
     engine = make_engine()
     params = SamplingParams(max_tokens=40, temperature=1.0, seed=3, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in prompts[:8]]
-    text = {rid: "" for rid in ids}
+    text = dict.fromkeys(ids, "")
     tokens: dict[str, list[int]] = {rid: [] for rid in ids}
     while engine.has_unfinished_requests():
         for out in engine.step():

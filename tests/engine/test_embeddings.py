@@ -30,7 +30,11 @@ def test_embeddings_ignore_the_prefix_cache(make_engine, prompts):
 
 def test_generation_can_return_hidden_states(make_engine, hf_model, prompts):
     engine = make_engine()
-    out = engine.generate([prompts[6]], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True), return_hidden_states=True)[0]
+    out = engine.generate(
+        [prompts[6]],
+        SamplingParams(max_tokens=5, temperature=0, ignore_eos=True),
+        return_hidden_states=True,
+    )[0]
     assert out.hidden_states.shape == (5, engine.model_config.hidden_size)
     full = torch.tensor([prompts[6] + out.token_ids])
     with torch.no_grad():

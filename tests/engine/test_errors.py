@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from workers.engine import ContextLengthExceeded, EngineConfig, FairSharePolicy, InvalidRequest, SamplingParams
+from workers.engine import (
+    ContextLengthExceeded,
+    EngineConfig,
+    FairSharePolicy,
+    InvalidRequest,
+    SamplingParams,
+)
 
 GOOD = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 
@@ -49,7 +55,12 @@ def test_out_of_range_sampling_parameters_are_refused(kwargs, param):
         ([5, -1], {}, InvalidRequest, "prompt"),
         (None, {}, InvalidRequest, "prompt"),
         ([5] * 1024, {}, ContextLengthExceeded, "prompt"),
-        ([5] * 1020, {"params": SamplingParams(max_tokens=10)}, ContextLengthExceeded, "max_tokens"),
+        (
+            [5] * 1020,
+            {"params": SamplingParams(max_tokens=10)},
+            ContextLengthExceeded,
+            "max_tokens",
+        ),
         ([5], {"params": SamplingParams(stop_token_ids=[5000])}, InvalidRequest, "stop_token_ids"),
         ([5], {"params": SamplingParams(logit_bias={9999: 1.0})}, InvalidRequest, "logit_bias"),
         ([5], {"lane": "vip"}, InvalidRequest, "lane"),

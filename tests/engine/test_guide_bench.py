@@ -4,8 +4,22 @@ from workers.engine.bench.guide import run
 
 
 def test_the_guide_bench_measures_free_guided_and_mixed_batches(tmp_path, capsys):
-    figures = run(["--preset", "tiny", "--models-dir", str(tmp_path), "--requests", "4",
-                   "--max-tokens", "6", "--repeat", "1", "--threads", "1"])
+    figures = run(
+        [
+            "--preset",
+            "tiny",
+            "--models-dir",
+            str(tmp_path),
+            "--requests",
+            "4",
+            "--max-tokens",
+            "6",
+            "--repeat",
+            "1",
+            "--threads",
+            "1",
+        ]
+    )
     rows = figures["results"]
     assert set(rows) == {"free", "json_object", "json_schema", "mixed (half free, half schema)"}
     assert rows["free"]["x_free"] == 1.0 and rows["free"]["tokens"] == 4 * 6  # ignore_eos

@@ -8,7 +8,9 @@ SYSTEM = list(range(10, 10 + 64))  # four full blocks
 
 
 def _cached(engine, prompt, **kwargs) -> int:
-    return engine.generate([prompt], SamplingParams(max_tokens=2, temperature=0), **kwargs)[0].num_cached_tokens
+    return engine.generate([prompt], SamplingParams(max_tokens=2, temperature=0), **kwargs)[
+        0
+    ].num_cached_tokens
 
 
 def test_same_tenant_reuses_a_shared_system_prompt(make_engine):
@@ -23,7 +25,9 @@ def test_tenants_never_share_cached_blocks(make_engine):
     engine = make_engine()
     _cached(engine, SYSTEM + [1], tenant="acme")
     assert _cached(engine, SYSTEM + [1], tenant="globex") == 0
-    assert _cached(engine, SYSTEM + [1], tenant="acme", salt="globex") == 64  # explicit salt decides
+    assert (
+        _cached(engine, SYSTEM + [1], tenant="acme", salt="globex") == 64
+    )  # explicit salt decides
     assert engine.block_manager.num_prefix_hit_tokens == 64
 
 
@@ -45,7 +49,11 @@ def test_simultaneous_arrivals_wait_for_the_prefix_being_computed(make_engine):
     """Agents of one tenant sending the same system prompt at once compute it once."""
     engine = make_engine()
     params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
-    outs = engine.generate([SYSTEM + [1, 2], SYSTEM + [3], SYSTEM + [4, 5, 6]], params, tenant="acme")
+    outs = engine.generate(
+        [SYSTEM + [1, 2], SYSTEM + [3], SYSTEM + [4, 5, 6]], params, tenant="acme"
+    )
     assert [o.num_cached_tokens for o in outs] == [0, 64, 64]
-    alone = [make_engine().generate([p], params)[0].token_ids for p in (SYSTEM + [3], SYSTEM + [4, 5, 6])]
+    alone = [
+        make_engine().generate([p], params)[0].token_ids for p in (SYSTEM + [3], SYSTEM + [4, 5, 6])
+    ]
     assert [o.token_ids for o in outs[1:]] == alone

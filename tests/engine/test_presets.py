@@ -24,15 +24,24 @@ def test_ensure_preset_reuses_an_existing_directory(tmp_path):
     stamp = (first / "model.safetensors").stat().st_mtime_ns
     assert ensure_preset("tiny", tmp_path) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
-    assert {p.name for p in first.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    assert {p.name for p in first.iterdir()} >= {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
 
 
 def test_small_preset_is_in_the_benchmark_size_range():
     from workers.engine.presets import preset_config
 
     c = preset_config("small")
-    per_layer = (c["hidden_size"] * c["head_dim"] * (2 * c["num_attention_heads"] + 2 * c["num_key_value_heads"])
-                 + 3 * c["hidden_size"] * c["intermediate_size"])
+    per_layer = (
+        c["hidden_size"]
+        * c["head_dim"]
+        * (2 * c["num_attention_heads"] + 2 * c["num_key_value_heads"])
+        + 3 * c["hidden_size"] * c["intermediate_size"]
+    )
     total = per_layer * c["num_hidden_layers"] + 2 * c["vocab_size"] * c["hidden_size"]
     assert 20e6 <= total <= 50e6
     assert set(PRESETS) >= {"tiny", "small"}
@@ -63,5 +72,7 @@ def test_concurrent_ensure_preset_calls_agree(tmp_path):
     with ThreadPoolExecutor(4) as pool:
         paths = list(pool.map(lambda _: ensure_preset("tiny", tmp_path, seed=5), range(4)))
     assert len(set(paths)) == 1
-    assert [p.name for p in tmp_path.iterdir()] == ["tiny-seed5"]  # no staging directory left behind
+    assert [p.name for p in tmp_path.iterdir()] == [
+        "tiny-seed5"
+    ]  # no staging directory left behind
     assert _digest(paths[0]) == _digest(preset_create("tiny", tmp_path / "again", seed=5))

@@ -12,8 +12,8 @@ from safetensors import safe_open
 from torch import nn
 
 from workers.engine import EngineConfig, LLMEngine, SamplingParams, UnsupportedModel
-from workers.engine.model.loader import model_load
-from workers.engine.quant import QuantLinear, quantize_model, quantized_save
+from workers.engine.loader import model_load
+from workers.engine.quant import QuantLinear, quantize_model
 from workers.engine.quant.formats import (
     int4_dequantize,
     int4_quantize,
@@ -24,7 +24,8 @@ from workers.engine.quant.formats import (
     relative_error,
 )
 from workers.engine.quant.modules import model_weight_bytes
-from workers.engine.quant.report import layer_errors, model_logits, quant_report, score
+from workers.engine.quantize.report import layer_errors, model_logits, quant_report, score
+from workers.engine.quantize.save import quantized_save
 
 CASES = [("int8", 128), ("int4", 32), ("int4", 64), ("int4", 128)]
 CPU_KERNELS = {"int8": "int8pack_mm", "int4": "int4pack_mm_for_cpu"}
@@ -85,13 +86,18 @@ def test_without_a_kernel_the_layer_dequantizes_exactly(monkeypatch, method, gro
 
 
 def _dense_reference(model_dir: Path, method: str, group: int) -> nn.Module:
-    """The model with every quantized layer replaced by a plain Linear holding its dequantized weights."""
-    model = model_load(model_dir, device=torch.device("cpu"), dtype=torch.float32, max_positions=1024)
+    """The model with every quantized layer replaced by a plain Linear holding its dequantized
+    weights."""
+    model = model_load(
+        model_dir, device=torch.device("cpu"), dtype=torch.float32, max_positions=1024
+    )
     quantize_model(model, method, group_size=group, is_prepared=False)
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, QuantLinear):
-                dense = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
+                dense = nn.Linear(
+                    child.in_features, child.out_features, bias=child.bias is not None
+                )
                 dense.weight.data = child.dequantized_weight()
                 setattr(module, name, dense)
     return model
@@ -108,7 +114,9 @@ def test_report_figures_match_a_dense_dequantized_reference(tiny_dir, windows, m
     report = quant_report(tiny_dir, windows, methods=(method,), group_size=group)
     row, fp32 = report["methods"][method], report["methods"]["fp32"]
     dense = _dense_reference(tiny_dir, method, group)
-    unquantized = model_load(tiny_dir, device=torch.device("cpu"), dtype=torch.float32, max_positions=1024)
+    unquantized = model_load(
+        tiny_dir, device=torch.device("cpu"), dtype=torch.float32, max_positions=1024
+    )
     base = score(unquantized, windows)
     reference = score(dense, windows, base["argmax"])
     assert row["perplexity"] == pytest.approx(reference["perplexity"], rel=5e-3)
@@ -124,12 +132,18 @@ def test_report_figures_match_a_dense_dequantized_reference(tiny_dir, windows, m
     assert row["kernels"] == [CPU_KERNELS[method]]
     assert row["bytes_ratio"] <= (0.3 if method == "int8" else 0.25)
     logits = model_logits(dense, windows[0])
-    torch.testing.assert_close(model_logits(_quantized(tiny_dir, method, group), windows[0]), logits,
-                               atol=0.05 * float(logits.abs().max()), rtol=0)
+    torch.testing.assert_close(
+        model_logits(_quantized(tiny_dir, method, group), windows[0]),
+        logits,
+        atol=0.05 * float(logits.abs().max()),
+        rtol=0,
+    )
 
 
 def _quantized(model_dir: Path, method: str, group: int) -> nn.Module:
-    model = model_load(model_dir, device=torch.device("cpu"), dtype=torch.float32, max_positions=1024)
+    model = model_load(
+        model_dir, device=torch.device("cpu"), dtype=torch.float32, max_positions=1024
+    )
     quantize_model(model, method, group_size=group)
     return model
 
@@ -137,16 +151,30 @@ def _quantized(model_dir: Path, method: str, group: int) -> nn.Module:
 def test_quantized_checkpoint_saves_as_safetensors_and_loads_quantized(tiny_dir, tmp_path, prompts):
     saved = quantized_save(tiny_dir, tmp_path / "tiny-int4", "int4", group_size=32)
     config = json.loads((saved / "config.json").read_text())
-    assert config["quantization_config"]["method"] == "int4" and config["quantization_config"]["group_size"] == 32
+    assert (
+        config["quantization_config"]["method"] == "int4"
+        and config["quantization_config"]["group_size"] == 32
+    )
     with safe_open(str(saved / "model.safetensors"), framework="pt") as f:
         assert f.get_tensor("layers.0.mlp.down_proj.qweight").dtype == torch.uint8
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     loaded = LLMEngine(EngineConfig(model=str(saved), num_kv_blocks=256))
-    at_load = LLMEngine(EngineConfig(model=str(tiny_dir), num_kv_blocks=256, quantization="int4", quantization_group_size=32))
+    at_load = LLMEngine(
+        EngineConfig(
+            model=str(tiny_dir), num_kv_blocks=256, quantization="int4", quantization_group_size=32
+        )
+    )
     assert loaded.stats()["quantization"] == "int4"
-    assert [o.token_ids for o in loaded.generate(prompts[:6], params)] == [o.token_ids for o in at_load.generate(prompts[:6], params)]
-    assert model_weight_bytes(loaded.runner.model)["linear_bytes"] < 0.2 * model_weight_bytes(
-        LLMEngine(EngineConfig(model=str(tiny_dir), num_kv_blocks=64)).runner.model)["linear_bytes"]
+    assert [o.token_ids for o in loaded.generate(prompts[:6], params)] == [
+        o.token_ids for o in at_load.generate(prompts[:6], params)
+    ]
+    assert (
+        model_weight_bytes(loaded.runner.model)["linear_bytes"]
+        < 0.2
+        * model_weight_bytes(
+            LLMEngine(EngineConfig(model=str(tiny_dir), num_kv_blocks=64)).runner.model
+        )["linear_bytes"]
+    )
     with pytest.raises(UnsupportedModel):
         LLMEngine(EngineConfig(model=str(saved), num_kv_blocks=64, quantization="int8"))
 
@@ -155,9 +183,17 @@ def test_quantized_engine_with_speculation_serves_and_frees_everything(tiny_dir,
     from tests.engine.conftest import assert_no_leaks
     from tests.engine.spec_helpers import always
 
-    engine = LLMEngine(EngineConfig(model=str(tiny_dir), num_kv_blocks=128, quantization="int8",
-                                    speculative=always("ngram", 3, prompt_lookup_min=1)))
-    outs = engine.generate(prompts, SamplingParams(max_tokens=16, temperature=0.7, seed=3, ignore_eos=True))
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(tiny_dir),
+            num_kv_blocks=128,
+            quantization="int8",
+            speculative=always("ngram", 3, prompt_lookup_min=1),
+        )
+    )
+    outs = engine.generate(
+        prompts, SamplingParams(max_tokens=16, temperature=0.7, seed=3, ignore_eos=True)
+    )
     assert all(len(o.token_ids) == 16 for o in outs)
     assert_no_leaks(engine)
 

@@ -11,7 +11,10 @@ from workers.engine.sequence import Sequence
 
 
 def _seqs(params: Params, n: int) -> list[Sequence]:
-    return [Sequence(str(i), [5], params, tenant="t", lane="standard", salt="t", arrival_time=0.0) for i in range(n)]
+    return [
+        Sequence(str(i), [5], params, tenant="t", lane="standard", salt="t", arrival_time=0.0)
+        for i in range(n)
+    ]
 
 
 def test_seeded_sampling_reproduces_whatever_the_batch(make_engine, prompts):
@@ -20,7 +23,11 @@ def test_seeded_sampling_reproduces_whatever_the_batch(make_engine, prompts):
     crowd_params = [SamplingParams(max_tokens=20, temperature=0.9, ignore_eos=True)] * 6 + [params]
     crowd = make_engine(seed=7).generate(prompts[2:8] + [prompts[8]], crowd_params)[-1].token_ids
     assert alone == crowd
-    other_seed = make_engine().generate([prompts[8]], SamplingParams(max_tokens=20, seed=43, ignore_eos=True))[0].token_ids
+    other_seed = (
+        make_engine()
+        .generate([prompts[8]], SamplingParams(max_tokens=20, seed=43, ignore_eos=True))[0]
+        .token_ids
+    )
     assert other_seed != alone
 
 
@@ -62,11 +69,11 @@ def test_top_k_and_top_p_together_and_tiny_temperature():
 
 def test_engine_top_k_tokens_are_within_hf_top_k(make_engine, hf_model, prompts):
     params = SamplingParams(max_tokens=16, temperature=2.0, top_k=3, ignore_eos=True, seed=9)
-    for p, out in zip(prompts[3:7], make_engine().generate(prompts[3:7], params)):
+    for p, out in zip(prompts[3:7], make_engine().generate(prompts[3:7], params), strict=False):
         with torch.no_grad():
             logits = hf_model(torch.tensor([p + out.token_ids])).logits[0, len(p) - 1 : -1]
         top3 = logits.topk(3).indices
-        assert all(t in row.tolist() for t, row in zip(out.token_ids, top3))
+        assert all(t in row.tolist() for t, row in zip(out.token_ids, top3, strict=False))
 
 
 def test_stop_token_ids_eos_and_max_tokens_set_finish_reasons(make_engine, prompts, hf_greedy):
@@ -74,22 +81,31 @@ def test_stop_token_ids_eos_and_max_tokens_set_finish_reasons(make_engine, promp
     ref = hf_greedy[10]
     stop_token = ref[5]
     first = ref.index(stop_token)
-    out = engine.generate([prompts[10]], SamplingParams(max_tokens=24, temperature=0, stop_token_ids=[stop_token]))[0]
+    out = engine.generate(
+        [prompts[10]], SamplingParams(max_tokens=24, temperature=0, stop_token_ids=[stop_token])
+    )[0]
     assert (out.finish_reason, out.stop_reason) == ("stop", stop_token)
     assert out.token_ids == ref[: first + 1]
     out = engine.generate([prompts[10]], SamplingParams(max_tokens=4, temperature=0))[0]
     assert (out.finish_reason, len(out.token_ids)) == ("length", 4)
-    out = engine.generate([prompts[10]], SamplingParams(max_tokens=8, temperature=0, min_tokens=8, stop_token_ids=[stop_token]))[0]
+    out = engine.generate(
+        [prompts[10]],
+        SamplingParams(max_tokens=8, temperature=0, min_tokens=8, stop_token_ids=[stop_token]),
+    )[0]
     assert len(out.token_ids) == 8 and stop_token not in out.token_ids
 
 
 def test_stop_string_truncates_text_and_is_never_streamed(make_engine):
     engine = make_engine()
-    text = engine.generate(["Hello"], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))[0].text
+    text = engine.generate(
+        ["Hello"], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    )[0].text
     stop = text[10:13]
     assert len(stop) == 3
     cut = text.index(stop)
-    rid = engine.add_request("Hello", SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, stop=[stop]))
+    rid = engine.add_request(
+        "Hello", SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, stop=[stop])
+    )
     streamed, final = "", None
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -98,7 +114,16 @@ def test_stop_string_truncates_text_and_is_never_streamed(make_engine):
                 final = out
     assert streamed == text[:cut]
     assert (final.finish_reason, final.stop_reason) == ("stop", stop)
-    with_stop = engine.generate(["Hello"], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, stop=[stop], include_stop_str_in_output=True))[0]
+    with_stop = engine.generate(
+        ["Hello"],
+        SamplingParams(
+            max_tokens=30,
+            temperature=0,
+            ignore_eos=True,
+            stop=[stop],
+            include_stop_str_in_output=True,
+        ),
+    )[0]
     assert with_stop.text == text[: cut + 3]
 
 
@@ -117,10 +142,16 @@ def test_streamed_text_equals_decoded_tokens(make_engine):
 
 def test_repetition_penalty_equals_hf(make_engine, hf_model, prompts):
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, repetition_penalty=1.3)
-    for p, out in zip(prompts[4:8], make_engine().generate(prompts[4:8], params)):
+    for p, out in zip(prompts[4:8], make_engine().generate(prompts[4:8], params), strict=False):
         ids = torch.tensor([p])
-        ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
-                                repetition_penalty=1.3, pad_token_id=0)[0, len(p):].tolist()
+        ref = hf_model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=16,
+            do_sample=False,
+            repetition_penalty=1.3,
+            pad_token_id=0,
+        )[0, len(p) :].tolist()
         assert out.token_ids == ref
 
 
@@ -137,8 +168,13 @@ def test_presence_and_frequency_penalties_shift_logits_by_output_counts():
 
 def test_logit_bias_forces_and_bans_tokens(make_engine, prompts, hf_greedy):
     engine = make_engine()
-    forced = engine.generate([prompts[5]], SamplingParams(max_tokens=5, temperature=1.0, seed=0, logit_bias={42: 100}))[0]
+    forced = engine.generate(
+        [prompts[5]], SamplingParams(max_tokens=5, temperature=1.0, seed=0, logit_bias={42: 100})
+    )[0]
     assert forced.token_ids == [42] * 5
     banned = hf_greedy[5][0]
-    out = engine.generate([prompts[5]], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logit_bias={banned: -100}))[0]
+    out = engine.generate(
+        [prompts[5]],
+        SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logit_bias={banned: -100}),
+    )[0]
     assert banned not in out.token_ids

@@ -17,7 +17,9 @@ from workers.engine.config import SpeculativeConfig
 VOCAB, TOP_K, NUM_OUT, NUM_SAMPLES = 8, 3, 4, 3000
 BLOCK_SIZE = 4
 PROMPT = [3, 1, 4, 1, 5, 6]  # 6 tokens: the first draft step feeds positions 6, 7 | 8 (a boundary)
-PARAMS = SamplingParams(max_tokens=NUM_OUT, temperature=1.0, top_k=TOP_K, ignore_eos=True, is_detokenized=False)
+PARAMS = SamplingParams(
+    max_tokens=NUM_OUT, temperature=1.0, top_k=TOP_K, ignore_eos=True, is_detokenized=False
+)
 
 
 class Reference:
@@ -41,25 +43,36 @@ class Reference:
         """P(first n output tokens) over the top-k tree."""
         out = {(): 1.0}
         for _ in range(n):
-            out = {seq + (t,): p * float(self.probs(tuple(prompt) + seq)[t])
-                   for seq, p in out.items() for t in range(VOCAB) if self.probs(tuple(prompt) + seq)[t] > 0}
+            out = {
+                seq + (t,): p * float(self.probs(tuple(prompt) + seq)[t])
+                for seq, p in out.items()
+                for t in range(VOCAB)
+                if self.probs(tuple(prompt) + seq)[t] > 0
+            }
         return out
 
 
 def chi_square_p(samples: list[tuple[int, ...]], expected: dict[tuple[int, ...], float]) -> float:
-    """p-value of Pearson's test; cells expected below 5 are pooled. A sample off the support fails."""
+    """p-value of Pearson's test; cells expected below 5 are pooled. A sample off the support
+    fails."""
     assert set(samples) <= set(expected), "a token outside the target's top-k was emitted"
-    counts = {cell: 0 for cell in expected}
+    counts = dict.fromkeys(expected, 0)
     for s in samples:
         counts[s] += 1
     n = len(samples)
     big = [c for c in expected if expected[c] * n >= 5]
     small = [c for c in expected if expected[c] * n < 5]
     observed = [counts[c] for c in big] + ([sum(counts[c] for c in small)] if small else [])
-    wanted = [expected[c] * n for c in big] + ([sum(expected[c] for c in small) * n] if small else [])
-    stat = sum((o - e) ** 2 / e for o, e in zip(observed, wanted))
+    wanted = [expected[c] * n for c in big] + (
+        [sum(expected[c] for c in small) * n] if small else []
+    )
+    stat = sum((o - e) ** 2 / e for o, e in zip(observed, wanted, strict=False))
     df = len(observed) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +86,18 @@ def toy_ref(toy_dir) -> Reference:
 
 
 def _engine(toy_dir: Path, speculative, proposer=None, *, seed: int = 0) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(toy_dir), block_size=BLOCK_SIZE, num_kv_blocks=6000, max_num_seqs=512,
-                                  max_num_batched_tokens=8192, seed=seed, speculative=speculative), proposer=proposer)
+    return LLMEngine(
+        EngineConfig(
+            model=str(toy_dir),
+            block_size=BLOCK_SIZE,
+            num_kv_blocks=6000,
+            max_num_seqs=512,
+            max_num_batched_tokens=8192,
+            seed=seed,
+            speculative=speculative,
+        ),
+        proposer=proposer,
+    )
 
 
 def _sample(engine: LLMEngine) -> list[tuple[int, ...]]:
@@ -95,7 +118,10 @@ def test_rejection_at_the_first_draft_keeps_the_distribution(toy_dir, toy_ref):
     engine = _engine(toy_dir, always("ngram", 2), ScriptedProposer(script))
     samples = _sample(engine)
     stats = engine.stats()
-    assert stats["spec_decode_num_drafts"] >= NUM_SAMPLES and stats["spec_decode_num_accepted_tokens"] == 0
+    assert (
+        stats["spec_decode_num_drafts"] >= NUM_SAMPLES
+        and stats["spec_decode_num_accepted_tokens"] == 0
+    )
     assert chi_square_p(samples, toy_ref.joint(PROMPT, NUM_OUT)) > 1e-3
 
 
@@ -105,7 +131,9 @@ def test_all_drafts_accepted_with_the_bonus_token_keeps_the_distribution(toy_dir
     stats = engine.stats()
     assert stats["spec_decode_num_drafts"] >= NUM_SAMPLES
     assert stats["spec_decode_num_accepted_tokens"] >= 0.99 * stats["spec_decode_num_draft_tokens"]
-    assert stats["spec_decode_num_accepted_tokens_per_pos"][1] > 0.9 * NUM_SAMPLES  # both drafts, then the bonus
+    assert (
+        stats["spec_decode_num_accepted_tokens_per_pos"][1] > 0.9 * NUM_SAMPLES
+    )  # both drafts, then the bonus
     assert chi_square_p(samples, toy_ref.joint(PROMPT, NUM_OUT)) > 1e-3
 
 
@@ -121,7 +149,9 @@ def test_rejection_at_a_block_boundary_keeps_the_distribution(toy_dir, toy_ref):
             p = toy_ref.probs(prefix).float()
             first = int(torch.multinomial(p, 1, generator=g))
             bad = _worst(toy_ref, prefix + (first,))
-            return [first, bad], torch.stack([p, torch.nn.functional.one_hot(torch.tensor(bad), VOCAB).float()])
+            return [first, bad], torch.stack(
+                [p, torch.nn.functional.one_hot(torch.tensor(bad), VOCAB).float()]
+            )
         return [_worst(toy_ref, prefix)] * k, None
 
     engine = _engine(toy_dir, always("ngram", 2), ScriptedProposer(script))
@@ -147,21 +177,42 @@ def test_the_chi_square_tells_the_draft_from_the_target(toy_dir, toy_ref, tmp_pa
     engine = _engine(toy_dir, always("draft", 2, model=str(draft)))
     samples = _sample(engine)
     stats = engine.stats()
-    assert 0.2 * stats["spec_decode_num_draft_tokens"] < stats["spec_decode_num_accepted_tokens"] < 0.95 * stats["spec_decode_num_draft_tokens"]
+    assert (
+        0.2 * stats["spec_decode_num_draft_tokens"]
+        < stats["spec_decode_num_accepted_tokens"]
+        < 0.95 * stats["spec_decode_num_draft_tokens"]
+    )
     assert chi_square_p(samples, toy_ref.joint(PROMPT, NUM_OUT)) > 1e-3
     draft_joint = Reference(draft).joint(PROMPT, NUM_OUT)
     target_joint = toy_ref.joint(PROMPT, NUM_OUT)
     support = set(draft_joint) & set(target_joint)
-    assert chi_square_p([s for s in samples if s in support], {c: draft_joint[c] / sum(draft_joint[d] for d in support) for c in support}) < 1e-6
+    assert (
+        chi_square_p(
+            [s for s in samples if s in support],
+            {c: draft_joint[c] / sum(draft_joint[d] for d in support) for c in support},
+        )
+        < 1e-6
+    )
 
 
 def test_seeded_requests_reproduce_whatever_the_batch_and_load(tiny_dir, prompts):
     params = SamplingParams(max_tokens=24, temperature=0.9, seed=17, ignore_eos=True)
     spec = always("draft", 3, model=str(tiny_dir))
-    alone = LLMEngine(EngineConfig(model=str(tiny_dir), num_kv_blocks=512, speculative=spec)).generate([prompts[9]], params)[0]
-    # Under load this engine would switch speculation off (batch > 1, acceptance < 0.9): not for seeded requests.
-    busy_spec = SpeculativeConfig("draft", num_speculative_tokens=3, model=str(tiny_dir), disable_by_batch_size=1, min_acceptance_rate=0.9)
-    busy = LLMEngine(EngineConfig(model=str(tiny_dir), num_kv_blocks=512, seed=5, speculative=busy_spec))
+    alone = LLMEngine(
+        EngineConfig(model=str(tiny_dir), num_kv_blocks=512, speculative=spec)
+    ).generate([prompts[9]], params)[0]
+    # Under load this engine would switch speculation off (batch > 1, acceptance < 0.9): not for
+    # seeded requests.
+    busy_spec = SpeculativeConfig(
+        "draft",
+        num_speculative_tokens=3,
+        model=str(tiny_dir),
+        disable_by_batch_size=1,
+        min_acceptance_rate=0.9,
+    )
+    busy = LLMEngine(
+        EngineConfig(model=str(tiny_dir), num_kv_blocks=512, seed=5, speculative=busy_spec)
+    )
     crowd = [SamplingParams(max_tokens=24, temperature=1.0, ignore_eos=True)] * 6 + [params]
     outs = busy.generate(prompts[2:8] + [prompts[9]], crowd)
     assert outs[-1].token_ids == alone.token_ids

@@ -17,7 +17,8 @@ METHODS = ["ngram", "draft", "draft_self"]
 
 @pytest.fixture(scope="module")
 def spec_prompts(prompts) -> list[list[int]]:
-    """32 prompts: the 16 shared ones, and 16 that repeat themselves (prompt lookup finds matches)."""
+    """32 prompts: the 16 shared ones, and 16 that repeat themselves (prompt lookup finds
+    matches)."""
     g = torch.Generator().manual_seed(99)
     repeating = []
     for n in range(16):
@@ -31,14 +32,22 @@ def spec_refs(hf_model, prompts, hf_greedy, spec_prompts) -> list[list[int]]:
     refs = list(hf_greedy)
     for p in spec_prompts[len(prompts) :]:
         ids = torch.tensor([p])
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NUM_NEW_TOKENS, do_sample=False, pad_token_id=0)
+        out = hf_model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NUM_NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
         refs.append(out[0, len(p) :].tolist())
     return refs
 
 
 @pytest.fixture(scope="module")
 def draft_dir(tiny_dir: Path, tmp_path_factory) -> Path:
-    return perturbed_copy(tiny_dir, tmp_path_factory.mktemp("draft") / "tiny-jittered", noise=0.15, seed=5)
+    return perturbed_copy(
+        tiny_dir, tmp_path_factory.mktemp("draft") / "tiny-jittered", noise=0.15, seed=5
+    )
 
 
 @pytest.fixture
@@ -56,16 +65,21 @@ def make_spec_engine(make_engine, tiny_dir, draft_dir):
 def _assert_speculated(engine, method: str) -> None:
     stats = engine.stats()
     assert stats["spec_decode_num_drafts"] > 0, "nothing was speculated"
-    accepted, drafted = stats["spec_decode_num_accepted_tokens"], stats["spec_decode_num_draft_tokens"]
+    accepted, drafted = (
+        stats["spec_decode_num_accepted_tokens"],
+        stats["spec_decode_num_draft_tokens"],
+    )
     assert accepted > 0
     if method == "draft":  # ragged: some drafts rejected, some accepted
         assert accepted < drafted
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
-def test_speculative_one_at_a_time_equals_hf(make_spec_engine, spec_prompts, spec_refs, greedy, method):
+def test_speculative_one_at_a_time_equals_hf(
+    make_spec_engine, spec_prompts, spec_refs, greedy, method
+):
     engine = make_spec_engine(method)
-    for p, ref in zip(spec_prompts, spec_refs):
+    for p, ref in zip(spec_prompts, spec_refs, strict=False):
         assert engine.generate([p], greedy)[0].token_ids == ref
     _assert_speculated(engine, method)
     assert_no_leaks(engine)
@@ -84,7 +98,9 @@ def test_speculative_batched_equals_hf(make_spec_engine, spec_prompts, spec_refs
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_speculative_with_prefix_cache_hits_equals_hf(make_spec_engine, spec_prompts, spec_refs, greedy, method):
+def test_speculative_with_prefix_cache_hits_equals_hf(
+    make_spec_engine, spec_prompts, spec_refs, greedy, method
+):
     engine = make_spec_engine(method)
     first = engine.generate(spec_prompts, greedy)
     again = engine.generate(spec_prompts, greedy)
@@ -97,8 +113,12 @@ def test_speculative_with_prefix_cache_hits_equals_hf(make_spec_engine, spec_pro
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 @pytest.mark.parametrize("budget", [7, 32])
-def test_speculative_with_chunked_prefill_equals_hf(make_spec_engine, spec_prompts, spec_refs, greedy, method, budget):
-    engine = make_spec_engine(method, max_num_batched_tokens=budget, is_prefix_caching_enabled=False)
+def test_speculative_with_chunked_prefill_equals_hf(
+    make_spec_engine, spec_prompts, spec_refs, greedy, method, budget
+):
+    engine = make_spec_engine(
+        method, max_num_batched_tokens=budget, is_prefix_caching_enabled=False
+    )
     outs = engine.generate(spec_prompts, greedy)
     assert [o.token_ids for o in outs] == spec_refs
     _assert_speculated(engine, method)
@@ -106,7 +126,9 @@ def test_speculative_with_chunked_prefill_equals_hf(make_spec_engine, spec_promp
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_speculative_under_preemption_equals_hf(make_spec_engine, spec_prompts, spec_refs, greedy, method):
+def test_speculative_under_preemption_equals_hf(
+    make_spec_engine, spec_prompts, spec_refs, greedy, method
+):
     engine = make_spec_engine(method, num_kv_blocks=48, max_num_batched_tokens=128)
     outs = engine.generate(spec_prompts, greedy)
     assert engine.stats()["num_preemptions"] > 0
@@ -115,7 +137,9 @@ def test_speculative_under_preemption_equals_hf(make_spec_engine, spec_prompts, 
     assert_no_leaks(engine)
 
 
-def test_speculative_requests_arriving_mid_run_equal_hf(make_spec_engine, spec_prompts, spec_refs, greedy):
+def test_speculative_requests_arriving_mid_run_equal_hf(
+    make_spec_engine, spec_prompts, spec_refs, greedy
+):
     engine = make_spec_engine("draft", max_num_batched_tokens=48)
     results: dict[str, list[int]] = {}
     order: dict[str, int] = {}
@@ -137,13 +161,17 @@ def test_speculative_logprobs_equal_the_targets(make_engine, make_spec_engine, s
     engine = make_spec_engine("draft")
     spec = engine.generate(spec_prompts[16:24], params)
     _assert_speculated(engine, "draft")
-    for a, b in zip(plain, spec):
+    for a, b in zip(plain, spec, strict=False):
         assert a.token_ids == b.token_ids
-        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0
+        )
         assert [set(t) for t in a.top_logprobs] == [set(t) for t in b.top_logprobs]
 
 
-def test_speculative_streams_every_token_once_with_text(make_spec_engine, spec_prompts, spec_refs, greedy):
+def test_speculative_streams_every_token_once_with_text(
+    make_spec_engine, spec_prompts, spec_refs, greedy
+):
     engine = make_spec_engine("draft_self")
     rid = engine.add_request(spec_prompts[20], greedy)
     tokens, text, sizes = [], "", []

@@ -2,6 +2,7 @@
 OpenRouter fakes, and Anthropic's SSE event sequence is checked by hand."""
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -9,11 +10,19 @@ import httpx
 import openai
 import pytest
 
-from routing.bench.fakes import (FakeProvider, content_filter, cut, rate_limit, server_error,
-                                   slow_first_byte)
+from routing.bench.fakes import (
+    FakeProvider,
+    content_filter,
+    cut,
+    rate_limit,
+    server_error,
+    slow_first_byte,
+)
 
-MESSAGES = [{"role": "system", "content": "be brief"},
-            {"role": "user", "content": [{"type": "text", "text": "hello there world"}]}]
+MESSAGES = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": [{"type": "text", "text": "hello there world"}]},
+]
 ANTHROPIC_HEADERS = {"x-api-key": "sk-fake", "anthropic-version": "2023-06-01"}
 
 
@@ -53,8 +62,9 @@ def anthropic_events(text: str) -> list[tuple[str, dict]]:
 
 def test_openai_client_reads_a_completion_with_usage():
     with FakeProvider("openai", reply_tokens=8, cached_tokens=2) as fake:
-        reply = client(fake).chat.completions.create(model="gpt-x", messages=MESSAGES,
-                                                     max_tokens=5, logprobs=True)
+        reply = client(fake).chat.completions.create(
+            model="gpt-x", messages=MESSAGES, max_tokens=5, logprobs=True
+        )
     assert reply.object == "chat.completion" and reply.model == "gpt-x"
     assert reply.choices[0].message.content == "t0 t1 t2 t3 t4 "
     assert reply.choices[0].finish_reason == "length"
@@ -68,9 +78,15 @@ def test_openai_client_reads_a_completion_with_usage():
 
 def test_openai_client_streams_with_include_usage(fake):
     fake.logprob = -0.5
-    chunks = list(client(fake).chat.completions.create(
-        model="gpt-x", messages=MESSAGES, stream=True, stream_options={"include_usage": True},
-        logprobs=True))
+    chunks = list(
+        client(fake).chat.completions.create(
+            model="gpt-x",
+            messages=MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True},
+            logprobs=True,
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "".join(f"t{i} " for i in range(8))
@@ -83,9 +99,12 @@ def test_openai_client_streams_with_include_usage(fake):
 
 
 def test_openai_stream_without_include_usage_sends_no_usage(fake):
-    with httpx.stream("POST", fake.base_url + "/chat/completions",
-                      headers={"authorization": "Bearer sk-fake"},
-                      json={"model": "m", "messages": MESSAGES, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        fake.base_url + "/chat/completions",
+        headers={"authorization": "Bearer sk-fake"},
+        json={"model": "m", "messages": MESSAGES, "stream": True},
+    ) as r:
         data = sse_data(list(r.iter_lines()))
     assert data[-1] == "[DONE]"
     assert all("usage" not in json.loads(d) for d in data[:-1])
@@ -93,10 +112,12 @@ def test_openai_stream_without_include_usage_sends_no_usage(fake):
 
 def test_openrouter_stream_has_comment_and_always_ends_with_cost(router):
     router.price_in_per_mtok_usd, router.price_out_per_mtok_usd = 3.0, 15.0
-    with httpx.stream("POST", router.base_url + "/chat/completions",
-                      headers={"authorization": "Bearer sk-fake"},
-                      json={"model": "m", "messages": MESSAGES, "stream": True,
-                            "max_tokens": 3}) as r:
+    with httpx.stream(
+        "POST",
+        router.base_url + "/chat/completions",
+        headers={"authorization": "Bearer sk-fake"},
+        json={"model": "m", "messages": MESSAGES, "stream": True, "max_tokens": 3},
+    ) as r:
         lines = [line for line in r.iter_lines() if line]
     assert lines[0] == ": OPENROUTER PROCESSING"
     data = sse_data(lines)
@@ -110,27 +131,45 @@ def test_openrouter_stream_has_comment_and_always_ends_with_cost(router):
 
 
 def test_openai_client_ignores_the_openrouter_comment(router):
-    chunks = list(client(router).chat.completions.create(model="m", messages=MESSAGES,
-                                                         stream=True))
+    chunks = list(client(router).chat.completions.create(model="m", messages=MESSAGES, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).startswith("t0 ")
     assert chunks[-1].usage.completion_tokens == 8
 
 
 def test_anthropic_stream_event_sequence_and_usage():
     with FakeProvider("anthropic", reply_tokens=3, cached_tokens=1) as claude:
-        r = httpx.post(claude.base_url + "/messages", headers=ANTHROPIC_HEADERS,
-                       json={"model": "claude-x", "max_tokens": 100, "stream": True,
-                             "system": "be brief", "messages": MESSAGES[1:]})
+        r = httpx.post(
+            claude.base_url + "/messages",
+            headers=ANTHROPIC_HEADERS,
+            json={
+                "model": "claude-x",
+                "max_tokens": 100,
+                "stream": True,
+                "system": "be brief",
+                "messages": MESSAGES[1:],
+            },
+        )
     assert r.headers["content-type"].startswith("text/event-stream")
     events = anthropic_events(r.text)
     assert [name for name, _ in events] == [
-        "message_start", "content_block_start", "ping", "content_block_delta",
-        "content_block_delta", "content_block_delta", "content_block_stop", "message_delta",
-        "message_stop"]
+        "message_start",
+        "content_block_start",
+        "ping",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     assert all(data["type"] == name for name, data in events)
     start = events[0][1]["message"]
-    assert start["usage"] == {"input_tokens": 4, "output_tokens": 1,
-                              "cache_read_input_tokens": 1, "cache_creation_input_tokens": 0}
+    assert start["usage"] == {
+        "input_tokens": 4,
+        "output_tokens": 1,
+        "cache_read_input_tokens": 1,
+        "cache_creation_input_tokens": 0,
+    }
     deltas = [data["delta"]["text"] for name, data in events if name == "content_block_delta"]
     assert "".join(deltas) == "t0 t1 t2 "
     assert events[-2][1]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
@@ -138,8 +177,11 @@ def test_anthropic_stream_event_sequence_and_usage():
 
 
 def test_anthropic_message_object(claude):
-    r = httpx.post(claude.base_url + "/messages", headers=ANTHROPIC_HEADERS,
-                   json={"model": "claude-x", "max_tokens": 2, "messages": MESSAGES[1:]})
+    r = httpx.post(
+        claude.base_url + "/messages",
+        headers=ANTHROPIC_HEADERS,
+        json={"model": "claude-x", "max_tokens": 2, "messages": MESSAGES[1:]},
+    )
     message = r.json()
     assert message["type"] == "message" and message["role"] == "assistant"
     assert message["content"] == [{"type": "text", "text": "t0 t1 "}]
@@ -149,8 +191,11 @@ def test_anthropic_message_object(claude):
 
 def test_anthropic_requires_version_and_max_tokens(claude):
     url = claude.base_url + "/messages"
-    r = httpx.post(url, headers={"x-api-key": "sk-fake"},
-                   json={"model": "m", "max_tokens": 5, "messages": MESSAGES[1:]})
+    r = httpx.post(
+        url,
+        headers={"x-api-key": "sk-fake"},
+        json={"model": "m", "max_tokens": 5, "messages": MESSAGES[1:]},
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.post(url, headers=ANTHROPIC_HEADERS, json={"model": "m", "messages": MESSAGES[1:]})
     assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
@@ -193,12 +238,17 @@ def test_server_error_and_default_behaviour(fake):
 def test_cut_stream_ends_without_done_and_counts_only_sent_tokens(router):
     router.push(cut(after=3))
     lines = []
-    with pytest.raises(httpx.RemoteProtocolError):
-        with httpx.stream("POST", router.base_url + "/chat/completions",
-                          headers={"authorization": "Bearer sk-fake"},
-                          json={"model": "m", "messages": MESSAGES, "stream": True}) as r:
-            for line in r.iter_lines():
-                lines.append(line)
+    with (
+        pytest.raises(httpx.RemoteProtocolError),
+        httpx.stream(
+            "POST",
+            router.base_url + "/chat/completions",
+            headers={"authorization": "Bearer sk-fake"},
+            json={"model": "m", "messages": MESSAGES, "stream": True},
+        ) as r,
+    ):
+        for line in r.iter_lines():
+            lines.append(line)
     data = [json.loads(d) for d in sse_data(lines)]
     assert "[DONE]" not in sse_data(lines)
     assert [c["choices"][0]["delta"].get("content") for c in data] == ["", "t0 ", "t1 ", "t2 "]
@@ -211,12 +261,17 @@ def test_cut_stream_ends_without_done_and_counts_only_sent_tokens(router):
 def test_cut_anthropic_stream_has_no_message_stop(claude):
     claude.push(cut(after=1))
     received = []
-    with pytest.raises(httpx.RemoteProtocolError):
-        with httpx.stream("POST", claude.base_url + "/messages", headers=ANTHROPIC_HEADERS,
-                          json={"model": "m", "max_tokens": 9, "stream": True,
-                                "messages": MESSAGES[1:]}) as r:
-            for text in r.iter_text():
-                received.append(text)
+    with (
+        pytest.raises(httpx.RemoteProtocolError),
+        httpx.stream(
+            "POST",
+            claude.base_url + "/messages",
+            headers=ANTHROPIC_HEADERS,
+            json={"model": "m", "max_tokens": 9, "stream": True, "messages": MESSAGES[1:]},
+        ) as r,
+    ):
+        for text in r.iter_text():
+            received.append(text)
     names = [name for name, _ in anthropic_events("".join(received))]
     assert names == ["message_start", "content_block_start", "ping", "content_block_delta"]
     assert claude.stats["completion_tokens"] == 1
@@ -231,9 +286,12 @@ def test_cut_non_streaming_drops_before_the_body(fake):
 
 def test_client_hang_up_stops_the_stream_and_is_not_ok():
     with FakeProvider("openai", reply_tokens=50, token_delay=0.02) as fake:
-        with httpx.stream("POST", fake.base_url + "/chat/completions",
-                          headers={"authorization": "Bearer sk-fake"},
-                          json={"model": "m", "messages": MESSAGES, "stream": True}) as r:
+        with httpx.stream(
+            "POST",
+            fake.base_url + "/chat/completions",
+            headers={"authorization": "Bearer sk-fake"},
+            json={"model": "m", "messages": MESSAGES, "stream": True},
+        ) as r:
             next(r.iter_lines())
         deadline = time.monotonic() + 5
         while fake.stats["in_flight"] and time.monotonic() < deadline:
@@ -257,8 +315,9 @@ def test_content_filter_is_an_anthropic_refusal(claude):
     body = {"model": "m", "max_tokens": 9, "messages": MESSAGES[1:]}
     message = httpx.post(claude.base_url + "/messages", headers=ANTHROPIC_HEADERS, json=body).json()
     assert message["stop_reason"] == "refusal" and message["content"] == []
-    r = httpx.post(claude.base_url + "/messages", headers=ANTHROPIC_HEADERS,
-                   json={**body, "stream": True})
+    r = httpx.post(
+        claude.base_url + "/messages", headers=ANTHROPIC_HEADERS, json={**body, "stream": True}
+    )
     events = anthropic_events(r.text)
     assert [name for name, _ in events] == ["message_start", "message_delta", "message_stop"]
     assert events[1][1]["delta"]["stop_reason"] == "refusal"
@@ -269,9 +328,11 @@ def test_wrong_key_is_401_in_each_shape(fake, claude):
     with pytest.raises(openai.AuthenticationError) as caught:
         openai.OpenAI(base_url=fake.base_url, api_key="sk-wrong", max_retries=0).models.list()
     assert caught.value.code == "invalid_api_key"
-    r = httpx.post(claude.base_url + "/messages",
-                   headers={**ANTHROPIC_HEADERS, "x-api-key": "sk-wrong"},
-                   json={"model": "m", "max_tokens": 5, "messages": MESSAGES[1:]})
+    r = httpx.post(
+        claude.base_url + "/messages",
+        headers={**ANTHROPIC_HEADERS, "x-api-key": "sk-wrong"},
+        json={"model": "m", "max_tokens": 5, "messages": MESSAGES[1:]},
+    )
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     assert claude.stats["by_kind"] == {"unauthorized": 1}
 
@@ -279,9 +340,12 @@ def test_wrong_key_is_401_in_each_shape(fake, claude):
 def test_slow_first_byte_delays_the_headers(fake):
     fake.push(slow_first_byte(0.4))
     started = time.monotonic()
-    with httpx.stream("POST", fake.base_url + "/chat/completions",
-                      headers={"authorization": "Bearer sk-fake"},
-                      json={"model": "m", "messages": MESSAGES, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        fake.base_url + "/chat/completions",
+        headers={"authorization": "Bearer sk-fake"},
+        json={"model": "m", "messages": MESSAGES, "stream": True},
+    ) as r:
         assert r.status_code == 200
         assert time.monotonic() - started >= 0.4
         assert sse_data(list(r.iter_lines()))[-1] == "[DONE]"
@@ -305,10 +369,8 @@ def test_arrivals_and_headers_are_recorded(fake):
     fake.push(rate_limit(), rate_limit())
     api = client(fake, max_retries=0, default_headers={"x-trace": "abc"})
     for _ in range(3):
-        try:
+        with contextlib.suppress(openai.RateLimitError):
             api.chat.completions.create(model="m", messages=MESSAGES)
-        except openai.RateLimitError:
-            pass
     assert [kind for _, kind in fake.arrivals] == ["rate_limit", "rate_limit", "ok"]
     times = [at for at, _ in fake.arrivals]
     assert times == sorted(times)
@@ -318,16 +380,27 @@ def test_arrivals_and_headers_are_recorded(fake):
 async def test_200_concurrent_streams_complete():
     with FakeProvider("openrouter", token_delay=0.05) as fake:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with httpx.AsyncClient(base_url=fake.base_url, limits=limits, timeout=30,
-                                     headers={"authorization": "Bearer sk-fake"}) as http:
+        async with httpx.AsyncClient(
+            base_url=fake.base_url,
+            limits=limits,
+            timeout=30,
+            headers={"authorization": "Bearer sk-fake"},
+        ) as http:
+
             async def one(i: int) -> str:
-                body = {"model": "m", "stream": True,
-                        "messages": [{"role": "user", "content": f"request {i}"}]}
+                body = {
+                    "model": "m",
+                    "stream": True,
+                    "messages": [{"role": "user", "content": f"request {i}"}],
+                }
                 async with http.stream("POST", "/chat/completions", json=body) as r:
                     data = sse_data([line async for line in r.aiter_lines()])
                 assert data[-1] == "[DONE]"
-                return "".join(c["choices"][0]["delta"].get("content", "")
-                               for c in map(json.loads, data[:-1]) if c["choices"])
+                return "".join(
+                    c["choices"][0]["delta"].get("content", "")
+                    for c in map(json.loads, data[:-1])
+                    if c["choices"]
+                )
 
             texts = await asyncio.gather(*(one(i) for i in range(200)))
         stats = fake.stats

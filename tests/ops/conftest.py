@@ -5,12 +5,7 @@ import uuid
 
 import pytest
 
-# The portal's browser fixtures (Debian's chromium, one Playwright per module) and the
-# routing tests' model, key and budget.
-from tests.portal.conftest import (  # noqa: F401  (fixtures)
-    browser, browser_context_args, browser_type, browser_type_launch_args, launch_browser,
-    playwright,
-)
+# The routing tests' model, key and budget.
 from tests.routing.conftest import budget, key, tiny  # noqa: F401  (fixtures)
 
 

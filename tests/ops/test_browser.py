@@ -3,7 +3,6 @@ the site and /v1 on the test database: an operator watches the figures move whil
 use the API with the official openai client; people who are not staff are refused. Pages are
 saved under var/screenshots/ops/."""
 
-import os
 import re
 import threading
 import uuid
@@ -20,7 +19,7 @@ from tenants.services.tenancy import agent_create, member_add, tenant_create
 from tests.conftest import ROOT, child_env
 from tests.routing.conftest import PRICES
 from tests.servers import AsgiServer
-from workers.registry import model_register
+from workers.serving.registration import model_register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SHOTS = ROOT / "var" / "screenshots" / "ops"
@@ -29,31 +28,27 @@ SHOTS = ROOT / "var" / "screenshots" / "ops"
 @pytest.fixture(scope="module")
 def live(django_db_setup, django_db_blocker):
     # Its own Redis namespace: counts other tests' servers shared there are not this one's.
-    server = AsgiServer(child_env(FAIRLANE_ENGINE_MODE="embedded", FAIRLANE_OPS_POLL_SECONDS="1",
-                                  FAIRLANE_ALERT_SWEEP_SECONDS="2",
-                                  FAIRLANE_QUEUE_NAMESPACE=f"ops{uuid.uuid4().hex[:8]}-"))
+    server = AsgiServer(
+        child_env(
+            FAIRLANE_ENGINE_MODE="embedded",
+            FAIRLANE_OPS_POLL_SECONDS="1",
+            FAIRLANE_ALERT_SWEEP_SECONDS="2",
+            FAIRLANE_QUEUE_NAMESPACE=f"ops{uuid.uuid4().hex[:8]}-",
+        )
+    )
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _orm_beside_playwright():
-    """Playwright's sync API keeps an event loop in this thread while it lives; the test's
-    own ORM calls are plain blocking calls between browser steps."""
-    saved = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    yield
-    if saved is None:
-        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    else:
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = saved
 
 
 @pytest.fixture(autouse=True)
 def _no_csp_violations(page: Page):
     refused = []
-    page.on("console", lambda message: refused.append(message.text)
-            if "Content Security Policy" in message.text else None)
+    page.on(
+        "console",
+        lambda message: (
+            refused.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
     yield
     assert not refused, refused
 
@@ -94,18 +89,22 @@ def test_an_operator_sees_the_figures_move_under_load(live, acme, make_user, pag
 
     client = openai.OpenAI(api_key=key, base_url=live.url + "/v1", max_retries=0)
     for _ in range(3):
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
-                                       max_tokens=8)
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=8
+        )
     # the panels poll every second (spend every three): the figures follow, no reload
     expect(local.locator("[data-figure=attempts-5m]")).to_have_text("3", timeout=15_000)
     expect(page.locator("[data-figure=requests-hour]")).to_have_text("3", timeout=15_000)
-    expect(page.locator("tr[data-route='embedded/tiny'] [data-figure=route-requests]")) \
-        .to_have_text("3")
+    expect(
+        page.locator("tr[data-route='embedded/tiny'] [data-figure=route-requests]")
+    ).to_have_text("3")
     expect(page.locator("li[data-model=tiny] .badge").first).to_have_text("serving")
     # the chart of spend per backend and model is drawn again in each refreshed panel
-    page.wait_for_function("() => { const c = document.querySelector('#panel-spend canvas');"
-                           " return c && c._chart && c._chart.data.labels.length === 1; }",
-                           timeout=15_000)
+    page.wait_for_function(
+        "() => { const c = document.querySelector('#panel-spend canvas');"
+        " return c && c._chart && c._chart.data.labels.length === 1; }",
+        timeout=15_000,
+    )
 
     # a long answer on the slower model: while it streams, it is in flight and running
     done = threading.Event()
@@ -113,8 +112,12 @@ def test_an_operator_sees_the_figures_move_under_load(live, acme, make_user, pag
     def long_answer():
         try:
             stream = client.chat.completions.create(
-                model="small", messages=[{"role": "user", "content": "Tell a long story"}],
-                max_tokens=400, stream=True, extra_body={"min_tokens": 400})
+                model="small",
+                messages=[{"role": "user", "content": "Tell a long story"}],
+                max_tokens=400,
+                stream=True,
+                extra_body={"min_tokens": 400},
+            )
             for _ in stream:
                 pass
         finally:
@@ -135,14 +138,18 @@ def test_an_operator_sees_the_figures_move_under_load(live, acme, make_user, pag
     budget_update(budget=budget, limit_microcents=1)
     alerts = page.locator("#panel-alerts")
     expect(alerts.locator("tr[data-alert='acme/threshold:100']")).to_contain_text(
-        "budget_crossed", timeout=20_000)
+        "budget_crossed", timeout=20_000
+    )
     expect(alerts.locator("tr[data-alert='acme/threshold:100']")).to_contain_text(
-        "email delivered", timeout=20_000)
+        "email delivered", timeout=20_000
+    )
     expect(alerts.locator("tr[data-alert]")).to_have_count(3)  # 50, 80 and 100 %, once each
-    expect(page.locator("tr[data-budget='acme/writer']")).to_contain_text("$0.00000001",
-                                                                         timeout=15_000)
+    expect(page.locator("tr[data-budget='acme/writer']")).to_contain_text(
+        "$0.00000001", timeout=15_000
+    )
     expect(alerts.locator("tr[data-alert='acme/threshold:80']")).to_contain_text(
-        re.compile(r"reached 80 % \(\$0\.\d+ of \$0\.00000001;"))
+        re.compile(r"reached 80 % \(\$0\.\d+ of \$0\.00000001;")
+    )
     shot(page, "dashboard-alerts")
 
     page.get_by_role("link", name="acme").first.click()
@@ -153,7 +160,8 @@ def test_an_operator_sees_the_figures_move_under_load(live, acme, make_user, pag
     # a request looked up by the x-request-id its client got: its steps, each timed
     budget_update(budget=budget, limit_microcents=10**8)
     raw = client.chat.completions.with_raw_response.create(
-        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=8
+    )
     request_id = raw.headers["x-request-id"]
     page.get_by_role("link", name="Requests").click()
     page.get_by_label("Request id").fill(request_id)

@@ -16,15 +16,18 @@ from routing.metrics import ATTEMPTS_BY_MINUTE, ROUTE_ATTEMPTS
 from routing.models import Backend
 from tenants.models import AlertDestination, AlertEvent, Role
 from tenants.services.alerts import alert_destination_add
-from tenants.services.budgets import Usage, budget_create, budget_reserve, budget_settle
-from workers.registry import model_get
-from workers.transport import queue_for, redis_sync
+from tenants.services.budgets import budget_create, budget_reserve
+from tenants.services.ledger import Usage, budget_settle
+from workers.serving.catalog import model_get
+from workers.transport import queue_for
 
 pytestmark = pytest.mark.django_db
-PAGES = [("ops:dashboard", {}), ("ops:alerts", {}), ("ops:tenant", {"slug": "acme"}),
-         ("ops:requests", {})] + [
-    ("ops:panel", {"name": name}) for name in ("backends", "queue", "workers", "spend",
-                                               "alerts")]
+PAGES = [
+    ("ops:dashboard", {}),
+    ("ops:alerts", {}),
+    ("ops:tenant", {"slug": "acme"}),
+    ("ops:requests", {}),
+] + [("ops:panel", {"name": name}) for name in ("backends", "queue", "workers", "spend", "alerts")]
 
 
 def signed_in(user) -> Client:
@@ -36,46 +39,54 @@ def signed_in(user) -> Client:
 def spend(tenant, agent, amount: int, *, model: str = "tiny", backend: str = "local") -> None:
     request_id = uuid.uuid4().hex
     budget_reserve(tenant=tenant, agent=agent, amount_microcents=amount, request_id=request_id)
-    budget_settle(tenant=tenant, request_id=request_id, cost_microcents=amount,
-                  usage=Usage(backend=backend, model=model, prompt_tokens=5,
-                              completion_tokens=7))
+    budget_settle(
+        tenant=tenant,
+        request_id=request_id,
+        cost_microcents=amount,
+        usage=Usage(backend=backend, model=model, prompt_tokens=5, completion_tokens=7),
+    )
 
 
 def test_visitors_are_sent_to_sign_in_and_non_staff_are_refused(tenant, member_of, staff):
     for name, kwargs in PAGES:
         response = Client().get(reverse(name, kwargs=kwargs))
         assert response.status_code == 302 and response["Location"].startswith(
-            "/portal/login/?next=/ops/"), name
+            "/portal/login/?next=/ops/"
+        ), name
     owner = tenant.memberships.get(role=Role.OWNER).user
     for user in (owner, member_of(tenant, Role.ADMIN)):
         client = signed_in(user)
         for name, kwargs in PAGES:
             assert client.get(reverse(name, kwargs=kwargs)).status_code == 403, name
-        response = client.post(reverse("ops:alert_destination_add"),
-                               {"kind": "email", "target": "x@acme.example"})
+        response = client.post(
+            reverse("ops:alert_destination_add"), {"kind": "email", "target": "x@acme.example"}
+        )
         assert response.status_code == 403
     destination, _ = alert_destination_add(tenant=None, kind="email", target="noc@example.org")
-    response = signed_in(owner).post(reverse("ops:alert_destination_remove",
-                                             kwargs={"destination_id": destination.pk}))
+    response = signed_in(owner).post(
+        reverse("ops:alert_destination_remove", kwargs={"destination_id": destination.pk})
+    )
     assert response.status_code == 403
-    assert list(AlertDestination.objects.values_list("target", flat=True)) == [
-        "noc@example.org"]
+    assert list(AlertDestination.objects.values_list("target", flat=True)) == ["noc@example.org"]
     assert signed_in(staff).get(reverse("ops:dashboard")).status_code == 200
 
 
 def test_the_queue_panel_shows_depth_per_lane_and_tenant_with_the_oldest_wait(
-        settings, namespace, tiny, tenant, other_tenant, staff):
-    settings.FAIRLANE_ENGINE_MODE = "celery"
+    settings, namespace, tiny, tenant, other_tenant, staff, distributed
+):
     settings.FAIRLANE_MAX_QUEUE_PER_LANE = 8
-    queue = queue_for(redis_sync(), "tiny")
+    queue = queue_for(distributed.redis, "tiny")
     try:
         for i in range(3):
-            queue.enqueue(id=f"a{i}", tenant=str(tenant.pk), lane="standard", weight=1, cost=4,
-                          payload={})
-        queue.enqueue(id="g0", tenant=str(other_tenant.pk), lane="bulk", weight=1, cost=4,
-                      payload={})
-        queue.enqueue(id="g1", tenant=str(other_tenant.pk), lane="bulk", weight=1, cost=4,
-                      payload={})
+            queue.enqueue(
+                id=f"a{i}", tenant=str(tenant.pk), lane="standard", weight=1, cost=4, payload={}
+            )
+        queue.enqueue(
+            id="g0", tenant=str(other_tenant.pk), lane="bulk", weight=1, cost=4, payload={}
+        )
+        queue.enqueue(
+            id="g1", tenant=str(other_tenant.pk), lane="bulk", weight=1, cost=4, payload={}
+        )
         page = signed_in(staff).get(reverse("ops:panel", kwargs={"name": "queue"}))
         html = page.content.decode()
         assert page.status_code == 200
@@ -92,12 +103,8 @@ def test_the_queue_panel_shows_depth_per_lane_and_tenant_with_the_oldest_wait(
         queue.clear()
 
 
-def test_the_workers_panel_shows_this_processs_engine_and_its_models_state(settings, tiny,
-                                                                           staff):
-    from workers.host import host_get
-
-    settings.FAIRLANE_ENGINE_MODE = "embedded"
-    host_get().load(model_get(name="tiny"))
+def test_the_workers_panel_shows_this_processs_engine_and_its_models_state(tiny, staff, embedded):
+    embedded.engine_host.load(model_get(name="tiny"))
     html = signed_in(staff).get(reverse("ops:panel", kwargs={"name": "workers"})).content.decode()
     assert 'data-worker="embedded" data-engine="tiny"' in html
     assert '<td data-figure="running">0</td>' in html
@@ -105,30 +112,35 @@ def test_the_workers_panel_shows_this_processs_engine_and_its_models_state(setti
     assert "verified" in html or "unsigned" in html  # its last check before the load
 
 
-def test_the_backends_panel_adds_up_error_rates_and_shows_health(staff, namespace):
-    Backend.objects.create(name="remote-a", kind="openai_compatible",
-                           base_url="http://127.0.0.1:9", health="offline",
-                           health_detail="connection refused")
-    ATTEMPTS_BY_MINUTE.clear()
+def test_the_backends_panel_adds_up_error_rates_and_shows_health(staff, namespace, distributed):
+    Backend.objects.create(
+        name="remote-a",
+        kind="openai_compatible",
+        base_url="http://127.0.0.1:9",
+        health="offline",
+        health_detail="connection refused",
+    )
+    ATTEMPTS_BY_MINUTE.clear(distributed.redis)
     for outcome in ("failed", "failed", "rate_limited", "ok", "budget"):
         ROUTE_ATTEMPTS.labels("remote-a", outcome).inc()
     html = signed_in(staff).get(reverse("ops:panel", kwargs={"name": "backends"})).content.decode()
-    row = html[html.index('data-backend="remote-a"'):]
-    row = row[:row.index("</tr>")]
+    row = html[html.index('data-backend="remote-a"') :]
+    row = row[: row.index("</tr>")]
     assert "health-offline" in row and "75.0 %" in row  # 3 of 4 that reached it
     assert '<span data-figure="attempts-5m">4</span>' in row
     assert 'data-backend="local"' in html
 
 
-def test_the_spend_panel_adds_up_the_ledger_across_tenants(tenant, agent, other_tenant,
-                                                           other_agent, staff):
+def test_the_spend_panel_adds_up_the_ledger_across_tenants(
+    tenant, agent, other_tenant, other_agent, staff
+):
     budget_create(tenant=tenant, agent=agent, limit_microcents=1_000)
     spend(tenant, agent, 900, model="tiny")
     spend(other_tenant, other_agent, 250_000_000, model="gpt", backend="openrouter")
     html = signed_in(staff).get(reverse("ops:panel", kwargs={"name": "spend"})).content.decode()
     assert '<strong data-figure="requests-day">2</strong>' in html
     assert '<strong data-figure="spend-day">$2.50</strong>' in html
-    top = html[html.index("Top spenders"):]
+    top = html[html.index("Top spenders") :]
     assert top.index("globex</a> · support-bot") < top.index("acme</a> · support-bot")
     assert 'data-route="openrouter/gpt"' in html and 'data-route="local/tiny"' in html
     assert 'data-budget="acme/support-bot"' in html and "90 %" in html
@@ -136,26 +148,40 @@ def test_the_spend_panel_adds_up_the_ledger_across_tenants(tenant, agent, other_
 
 
 def test_a_tenants_page_shows_its_agents_against_their_budgets_and_its_alerts(
-        tenant, agent, staff, django_capture_on_commit_callbacks):
+    tenant, agent, staff, django_capture_on_commit_callbacks
+):
     budget_create(tenant=tenant, agent=agent, limit_microcents=1_000)
     with django_capture_on_commit_callbacks(execute=True):
         spend(tenant, agent, 850)
     html = signed_in(staff).get(reverse("ops:tenant", kwargs={"slug": "acme"})).content.decode()
     assert 'data-owner="support-bot"' in html and "85 %" in html
     assert 'data-alert="acme/threshold:80"' in html
-    assert signed_in(staff).get(reverse("ops:tenant", kwargs={"slug": "nope"})).status_code \
-        == 404
+    assert signed_in(staff).get(reverse("ops:tenant", kwargs={"slug": "nope"})).status_code == 404
 
 
 def test_the_alerts_panel_lists_what_fired_for_whom_with_delivery_status(tenant, agent, staff):
     event = AlertEvent.objects.create(
-        tenant=tenant, agent=agent, event="budget_crossed", rule="threshold:100",
-        period="daily", window_start=timezone.now(), window_end=timezone.now() + timedelta(1),
-        spent_microcents=10, limit_microcents=10, message="Agent support-bot's budget is spent",
-        created_at=timezone.now())
-    event.deliveries.create(tenant=tenant, kind="webhook", target="https://h.example/x",
-                            status="failed", attempts=8, next_attempt_at=timezone.now(),
-                            log=[{"ok": False, "status": 500, "error": "HTTP 500"}])
+        tenant=tenant,
+        agent=agent,
+        event="budget_crossed",
+        rule="threshold:100",
+        period="daily",
+        window_start=timezone.now(),
+        window_end=timezone.now() + timedelta(1),
+        spent_microcents=10,
+        limit_microcents=10,
+        message="Agent support-bot's budget is spent",
+        created_at=timezone.now(),
+    )
+    event.deliveries.create(
+        tenant=tenant,
+        kind="webhook",
+        target="https://h.example/x",
+        status="failed",
+        attempts=8,
+        next_attempt_at=timezone.now(),
+        log=[{"ok": False, "status": 500, "error": "HTTP 500"}],
+    )
     html = signed_in(staff).get(reverse("ops:panel", kwargs={"name": "alerts"})).content.decode()
     assert 'data-alert="acme/threshold:100"' in html and "budget_crossed" in html
     assert "webhook failed" in html and "8 attempts" in html and "HTTP 500" in html
@@ -164,47 +190,76 @@ def test_the_alerts_panel_lists_what_fired_for_whom_with_delivery_status(tenant,
 def test_staff_set_the_platforms_destinations_and_see_a_webhook_secret_once(staff, settings):
     settings.FAIRLANE_ALERT_WEBHOOK_ALLOW_PRIVATE = False
     client = signed_in(staff)
-    response = client.post(reverse("ops:alert_destination_add"),
-                           {"kind": "webhook", "target": "https://93.184.215.14/noc"})
+    response = client.post(
+        reverse("ops:alert_destination_add"),
+        {"kind": "webhook", "target": "https://93.184.215.14/noc"},
+    )
     assert response.status_code == 201 and "no-store" in response["Cache-Control"]
     secret = response.context["secret"]
     assert secret in response.content.decode()
-    response = client.post(reverse("ops:alert_destination_add"),
-                           {"kind": "webhook", "target": "http://10.0.0.8/noc"})
-    assert response.status_code == 400 and "not a public address" in response.content.decode()
+    response = client.post(
+        reverse("ops:alert_destination_add"), {"kind": "webhook", "target": "http://10.0.0.8/noc"}
+    )
+    assert response.status_code == 400
+    assert "not on a public address" in response.content.decode()
     page = client.get(reverse("ops:alerts")).content.decode()
     assert "https://93.184.215.14/noc" in page and secret not in page
     destination = AlertDestination.objects.get()
     assert destination.tenant is None
-    response = client.post(reverse("ops:alert_destination_remove",
-                                   kwargs={"destination_id": destination.pk}))
+    response = client.post(
+        reverse("ops:alert_destination_remove", kwargs={"destination_id": destination.pk})
+    )
     assert response.status_code == 302 and not AlertDestination.objects.exists()
     csrf = Client(enforce_csrf_checks=True)
     csrf.force_login(staff)
-    assert csrf.post(reverse("ops:alert_destination_add"),
-                     {"kind": "email", "target": "a@b.example"}).status_code == 403
+    assert (
+        csrf.post(
+            reverse("ops:alert_destination_add"), {"kind": "email", "target": "a@b.example"}
+        ).status_code
+        == 403
+    )
 
 
 def test_a_request_is_looked_up_by_its_id_or_its_trace_with_each_steps_duration(
-        tenant, agent, other_tenant, other_agent, staff):
+    tenant, agent, other_tenant, other_agent, staff
+):
     trace = uuid.uuid4().hex
     t0 = timezone.now().timestamp() - 2
-    line = {"received": t0, "admitted": t0 + 0.004, "queued": t0 + 0.005, "lane": "realtime",
-            "position": 3, "taken": t0 + 0.250, "worker": "gpu-7", "first_token": t0 + 0.300,
-            "last_token": t0 + 1.300}
+    line = {
+        "received": t0,
+        "admitted": t0 + 0.004,
+        "queued": t0 + 0.005,
+        "lane": "realtime",
+        "position": 3,
+        "taken": t0 + 0.250,
+        "worker": "gpu-7",
+        "first_token": t0 + 0.300,
+        "last_token": t0 + 1.300,
+    }
     ids = []
     for who, where in ((tenant, agent), (other_tenant, other_agent)):  # one trace, 2 tenants
         request_id = uuid.uuid4().hex
         budget_reserve(tenant=who, agent=where, amount_microcents=10, request_id=request_id)
-        budget_settle(tenant=who, request_id=request_id, cost_microcents=10,
-                      usage=Usage(backend="local", model="tiny", trace_id=trace, timeline=line))
+        budget_settle(
+            tenant=who,
+            request_id=request_id,
+            cost_microcents=10,
+            usage=Usage(backend="local", model="tiny", trace_id=trace, timeline=line),
+        )
         ids.append(request_id)
     client = signed_in(staff)
     page = client.get(reverse("ops:requests"), {"q": ids[0]}).content.decode()
     assert page.count('data-request="') == 1 and ids[0] in page and trace in page
     steps = [s.split('"')[0] for s in page.split('data-step="')[1:]]
-    assert steps == ["received", "admitted", "queued", "taken", "first_token", "last_token",
-                     "settled"]
+    assert steps == [
+        "received",
+        "admitted",
+        "queued",
+        "taken",
+        "first_token",
+        "last_token",
+        "settled",
+    ]
     assert "realtime lane, position 3" in page and "by worker gpu-7" in page
     assert "245.0 ms" in page and "1000.0 ms" in page  # queued -> taken; first -> last token
     # The trace id finds both of its requests, whichever tenant they belong to.

@@ -25,11 +25,28 @@ class Workers(Process):
     def __init__(self, multiproc_dir, namespace: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = child_env(FAIRLANE_ENGINE_MODE="embedded", FAIRLANE_QUEUE_NAMESPACE=namespace,
-                        PROMETHEUS_MULTIPROC_DIR=str(multiproc_dir))
-        super().__init__([sys.executable, "-m", "uvicorn", "asgi:application", "--port",
-                          str(self.port), "--workers", "2", "--lifespan", "off",
-                          "--no-access-log"], env, "asgi-workers")
+        env = child_env(
+            FAIRLANE_ENGINE_MODE="embedded",
+            FAIRLANE_QUEUE_NAMESPACE=namespace,
+            PROMETHEUS_MULTIPROC_DIR=str(multiproc_dir),
+        )
+        super().__init__(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "asgi:application",
+                "--port",
+                str(self.port),
+                "--workers",
+                "2",
+                "--lifespan",
+                "off",
+                "--no-access-log",
+            ],
+            env,
+            "asgi-workers",
+        )
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             try:
@@ -45,7 +62,7 @@ class Workers(Process):
 
 def value(text: str, series: str) -> float:
     """A series' value; a label written `version=*` matches any version."""
-    pattern = re.escape(series).replace(re.escape('version=*'), 'version="[^"]*"')
+    pattern = re.escape(series).replace(re.escape("version=*"), 'version="[^"]*"')
     match = re.search(rf"^{pattern} (\S+)$", text, re.M)
     assert match, f"{series} not in /metrics"
     return float(match.group(1))
@@ -54,13 +71,15 @@ def value(text: str, series: str) -> float:
 def models_requests(url: str, key: str, count: int) -> None:
     """`count` GET /v1/models, each on a new connection (so both workers get some)."""
     for _ in range(count):
-        response = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}",
-                                                          "Connection": "close"})
+        response = httpx.get(
+            url + "/v1/models", headers={"Authorization": f"Bearer {key}", "Connection": "close"}
+        )
         assert response.status_code == 200
 
 
-def test_two_workers_serve_100_requests_and_metrics_reports_100(tmp_path, key, budget, tenant,
-                                                                namespace):
+def test_two_workers_serve_100_requests_and_metrics_reports_100(
+    tmp_path, key, budget, tenant, namespace
+):
     multiproc = tmp_path / "prometheus"
     series = 'fairlane_api_requests_total{endpoint="models",status="200"}'
     first = Workers(multiproc, namespace)
@@ -69,7 +88,9 @@ def test_two_workers_serve_100_requests_and_metrics_reports_100(tmp_path, key, b
         assert value(httpx.get(first.url + "/metrics").text, series) == 30
     finally:
         first.stop()
-    server = Workers(multiproc, namespace)  # a new run of the deployment: the directory starts empty
+    server = Workers(
+        multiproc, namespace
+    )  # a new run of the deployment: the directory starts empty
     try:
         models_requests(server.url, key, 100)
         pids = {p.stem.rsplit("_", 1)[1] for p in multiproc.glob("counter_*.db")}
@@ -81,8 +102,13 @@ def test_two_workers_serve_100_requests_and_metrics_reports_100(tmp_path, key, b
         client = openai.OpenAI(api_key=key, base_url=server.url + "/v1", max_retries=0)
         for _ in range(4):
             stream = client.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
-                temperature=0, stream=True, extra_body={"min_tokens": 8})
+                model="tiny",
+                messages=[{"role": "user", "content": "Hi"}],
+                max_tokens=8,
+                temperature=0,
+                stream=True,
+                extra_body={"min_tokens": 8},
+            )
             assert len([c for c in stream if c.choices and c.choices[0].delta.content]) > 1
         text = httpx.get(server.url + "/metrics").text
         labels = '{backend="local",model="tiny",version=*}'
@@ -92,8 +118,11 @@ def test_two_workers_serve_100_requests_and_metrics_reports_100(tmp_path, key, b
         time.sleep(2.5)  # spend is added to Redis every 2 s by each process
         spent = UsageRecord.objects.filter(tenant=tenant).aggregate(s=Sum("cost_microcents"))
         text = httpx.get(server.url + "/metrics").text
-        assert value(text, f'fairlane_tenant_spend_microcents_total{{tenant="{tenant.slug}"}}') \
-            == spent["s"] > 0
+        assert (
+            value(text, f'fairlane_tenant_spend_microcents_total{{tenant="{tenant.slug}"}}')
+            == spent["s"]
+            > 0
+        )
         assert "fairlane_queue_depth" in text and "fairlane_backend_registry_readable 1.0" in text
     finally:
         server.stop()

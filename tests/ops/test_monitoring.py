@@ -18,26 +18,39 @@ from routing.overload import load_admit
 from tenants.errors import Overloaded
 from tenants.services.alerts import alert_deliveries_send_due, alert_destination_add
 from tenants.services.alerts.evaluate import rules_cache_clear
-from tenants.services.budgets import Usage, budget_create, budget_reserve, budget_settle
+from tenants.services.budgets import budget_create, budget_reserve
+from tenants.services.ledger import Usage, budget_settle
 from tests.conftest import ROOT
-from workers.events import Tokens
-from workers.metrics import verify_failure_count
-from workers.registry import model_get
-from workers.request_times import request_times_observe
-from workers.transport import queue_for, redis_sync
+from workers.serving.catalog import model_get
+from workers.serving.events import Tokens
+from workers.serving.request_times import request_times_observe
+from workers.transport import queue_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 RULES = ROOT / "deploy" / "prometheus" / "fairlane-rules.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "fairlane-dashboard.json"
 METRIC = re.compile(r"\b(fairlane_[a-z0-9_]+)\b")
 SUFFIXES = ("_bucket", "_count", "_sum", "_total")
-FUNCTIONS = {"sum", "min", "max", "rate", "increase", "histogram_quantile", "by", "without",
-             "offset", "and", "or", "unless"}
+FUNCTIONS = {
+    "sum",
+    "min",
+    "max",
+    "rate",
+    "increase",
+    "histogram_quantile",
+    "by",
+    "without",
+    "offset",
+    "and",
+    "or",
+    "unless",
+}
 
 
 def rules() -> list[dict]:
-    return [rule for group in yaml.safe_load(RULES.read_text())["groups"]
-            for rule in group["rules"]]
+    return [
+        rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
+    ]
 
 
 def dashboard_targets() -> list[dict]:
@@ -86,24 +99,34 @@ def scrape(client) -> dict[str, set[str]]:
 
 
 @pytest.fixture
-def activity(tenant, agent, tiny, settings, django_capture_on_commit_callbacks, namespace):
+def activity(
+    tenant,
+    agent,
+    tiny,
+    settings,
+    django_capture_on_commit_callbacks,
+    namespace,
+    embedded,
+    distributed_runtime,
+):
     """What a working deployment has done by the time Prometheus scrapes it."""
-    from workers.host import host_get
-
     rules_cache_clear()
-    settings.FAIRLANE_ENGINE_MODE = "embedded"
-    settings.FAIRLANE_ALERTS_IN_PROCESS = True  # as the embedded mode has it: no Celery
-    host_get().load(model_get(name="tiny"))
+    embedded.engine_host.load(model_get(name="tiny"))
     budget_create(tenant=tenant, agent=agent, limit_microcents=1_000)
     alert_destination_add(tenant=tenant, kind="email", target="ops@acme.example")
     with django_capture_on_commit_callbacks(execute=True):
         request_id = uuid.uuid4().hex
         budget_reserve(tenant=tenant, agent=agent, amount_microcents=900, request_id=request_id)
-        budget_settle(tenant=tenant, request_id=request_id, cost_microcents=900,
-                      usage=Usage(backend="local", model="tiny"))
+        budget_settle(
+            tenant=tenant,
+            request_id=request_id,
+            cost_microcents=900,
+            usage=Usage(backend="local", model="tiny"),
+        )
     assert alert_deliveries_send_due() == 2
-    Backend.objects.create(name="remote-a", kind="openai_compatible",
-                           base_url="http://127.0.0.1:9", health="live")
+    Backend.objects.create(
+        name="remote-a", kind="openai_compatible", base_url="http://127.0.0.1:9", health="live"
+    )
     assert breakers.begin("remote-a")
     breakers.success("remote-a", 12.0)
     breakers.end("remote-a")
@@ -113,30 +136,41 @@ def activity(tenant, agent, tiny, settings, django_capture_on_commit_callbacks, 
     for _ in range(3):
         timer.see(Tokens(choice=0, text="a", token_ids=(1,)))
     timer.done()
-    verify_failure_count(model="tiny", reason="unsigned")
-    request_times_observe({"queued": 1.0, "lane": "standard", "taken": 1.2,
-                           "first_token": 1.25, "last_token": 1.45}, model="tiny",
-                          output_tokens=5)
+    embedded.pool.verify_failure_count(model="tiny", reason="unsigned")
+    request_times_observe(
+        {"queued": 1.0, "lane": "standard", "taken": 1.2, "first_token": 1.25, "last_token": 1.45},
+        model="tiny",
+        output_tokens=5,
+    )
     # The fair queue in Redis, two thirds full: a bulk request is shed (brownout).
-    settings.FAIRLANE_ENGINE_MODE, settings.FAIRLANE_MAX_QUEUE_PER_LANE = "celery", 3
-    queue = queue_for(redis_sync(), "tiny")
+    settings.FAIRLANE_MAX_QUEUE_PER_LANE = 3
+    queue = queue_for(distributed_runtime.redis, "tiny")
     for i in range(2):
-        queue.enqueue(id=f"q{i}", tenant=str(tenant.pk), lane="standard", weight=1, cost=4,
-                      payload={})
+        queue.enqueue(
+            id=f"q{i}", tenant=str(tenant.pk), lane="standard", weight=1, cost=4, payload={}
+        )
     with pytest.raises(Overloaded):
-        load_admit(info=model_get(name="tiny"), lane="bulk", tenant=str(tenant.pk),
-                   max_tokens=16)
-    settings.FAIRLANE_ENGINE_MODE = "embedded"
+        load_admit(
+            pool=distributed_runtime.pool,
+            info=model_get(name="tiny"),
+            lane="bulk",
+            tenant=str(tenant.pk),
+            max_tokens=16,
+        )
     yield
     queue.clear()
 
 
 def test_every_metric_the_rules_and_dashboard_query_is_exported_with_its_labels(
-        client, activity, settings):
+    client, activity, distributed_runtime
+):
+    from routing.runtimes import runtime_using
+
     assert client.get("/v1/models").status_code == 401  # a /v1 request, counted
     exported = scrape(client)
-    settings.FAIRLANE_ENGINE_MODE = "celery"  # the fair queue's figures come from Redis
-    for name, labels in scrape(client).items():
+    with runtime_using(distributed_runtime):  # the fair queue's figures come from Redis
+        distributed = scrape(client)
+    for name, labels in distributed.items():
         exported.setdefault(name, set()).update(labels)
     for expr in expressions():
         used = set(METRIC.findall(expr))
@@ -146,8 +180,15 @@ def test_every_metric_the_rules_and_dashboard_query_is_exported_with_its_labels(
             assert name in exported, f"{name} (in {expr!r}) is not in /metrics"
             base = next((name.removesuffix(s) for s in SUFFIXES if name.endswith(s)), name)
             carried |= exported[name] | exported.get(base, set())
-        selected = {m for block in re.findall(r"\{([^}]*)\}", expr)
-                    for m in re.findall(r"([a-z_]+)\s*=~?", block)}
-        grouped = {label.strip() for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr)
-                   for label in group.split(",") if label.strip()}
+        selected = {
+            m
+            for block in re.findall(r"\{([^}]*)\}", expr)
+            for m in re.findall(r"([a-z_]+)\s*=~?", block)
+        }
+        grouped = {
+            label.strip()
+            for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr)
+            for label in group.split(",")
+            if label.strip()
+        }
         assert selected | grouped <= carried, (expr, (selected | grouped) - carried)

@@ -14,8 +14,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from routing.bench.fakes import FakeProvider
 from routing.backend_store import agent_routing_set, backend_model_set, backend_register
+from routing.bench.fakes import FakeProvider
 from tenants.models import Scope, UsageRecord
 from tenants.services.keys import api_key_create
 from tenants.services.tenancy import agent_create
@@ -66,8 +66,11 @@ class Collector:
 @pytest.fixture(scope="module")
 def traced(django_db_setup, django_db_blocker):
     collector = Collector()
-    env = distributed_env(FAIRLANE_TRACING="otlp", OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=collector.url,
-                          OTEL_BSP_SCHEDULE_DELAY="100")
+    env = distributed_env(
+        FAIRLANE_TRACING="otlp",
+        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=collector.url,
+        OTEL_BSP_SCHEDULE_DELAY="100",
+    )
     worker = CeleryWorker(env)
     server = AsgiServer(env)
     yield server, worker, collector
@@ -78,9 +81,17 @@ def traced(django_db_setup, django_db_blocker):
 
 def _chat(server, key: str, **extra) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}", **extra.pop("headers", {})}
-    return httpx.post(server.url + "/v1/chat/completions", headers=headers, timeout=60, json={
-        "model": extra.pop("model", "tiny"), "max_tokens": 6, **extra,
-        "messages": [{"role": "user", "content": "hello"}]})
+    return httpx.post(
+        server.url + "/v1/chat/completions",
+        headers=headers,
+        timeout=60,
+        json={
+            "model": extra.pop("model", "tiny"),
+            "max_tokens": 6,
+            **extra,
+            "messages": [{"role": "user", "content": "hello"}],
+        },
+    )
 
 
 def test_a_callers_trace_reaches_the_worker_the_ledger_and_the_collector(traced, key):
@@ -104,13 +115,20 @@ def test_a_callers_trace_reaches_the_worker_the_ledger_and_the_collector(traced,
     page = client.get("/ops/requests/", {"q": request_id}).content.decode()
     assert [s.split('"')[0] for s in page.split('data-step="')[1:]] == [*STEPS, "settled"]
     # The worker's log line about it names the trace and the request.
-    wait_for(lambda: f"[trace={TRACE} request={request_id}]" in worker.output(),
-             what="the worker's log line")
+    wait_for(
+        lambda: f"[trace={TRACE} request={request_id}]" in worker.output(),
+        what="the worker's log line",
+    )
     # Spans of one trace from both processes: the API's under the caller's span, the worker's
     # and the settlement's under the API's.
-    spans = wait_for(lambda: (found := collector.of(TRACE)) and {
-        "POST /v1/chat/completions", "fairlane.generate", "fairlane.settle"} <= set(found)
-        and found, what="spans at the collector")
+    spans = wait_for(
+        lambda: (
+            (found := collector.of(TRACE))
+            and {"POST /v1/chat/completions", "fairlane.generate", "fairlane.settle"} <= set(found)
+            and found
+        ),
+        what="spans at the collector",
+    )
     api = spans["POST /v1/chat/completions"][0]
     assert api.parent_span_id.hex() == "00f067aa0ba902b7"
     assert spans["fairlane.generate"][0].parent_span_id == api.span_id
@@ -119,18 +137,26 @@ def test_a_callers_trace_reaches_the_worker_the_ledger_and_the_collector(traced,
 
 def test_a_request_without_a_trace_gets_one_and_a_malformed_one_is_replaced(traced, key):
     server, _, collector = traced
-    for headers in ({}, {"traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01"},
-                    {"traceparent": "garbage"}):
+    for headers in (
+        {},
+        {"traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01"},
+        {"traceparent": "garbage"},
+    ):
         response = _chat(server, key, headers=headers, stream=True)
         assert response.status_code == 200, response.text
         trace_id = response.headers["x-fairlane-trace-id"]
         assert len(trace_id) == 32 and set(trace_id) != {"0"}
-        record = wait_for(lambda: UsageRecord.objects.filter(
-            request_id=response.headers["x-request-id"]).first())
+        record = wait_for(
+            lambda response=response: UsageRecord.objects.filter(
+                request_id=response.headers["x-request-id"]
+            ).first()
+        )
         assert record.trace_id == trace_id and record.trace_id != TRACE
         # The streamed answer's server span ends with its stream.
-        wait_for(lambda: "POST /v1/chat/completions" in collector.of(trace_id),
-                 what="the streamed request's span")
+        wait_for(
+            lambda trace_id=trace_id: "POST /v1/chat/completions" in collector.of(trace_id),
+            what="the streamed request's span",
+        )
 
 
 @pytest.mark.parametrize("kind", ["openai_compatible", "openai"])
@@ -140,27 +166,35 @@ def test_a_remote_backends_answer_has_its_timeline_and_span(traced, tenant, kind
     server, _, collector = traced
     fake = FakeProvider("openai", reply_tokens=4).start()
     try:
-        backend = backend_register(name=f"remote-{uuid.uuid4().hex[:6]}", kind=kind,
-                                   base_url=fake.url, credential=fake.api_key)
+        backend = backend_register(
+            name=f"remote-{uuid.uuid4().hex[:6]}",
+            kind=kind,
+            base_url=fake.url,
+            credential=fake.api_key,
+        )
         backend_model_set(backend=backend, model="m", upstream_name="fake-model")
         agent = agent_create(tenant=tenant, name=f"remote-bot-{kind}")
         agent_routing_set(agent=agent, chain=[backend.name])
         key = api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])[1]
         trace = uuid.uuid4().hex
-        response = _chat(server, key, model="m",
-                         headers={"traceparent": f"00-{trace}-1111111111111111-01"})
+        response = _chat(
+            server, key, model="m", headers={"traceparent": f"00-{trace}-1111111111111111-01"}
+        )
         sent = dict(fake.last_headers)
     finally:
         fake.stop()
     assert response.status_code == 200, response.text
-    record = wait_for(lambda: UsageRecord.objects.filter(
-        request_id=response.headers["x-request-id"]).first())
+    record = wait_for(
+        lambda: UsageRecord.objects.filter(request_id=response.headers["x-request-id"]).first()
+    )
     line = record.timeline
     assert record.trace_id == trace and line["backend"] == backend.name and "queued" not in line
     times = [line[s] for s in ("received", "admitted", "taken", "first_token", "last_token")]
     assert times == sorted(times), line
-    spans = wait_for(lambda: (found := collector.of(trace)) and "fairlane.upstream" in found
-                     and found, what="the upstream span")
+    spans = wait_for(
+        lambda: (found := collector.of(trace)) and "fairlane.upstream" in found and found,
+        what="the upstream span",
+    )
     upstream = spans["fairlane.upstream"][0]
     assert upstream.parent_span_id == spans["POST /v1/chat/completions"][0].span_id
     if kind == "openai":
@@ -178,9 +212,11 @@ def _histogram_count(text: str, name: str, labels: str) -> int:
 
 def test_engine_side_times_from_the_worker_add_up_in_the_apis_metrics(traced, key):
     server = traced[0]
-    series = [("fairlane_engine_time_to_first_token_seconds", 'model="tiny"'),
-              ("fairlane_engine_time_per_output_token_seconds", 'model="tiny"'),
-              ("fairlane_queue_wait_seconds", 'lane="standard",model="tiny"')]
+    series = [
+        ("fairlane_engine_time_to_first_token_seconds", 'model="tiny"'),
+        ("fairlane_engine_time_per_output_token_seconds", 'model="tiny"'),
+        ("fairlane_queue_wait_seconds", 'lane="standard",model="tiny"'),
+    ]
 
     def counts() -> list[int]:
         text = httpx.get(server.url + "/metrics").text

@@ -33,7 +33,7 @@ generation.allow-x00 = false
 "path.member_id" = {member}
 
 # DELETE on a key revokes it and on an agent deactivates it: both stay readable (the ledger
-# and the audit point at them; an agent can be reactivated), as the README says. Those two
+# and the audit point at them; an agent can be reactivated), as docs/api.md says. Those two
 # are tested in every phase but the stateful one, whose use-after-free check expects a 404.
 [[operations]]
 include-method = "DELETE"
@@ -52,7 +52,11 @@ def test_the_schema_generates_with_error_responses_and_pages(client_for):
     tenants = schema["paths"]["/api/tenants/"]["get"]["responses"]
     page = tenants["200"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
     assert set(schema["components"]["schemas"][page]["properties"]) == {
-        "count", "next", "previous", "results"}
+        "count",
+        "next",
+        "previous",
+        "results",
+    }
     for path, operations in schema["paths"].items():
         for method, operation in operations.items():
             assert {"400", "401", "403", "404"} <= set(operation["responses"]), (method, path)
@@ -64,24 +68,49 @@ def test_schemathesis_finds_nothing(tenant, agent, owner, make_user, tmp_path):
     writer = agent_create(tenant=tenant, name="writer")
     budget = budget_create(tenant=tenant, agent=writer, limit_microcents=10**9)
     budget_create(tenant=tenant, agent=None, limit_microcents=10**10)
-    member = member_add(tenant=tenant, user=make_user("mia"), role=Role.MEMBER,
-                        actor_role=Role.OWNER)
-    other, _ = api_key_create(tenant=tenant, agent=writer, name="other",
-                              scopes=[Scope.INFERENCE])
-    _, key = api_key_create(tenant=tenant, agent=agent, name="schemathesis",
-                            scopes=list(Scope.values))
+    member = member_add(
+        tenant=tenant, user=make_user("mia"), role=Role.MEMBER, actor_role=Role.OWNER
+    )
+    other, _ = api_key_create(tenant=tenant, agent=writer, name="other", scopes=[Scope.INFERENCE])
+    _, key = api_key_create(
+        tenant=tenant, agent=agent, name="schemathesis", scopes=list(Scope.values)
+    )
     config = tmp_path / "schemathesis.toml"
-    config.write_text(CONFIG.format(slug=tenant.slug, agent=writer.pk, key=other.pk,
-                                    budget=budget.pk, member=member.pk))
+    config.write_text(
+        CONFIG.format(
+            slug=tenant.slug, agent=writer.pk, key=other.pk, budget=budget.pk, member=member.pk
+        )
+    )
     server = AsgiServer(child_env(FAIRLANE_ENGINE_MODE="embedded"))
     try:
         result = subprocess.run(
-            [str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(config),
-             "run", f"{server.url}/api/schema/?format=json", "--url", server.url,
-             "--checks", "all", "--seed", str(SEED), "--max-examples", str(MAX_EXAMPLES),
-             "--workers", "1", "--no-color", "--request-timeout", "30",
-             "--header", f"Authorization: Bearer {key}"],
-            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+            [
+                str(Path(sys.executable).parent / "schemathesis"),
+                "--config-file",
+                str(config),
+                "run",
+                f"{server.url}/api/schema/?format=json",
+                "--url",
+                server.url,
+                "--checks",
+                "all",
+                "--seed",
+                str(SEED),
+                "--max-examples",
+                str(MAX_EXAMPLES),
+                "--workers",
+                "1",
+                "--no-color",
+                "--request-timeout",
+                "30",
+                "--header",
+                f"Authorization: Bearer {key}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
     finally:
         server.stop()
     output = result.stdout + result.stderr

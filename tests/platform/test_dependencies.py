@@ -105,13 +105,17 @@ def test_every_runtime_import_is_declared_in_requirements_txt():
     problems = undeclared_imports(requirement_lines(ROOT / "requirements.txt"))
     assert not problems, (
         "runtime code imports modules that requirements.txt does not provide (add the "
-        f"distribution, pinned): {problems}")
+        f"distribution, pinned): {problems}"
+    )
 
 
 def test_the_check_fails_when_a_runtime_dependency_is_removed():
     """The check has teeth: without numpy's line, numpy's importers are named."""
-    requirements = [r for r in requirement_lines(ROOT / "requirements.txt")
-                    if canonicalize_name(r.name) != "numpy"]
+    requirements = [
+        r
+        for r in requirement_lines(ROOT / "requirements.txt")
+        if canonicalize_name(r.name) != "numpy"
+    ]
     problems = undeclared_imports(requirements)
     assert "numpy" in problems
     assert any(f.startswith(("routing/", "workers/")) for f in problems["numpy"])

@@ -16,11 +16,10 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import child_env
+from tests.conftest import child_env, workers_live
 from tests.routing.conftest import PRICES
 from tests.servers import Process, free_port
-from workers.registry import model_register
-from workers.worker import workers_live
+from workers.serving.registration import model_register
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -42,7 +41,9 @@ def build_context() -> Path:
 def test_every_file_the_dockerfile_copies_or_installs_exists():
     context = build_context()
     assert context == ROOT
-    assert (context / COMPOSE["x-fairlane"]["build"]["dockerfile"]).resolve() == DEPLOY / "Dockerfile"
+    assert (
+        context / COMPOSE["x-fairlane"]["build"]["dockerfile"]
+    ).resolve() == DEPLOY / "Dockerfile"
     checked = 0
     for instruction, args in dockerfile_instructions():
         if instruction in ("COPY", "ADD"):
@@ -64,6 +65,7 @@ def test_every_file_the_dockerfile_copies_or_installs_exists():
 
 def _interpolate(value: str, environ: dict) -> str:
     """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error}."""
+
     def one(match: re.Match) -> str:
         name, op, arg = match.group(1), match.group(2), match.group(3)
         if environ.get(name):
@@ -71,6 +73,7 @@ def _interpolate(value: str, environ: dict) -> str:
         if op == ":?":
             raise AssertionError(f"compose needs {name}: {arg}")
         return arg or ""
+
     return re.sub(r"\$\{(\w+)(:-|:\?)?([^}]*)\}", one, value)
 
 
@@ -103,8 +106,9 @@ def service_command(service: str) -> list[str]:
 
 @pytest.fixture
 def deploy_env(transactional_db, tmp_path):
-    env = child_env(FAIRLANE_HEARTBEAT_SECONDS="1",
-                    FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-")
+    env = child_env(
+        FAIRLANE_HEARTBEAT_SECONDS="1", FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-"
+    )
     for leaked in ("FAIRLANE_ENGINE_MODE", "FAIRLANE_WORKER_MODELS"):
         env.pop(leaked, None)
     # Beat's first due task comes after one interval: make it one second.
@@ -120,14 +124,19 @@ def start(service: str, env: dict, *, replace: dict | None = None) -> Process:
 
 
 def test_compose_migrate_and_api_commands_do_their_jobs(deploy_env, tmp_path):
-    migrate = start("migrate", compose_env("migrate", test_env=deploy_env) | {
-        "FAIRLANE_DATA_DIR": str(tmp_path)})
+    migrate = start(
+        "migrate",
+        compose_env("migrate", test_env=deploy_env) | {"FAIRLANE_DATA_DIR": str(tmp_path)},
+    )
     assert migrate.proc.wait(timeout=120) == 0, migrate.output()
     migrate.log.close()
 
     port = free_port()
-    api = start("api", compose_env("api", test_env=deploy_env) | {"FAIRLANE_DATA_DIR": str(tmp_path)},
-                replace={"0.0.0.0": "127.0.0.1", "8000": str(port)})
+    api = start(
+        "api",
+        compose_env("api", test_env=deploy_env) | {"FAIRLANE_DATA_DIR": str(tmp_path)},
+        replace={"0.0.0.0": "127.0.0.1", "8000": str(port)},
+    )
     try:
         ready = _wait_http(f"http://127.0.0.1:{port}/readyz", api)
         assert ready.json() == {"status": "ok", "checks": {"database": "ok", "redis": "ok"}}
@@ -136,7 +145,8 @@ def test_compose_migrate_and_api_commands_do_their_jobs(deploy_env, tmp_path):
 
 
 def test_compose_worker_hosts_the_model_and_serves_a_request_through_the_api(
-        deploy_env, tmp_path, tenant, agent):
+    deploy_env, tmp_path, tenant, agent
+):
     from tenants.models import Scope
     from tenants.services.keys import api_key_create
 
@@ -145,8 +155,11 @@ def test_compose_worker_hosts_the_model_and_serves_a_request_through_the_api(
     env = compose_env("worker", test_env=deploy_env) | {"FAIRLANE_DATA_DIR": str(tmp_path)}
     worker = start("worker", env)
     port = free_port()
-    api = start("api", compose_env("api", test_env=deploy_env) | {"FAIRLANE_DATA_DIR": str(tmp_path)},
-                replace={"0.0.0.0": "127.0.0.1", "8000": str(port)})
+    api = start(
+        "api",
+        compose_env("api", test_env=deploy_env) | {"FAIRLANE_DATA_DIR": str(tmp_path)},
+        replace={"0.0.0.0": "127.0.0.1", "8000": str(port)},
+    )
     try:
         deadline = time.monotonic() + 120  # the worker's start-up: load the model, heartbeat
         while not any("tiny" in w["models"] for w in workers_live()):
@@ -154,10 +167,16 @@ def test_compose_worker_hosts_the_model_and_serves_a_request_through_the_api(
             assert worker.proc.poll() is None, worker.output()[-3000:]
             time.sleep(0.5)
         _wait_http(f"http://127.0.0.1:{port}/readyz", api)
-        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
-                            headers={"Authorization": f"Bearer {key}"},
-                            json={"model": "tiny", "max_tokens": 4,
-                                  "messages": [{"role": "user", "content": "hi"}]})
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            timeout=60,
+            headers={"Authorization": f"Bearer {key}"},
+            json={
+                "model": "tiny",
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
         assert answer.status_code == 200, answer.text
         assert answer.json()["usage"]["completion_tokens"] >= 1
         assert answer.headers["x-fairlane-backend"]  # the local pool: no remote is registered

@@ -27,13 +27,19 @@ def test_platform_dir_is_a_source_root_whose_modules_shadow_nothing_installed():
 
 def test_a_new_users_imports_work_with_the_documented_pythonpath():
     """What broke when platform/ was a package: uuid, torch and the Celery app import fine."""
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
-           "DJANGO_SETTINGS_MODULE": "settings"}
-    code = ("import platform, uuid, torch, celery_app; "
-            "print(platform.system(), uuid.uuid4().version, torch.tensor([1]).item(), "
-            "celery_app.app.main)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
+        "DJANGO_SETTINGS_MODULE": "settings",
+    }
+    code = (
+        "import platform, uuid, torch, celery_app; "
+        "print(platform.system(), uuid.uuid4().version, torch.tensor([1]).item(), "
+        "celery_app.app.main)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [platform_system(), "4", "1", "fairlane"]
 

@@ -14,8 +14,13 @@ pytestmark = pytest.mark.django_db
 
 def _connect() -> psycopg.Connection:
     db = settings.DATABASES["default"]
-    return psycopg.connect(host=db["HOST"] or None, port=db["PORT"] or None, user=db["USER"],
-                           dbname=db["NAME"], autocommit=True)
+    return psycopg.connect(
+        host=db["HOST"] or None,
+        port=db["PORT"] or None,
+        user=db["USER"],
+        dbname=db["NAME"],
+        autocommit=True,
+    )
 
 
 def test_a_quiet_connection_is_checked_without_a_round_trip():

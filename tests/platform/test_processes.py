@@ -34,13 +34,30 @@ def free_port() -> int:
 def make_run(tmp_path):
     """`make run` on a free port with its own data directory: no PostgreSQL, no Redis."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "PYTHONPATH",
-                        "SECRET_KEY", "MAKEFLAGS", "MAKELEVEL"}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {
+            "DATABASE_URL",
+            "REDIS_URL",
+            "DJANGO_SETTINGS_MODULE",
+            "PYTHONPATH",
+            "SECRET_KEY",
+            "MAKEFLAGS",
+            "MAKELEVEL",
+        }
+    }
     env.update(FAIRLANE_DATA_DIR=str(tmp_path / "var"), STATIC_ROOT=str(tmp_path / "static"))
-    process = subprocess.Popen(["make", "--no-print-directory", "run", f"PORT={port}"], cwd=ROOT,
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
+    process = subprocess.Popen(
+        ["make", "--no-print-directory", "run", f"PORT={port}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     output = []
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -71,8 +88,9 @@ def test_make_run_serves_the_embedded_mode_and_its_printed_key_works(make_run):
         tenants = http.get("/api/tenants/", headers={"Authorization": f"Bearer {key}"})
         assert tenants.status_code == 200
         assert [t["slug"] for t in tenants.json()["results"]] == ["demo"]
-        budgets = http.get("/api/tenants/demo/budgets/",
-                           headers={"Authorization": f"Bearer {key}"}).json()["results"]
+        budgets = http.get(
+            "/api/tenants/demo/budgets/", headers={"Authorization": f"Bearer {key}"}
+        ).json()["results"]
         assert sorted(b["limit_microcents"] for b in budgets) == [500_000_000, 5_000_000_000]
         refused = http.get("/api/tenants/", headers={"Authorization": f"Bearer {key}x"})
         assert refused.status_code == 401 and refused.json()["error"]["code"] == "authentication"
@@ -80,6 +98,10 @@ def test_make_run_serves_the_embedded_mode_and_its_printed_key_works(make_run):
         assert login.status_code == 200 and "csrfmiddlewaretoken" in login.text
         assert http.get("/static/admin/css/base.css").status_code == 200
         assert http.get("/api/docs/").status_code == 200
+        icon = http.get("/favicon.ico", follow_redirects=True)  # issue 28: it was a 404
+        assert icon.status_code == 200 and icon.content[:4] == b"\x00\x00\x01\x00"
+        # The embedded mode's /metrics answers on loopback without a token (issue 28).
+        assert http.get("/metrics").status_code == 200
 
 
 @pytest.fixture
@@ -88,9 +110,28 @@ def celery_worker(subprocess_env):
 
     celery_app.app.control.purge()
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-P", "solo",
-         "--without-gossip", "--without-mingle", "-l", "info", "-n", f"test-{uuid.uuid4().hex[:6]}"],
-        cwd=ROOT, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "celery_app",
+            "worker",
+            "-P",
+            "solo",
+            "--without-gossip",
+            "--without-mingle",
+            "-l",
+            "info",
+            "-n",
+            f"test-{uuid.uuid4().hex[:6]}",
+        ],
+        cwd=ROOT,
+        env=subprocess_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         line = process.stdout.readline()
@@ -108,8 +149,9 @@ def test_celery_worker_process_releases_stale_reservations(tenant, agent, celery
 
     budget = budget_create(tenant=tenant, agent=agent, limit_microcents=1000)
     long_ago = timezone.now() - timedelta(seconds=settings.FAIRLANE_RESERVATION_TTL_SECONDS + 5)
-    budget_reserve(tenant=tenant, agent=agent, amount_microcents=700, request_id="stale",
-                   now=long_ago)
+    budget_reserve(
+        tenant=tenant, agent=agent, amount_microcents=700, request_id="stale", now=long_ago
+    )
     budget_reserve(tenant=tenant, agent=agent, amount_microcents=200, request_id="fresh")
 
     assert budget_reservations_expire.delay().get(timeout=60) == 1
@@ -154,11 +196,21 @@ print(won, budget_window_status(budget=budget).reserved_microcents)
 
 
 def test_budget_reservations_are_exact_on_sqlite_too(tmp_path):
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
-           "DJANGO_SETTINGS_MODULE": "settings", "FAIRLANE_DATA_DIR": str(tmp_path)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
+        "DJANGO_SETTINGS_MODULE": "settings",
+        "FAIRLANE_DATA_DIR": str(tmp_path),
+    }
     env.pop("DATABASE_URL")
     env.pop("REDIS_URL")
-    out = subprocess.run([sys.executable, "-c", SQLITE_RACE], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", SQLITE_RACE],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["33", "990"]  # floor(1000 / 30) of 128 attempts

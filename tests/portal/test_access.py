@@ -8,15 +8,39 @@ from django.urls import reverse
 
 from tenants.models import Agent, ApiKey, Budget, Membership, Role, Tenant
 from tenants.services.budgets import budget_create
-from tenants.services.keys import api_key_create
 
-PAGES = ["overview", "overview_figures", "agents", "agent_create", "agent_edit",
-         "agent_routing", "budgets", "keys", "usage", "usage_csv", "usage_request", "members",
-         "playground"]
-ACTIONS = ["agent_create", "agent_edit", "agent_deactivate", "tenant_budget_set", "key_create",
-           "key_rotate", "key_revoke", "member_add", "member_role", "member_remove",
-           "playground_key"]
-ADMIN_PAGES = {"agent_create", "agent_edit"}
+PAGES = [
+    "overview",
+    "overview_figures",
+    "agents",
+    "agent_create",
+    "agent_edit",
+    "agent_routing",
+    "budgets",
+    "keys",
+    "usage",
+    "usage_csv",
+    "usage_request",
+    "members",
+    "member_remove",
+    "playground",
+]
+ACTIONS = [
+    "agent_create",
+    "agent_edit",
+    "agent_deactivate",
+    "tenant_budget_set",
+    "key_create",
+    "key_rotate",
+    "key_revoke",
+    "member_add",
+    "member_role",
+    "member_remove",
+    "member_keys_policy",
+    "playground_key",
+]
+# Pages whose GET needs the admin role (member_remove's says which keys a removal stops).
+ADMIN_PAGES = {"agent_create", "agent_edit", "member_remove"}
 
 
 @pytest.fixture
@@ -24,8 +48,12 @@ def things(tenant, agent, api_key, member_of):
     """One of everything in Acme, for URLs that name an agent, key, member or request."""
     budget_create(tenant=tenant, agent=agent, limit_microcents=10**8)
     viewer = member_of(tenant, Role.VIEWER, "vic")
-    return {"agent_id": agent.pk, "key_id": api_key[0].pk,
-            "member_id": Membership.objects.get(user=viewer).pk, "request_id": "req-1"}
+    return {
+        "agent_id": agent.pk,
+        "key_id": api_key[0].pk,
+        "member_id": Membership.objects.get(user=viewer).pk,
+        "request_id": "req-1",
+    }
 
 
 def url(name: str, slug: str, things: dict) -> str:
@@ -47,20 +75,28 @@ def _ids(name: str, things: dict) -> dict:
 
 
 def _snapshot() -> tuple:
-    return (list(Agent.objects.values_list("name", "is_active", "description")),
-            list(ApiKey.objects.values_list("key_id", "revoked_at", "expires_at")),
-            list(Budget.objects.values_list("agent_id", "limit_microcents", "period")),
-            list(Membership.objects.values_list("user_id", "role")),
-            list(Tenant.objects.values_list("slug", "status")))
+    return (
+        list(Agent.objects.values_list("name", "is_active", "description")),
+        list(ApiKey.objects.values_list("key_id", "revoked_at", "expires_at")),
+        list(Budget.objects.values_list("agent_id", "limit_microcents", "period")),
+        list(Membership.objects.values_list("user_id", "role")),
+        list(Tenant.objects.values_list("slug", "status")),
+    )
 
 
-POST_DATA = {"name": "x-agent", "budget_period": "daily", "budget_limit_usd": "1",
-             "agent": "", "scopes": ["inference"], "grace_seconds": "0", "username": "oscar",
-             "role": "viewer"}
+POST_DATA = {
+    "name": "x-agent",
+    "budget_period": "daily",
+    "budget_limit_usd": "1",
+    "agent": "",
+    "scopes": ["inference"],
+    "grace_seconds": "0",
+    "username": "oscar",
+    "role": "viewer",
+}
 
 
-def test_every_portal_url_is_a_404_to_a_member_of_another_tenant(things, other_tenant,
-                                                                  other_owner):
+def test_every_portal_url_is_a_404_to_a_member_of_another_tenant(things, other_tenant, other_owner):
     client = Client()
     client.force_login(other_owner)  # owner of Globex, a stranger to Acme
     before = _snapshot()
@@ -89,8 +125,12 @@ def test_a_viewer_sees_every_page_but_every_action_is_refused(things, portal_cli
         expected = 403 if name in ADMIN_PAGES else (404 if name == "usage_request" else 200)
         assert client.get(url(name, "acme", things)).status_code == expected, name
     for name in ACTIONS:
-        assert client.post(url(name, "acme", things),
-                           {**POST_DATA, "agent": str(things["agent_id"])}).status_code == 403, name
+        assert (
+            client.post(
+                url(name, "acme", things), {**POST_DATA, "agent": str(things["agent_id"])}
+            ).status_code
+            == 403
+        ), name
     assert _snapshot() == before
     page = client.get(url("keys", "acme", things)).content.decode()
     assert "Create key" not in page and "Revoke" not in page and "Rotate" not in page
@@ -99,8 +139,16 @@ def test_a_viewer_sees_every_page_but_every_action_is_refused(things, portal_cli
 def test_a_member_manages_keys_but_not_agents_budgets_or_members(things, portal_client):
     client, _ = portal_client(Role.MEMBER)
     before = _snapshot()
-    for name in ["agent_create", "agent_edit", "agent_deactivate", "tenant_budget_set",
-                 "member_add", "member_role", "member_remove"]:
+    for name in [
+        "agent_create",
+        "agent_edit",
+        "agent_deactivate",
+        "tenant_budget_set",
+        "member_add",
+        "member_role",
+        "member_remove",
+        "member_keys_policy",
+    ]:
         assert client.post(url(name, "acme", things), POST_DATA).status_code == 403, name
     assert _snapshot() == before
     page = client.get(url("agents", "acme", things)).content.decode()
@@ -119,8 +167,12 @@ def test_every_form_needs_its_csrf_token(things, portal_client):
     before = _snapshot()
     for name in ACTIONS:
         assert client.post(url(name, "acme", things), POST_DATA).status_code == 403, name
-    assert Client(enforce_csrf_checks=True).post(
-        "/portal/login/", {"username": "olivia", "password": "pw-olivia"}).status_code == 403
+    assert (
+        Client(enforce_csrf_checks=True)
+        .post("/portal/login/", {"username": "olivia", "password": "pw-olivia"})
+        .status_code
+        == 403
+    )
     assert _snapshot() == before
 
 
@@ -134,8 +186,9 @@ def test_a_suspended_tenant_reads_but_refuses_every_write(things, tenant, portal
     overview = client.get(url("overview", "acme", things)).content.decode()
     assert "suspended" in overview and "read-only" in overview
     for name in ACTIONS:
-        response = client.post(url(name, "acme", things),
-                               {**POST_DATA, "agent": str(things["agent_id"])})
+        response = client.post(
+            url(name, "acme", things), {**POST_DATA, "agent": str(things["agent_id"])}
+        )
         assert response.status_code == 403, name
         assert b"suspended" in response.content
     assert _snapshot() == before

@@ -3,7 +3,6 @@ HTTP and the websocket, on the test database), with the official openai client i
 test: the issue's whole story, a viewer, a stranger, and an exhausted budget. Each page is
 saved as a screenshot under var/screenshots/portal/."""
 
-import os
 import re
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from tenants.services.tenancy import agent_create, member_add, tenant_create
 from tests.conftest import ROOT, child_env
 from tests.routing.conftest import PRICES
 from tests.servers import AsgiServer
-from workers.registry import model_register
+from workers.serving.registration import model_register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SHOTS = ROOT / "var" / "screenshots" / "portal"
@@ -33,26 +32,17 @@ def live(django_db_setup, django_db_blocker):
     server.stop()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _orm_beside_playwright():
-    """Playwright's sync API keeps an event loop in this thread while it lives (this
-    module); the test's own ORM calls are plain blocking calls between browser steps."""
-    saved = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    yield
-    if saved is None:
-        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    else:
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = saved
-
-
 @pytest.fixture(autouse=True)
 def _no_csp_violations(page: Page):
     """Every page works under its Content-Security-Policy: the browser reports no script,
     style or connection it refused."""
     refused = []
-    page.on("console", lambda message: refused.append(message.text)
-            if "Content Security Policy" in message.text else None)
+    page.on(
+        "console",
+        lambda message: (
+            refused.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
     yield
     assert not refused, refused
 
@@ -85,7 +75,12 @@ def sign_in(page: Page, live, username: str) -> None:
 
 
 def nav(page: Page, name: str) -> None:
-    page.get_by_role("navigation", name="Main").get_by_role("link", name=name).click()
+    """Follow a main navigation link, and wait until its page has loaded (a check made while
+    the old page unloads finds no document)."""
+    link = page.get_by_role("navigation", name="Main").get_by_role("link", name=name)
+    href = link.get_attribute("href") or ""
+    link.click()
+    page.wait_for_url(lambda url: url.split("?")[0].endswith(href.split("?")[0]))
 
 
 def test_the_members_story_from_sign_in_to_a_revoked_key(live, acme, make_user, page: Page):
@@ -137,7 +132,8 @@ def test_the_members_story_from_sign_in_to_a_revoked_key(live, acme, make_user, 
     # the official client uses it
     client = openai.OpenAI(base_url=live.url + "/v1", api_key=plain, max_retries=0)
     answer = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8)
+        model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8
+    )
     request_id = answer.id.removeprefix("chatcmpl-")
     record = UsageRecord.objects.get(request_id=request_id)
     assert record.completion_tokens == answer.usage.completion_tokens > 0
@@ -149,8 +145,10 @@ def test_the_members_story_from_sign_in_to_a_revoked_key(live, acme, make_user, 
     page.get_by_label("Split by").select_option("key")
     page.get_by_role("button", name="Apply").click()
     assert "split=key" in page.url  # filters live in the URL
-    drawn = page.evaluate("() => { const c = document.querySelector('canvas[data-chart]')._chart;"
-                          " return c.data.datasets.map(d => [d.label, d.data.reduce((a, b) => a + b, 0)]); }")
+    drawn = page.evaluate(
+        "() => { const c = document.querySelector('canvas[data-chart]')._chart;"
+        " return c.data.datasets.map(d => [d.label, d.data.reduce((a, b) => a + b, 0)]); }"
+    )
     assert drawn == [[prefix, record.cost_microcents / 100_000_000]]
     shot(page, "usage")
     with page.expect_download() as download:  # streamed by the ASGI server, filters kept
@@ -164,6 +162,11 @@ def test_the_members_story_from_sign_in_to_a_revoked_key(live, acme, make_user, 
     page.get_by_label("Agent").select_option(label="writer")
     expect(page.locator("#pg-status")).to_have_text("Ready.")
     page.get_by_label("Model").select_option("tiny")
+    # Max tokens is bounded by the model's context, less one prompt token (issue 28).
+    from workers.serving.catalog import model_context_length, model_get
+
+    context = model_context_length(model_get(name="tiny"))
+    expect(page.get_by_label("Max tokens")).to_have_attribute("max", str(context - 1))
     page.get_by_label("Max tokens").fill("12")
     page.get_by_label("Message").fill("Tell me a story")
     page.get_by_role("button", name="Send").click()
@@ -171,7 +174,9 @@ def test_the_members_story_from_sign_in_to_a_revoked_key(live, acme, make_user, 
     expect(stats).to_contain_text("completion tokens")
     expect(stats).to_contain_text("latency")
     expect(stats.locator(".cost")).to_contain_text("cost $", timeout=15_000)
-    ledger = UsageRecord.objects.get(request_id=stats.locator(".cost").get_attribute("data-request"))
+    ledger = UsageRecord.objects.get(
+        request_id=stats.locator(".cost").get_attribute("data-request")
+    )
     assert ledger.model == "tiny" and ledger.status == "ok" and ledger.completion_tokens <= 12
     assert stats.locator(".cost").get_attribute("data-cost") == str(ledger.cost_microcents)
     # ... and cancels another
@@ -238,14 +243,17 @@ def test_a_viewer_sees_everything_and_can_change_nothing(live, acme, make_user, 
     nav(page, "Playground")
     expect(page.locator("main")).to_contain_text("needs the member role")
     # the hidden buttons' actions, posted by hand from the page, are refused
-    statuses = page.evaluate("""async (agentId) => {
+    statuses = page.evaluate(
+        """async (agentId) => {
         const csrf = document.cookie.match(/csrftoken=([^;]+)/)[1];
         const post = (path, data) => fetch(path, {method: "POST", headers: {"X-CSRFToken": csrf},
             body: new URLSearchParams(data)}).then(r => r.status);
         return [await post("/portal/t/acme/keys/new/", {agent: agentId, scopes: "inference"}),
                 await post(`/portal/t/acme/agents/${agentId}/deactivate/`, {}),
                 await post("/portal/t/acme/playground/key/", {agent: agentId})];
-    }""", str(agent.pk))
+    }""",
+        str(agent.pk),
+    )
     assert statuses == [403, 403, 403]
     agent.refresh_from_db()
     assert agent.is_active and not agent.api_keys.exists()
@@ -264,8 +272,9 @@ def test_a_member_of_another_tenant_gets_404(live, acme, make_user, page: Page):
     shot(page, "stranger-404")
 
 
-def test_an_exhausted_budget_shows_the_banner_and_every_page_still_loads(live, acme, make_user,
-                                                                         page: Page):
+def test_an_exhausted_budget_shows_the_banner_and_every_page_still_loads(
+    live, acme, make_user, page: Page
+):
     agent = agent_create(tenant=acme, name="writer", allowed_models=["tiny"])
     budget_create(tenant=acme, agent=None, limit_microcents=0)
     budget_create(tenant=acme, agent=agent, limit_microcents=10**8)

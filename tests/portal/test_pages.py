@@ -9,10 +9,11 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from tenants.models import Agent, ApiKey, Budget, Membership, Role, Scope, UsageRecord
-from tenants.services.budgets import Usage, budget_create, budget_reserve, budget_settle
-from tenants.services.keys import api_key_authenticate
 from tenants.errors import AuthenticationFailed
+from tenants.models import Agent, ApiKey, Budget, Membership, Role, Scope, UsageRecord
+from tenants.services.budgets import budget_create, budget_reserve
+from tenants.services.keys import api_key_authenticate
+from tenants.services.ledger import Usage, budget_settle
 
 KEY_RE = re.compile(r"fl-[a-z0-9]{12}-[A-Za-z0-9]{43}")
 
@@ -23,10 +24,18 @@ def u(name, **kwargs):
 
 def test_an_admin_creates_an_agent_with_its_budget(portal_client, tenant):
     client, _ = portal_client(Role.ADMIN)
-    response = client.post(u("agent_create"), {
-        "name": "writer", "description": "drafts", "allowed_models": "tiny, small",
-        "lane": "bulk", "rpm_limit": "60", "budget_period": "weekly",
-        "budget_limit_usd": "2.50"})
+    response = client.post(
+        u("agent_create"),
+        {
+            "name": "writer",
+            "description": "drafts",
+            "allowed_models": "tiny, small",
+            "lane": "bulk",
+            "rpm_limit": "60",
+            "budget_period": "weekly",
+            "budget_limit_usd": "2.50",
+        },
+    )
     assert response.status_code == 302
     agent = Agent.objects.get(tenant=tenant, name="writer")
     assert agent.allowed_models == ["small", "tiny"] and agent.lane == "bulk"
@@ -37,19 +46,22 @@ def test_an_admin_creates_an_agent_with_its_budget(portal_client, tenant):
     assert "writer" in page and "$2.50 weekly" in page
 
 
-def test_agent_validation_messages_are_the_services_and_nothing_is_half_made(portal_client,
-                                                                            tenant, agent):
+def test_agent_validation_messages_are_the_services_and_nothing_is_half_made(
+    portal_client, tenant, agent
+):
     client, _ = portal_client(Role.ADMIN)
     bad_name = client.post(u("agent_create"), {"name": "-bad name", "budget_period": "daily"})
     assert bad_name.status_code == 400
     assert "Use letters, digits" in bad_name.content.decode()  # the model validator's words
-    taken = client.post(u("agent_create"), {"name": agent.name, "budget_period": "daily",
-                                            "budget_limit_usd": "1"})
+    taken = client.post(
+        u("agent_create"), {"name": agent.name, "budget_period": "daily", "budget_limit_usd": "1"}
+    )
     assert taken.status_code == 400 and "name:" in taken.content.decode()
     assert Agent.objects.filter(tenant=tenant).count() == 1
     assert not Budget.objects.exists()
-    too_low = client.post(u("agent_create"), {"name": "ok", "rpm_limit": "0",
-                                              "budget_period": "daily"})
+    too_low = client.post(
+        u("agent_create"), {"name": "ok", "rpm_limit": "0", "budget_period": "daily"}
+    )
     assert too_low.status_code == 400 and not Agent.objects.filter(name="ok").exists()
 
 
@@ -58,11 +70,12 @@ def test_editing_an_agent_changes_and_removes_its_budget(portal_client, tenant, 
     client, _ = portal_client(Role.ADMIN)
     edit = client.get(u("agent_edit", agent_id=agent.pk)).content.decode()
     assert 'value="1' in edit  # the current $1 limit is filled in
-    client.post(u("agent_edit", agent_id=agent.pk), {
-        "name": agent.name, "budget_period": "monthly", "budget_limit_usd": "3"})
+    client.post(
+        u("agent_edit", agent_id=agent.pk),
+        {"name": agent.name, "budget_period": "monthly", "budget_limit_usd": "3"},
+    )
     assert Budget.objects.get(agent=agent).limit_microcents == 300_000_000
-    client.post(u("agent_edit", agent_id=agent.pk), {"name": agent.name,
-                                                     "budget_period": "daily"})
+    client.post(u("agent_edit", agent_id=agent.pk), {"name": agent.name, "budget_period": "daily"})
     assert not Budget.objects.filter(agent=agent).exists()
 
 
@@ -77,8 +90,10 @@ def test_deactivating_an_agent_revokes_its_keys(portal_client, agent, api_key):
 def test_a_key_is_shown_once_and_never_in_a_later_page_or_log(portal_client, agent, caplog):
     client, user = portal_client(Role.MEMBER)
     caplog.set_level(logging.DEBUG)
-    created = client.post(u("key_create"), {"agent": str(agent.pk), "name": "prod",
-                                            "scopes": ["inference"], "expires_in_days": "30"})
+    created = client.post(
+        u("key_create"),
+        {"agent": str(agent.pk), "name": "prod", "scopes": ["inference"], "expires_in_days": "30"},
+    )
     assert created.status_code == 201
     assert created["Cache-Control"].startswith("no-store") or "no-store" in created["Cache-Control"]
     plain = KEY_RE.search(created.content.decode())[0]
@@ -93,8 +108,9 @@ def test_a_key_is_shown_once_and_never_in_a_later_page_or_log(portal_client, age
 
 def test_a_member_cannot_mint_a_key_with_more_power_than_their_role(portal_client, agent):
     client, _ = portal_client(Role.MEMBER)
-    response = client.post(u("key_create"), {"agent": str(agent.pk),
-                                              "scopes": [Scope.MANAGEMENT_WRITE]})
+    response = client.post(
+        u("key_create"), {"agent": str(agent.pk), "scopes": [Scope.MANAGEMENT_WRITE]}
+    )
     assert response.status_code == 403
     assert b"cannot grant the management.write scope" in response.content
     assert not ApiKey.objects.exists()
@@ -120,19 +136,25 @@ def test_rotation_keeps_the_old_key_for_the_grace_then_revoke_stops_it(portal_cl
     assert again.status_code == 400 and b"Only a usable key can be rotated." in again.content
 
 
-def test_members_added_by_username_or_email_under_the_owner_rules(portal_client, tenant,
-                                                                  make_user, owner):
+def test_members_added_by_username_or_email_under_the_owner_rules(
+    portal_client, tenant, make_user, owner
+):
     make_user("nina", email="Nina@Example.com")
     make_user("paul")
     make_user("quinn")
     client, _ = portal_client(Role.ADMIN)
-    assert client.post(u("member_add"), {"username": "nina@example.com",
-                                         "role": "member"}).status_code == 302
+    assert (
+        client.post(u("member_add"), {"username": "nina@example.com", "role": "member"}).status_code
+        == 302
+    )
     assert client.post(u("member_add"), {"username": "paul", "role": "viewer"}).status_code == 302
     roles = dict(Membership.objects.filter(tenant=tenant).values_list("user__username", "role"))
     assert roles["nina"] == "member" and roles["paul"] == "viewer"
     unknown = client.post(u("member_add"), {"username": "nobody", "role": "viewer"})
-    assert unknown.status_code == 400 and b"No active user with that username or email." in unknown.content
+    assert (
+        unknown.status_code == 400
+        and b"No active user with that username or email." in unknown.content
+    )
     owner_grant = client.post(u("member_add"), {"username": "quinn", "role": "owner"})
     assert owner_grant.status_code == 403  # admins cannot make owners
     owner_membership = Membership.objects.get(tenant=tenant, user=owner)
@@ -142,21 +164,27 @@ def test_members_added_by_username_or_email_under_the_owner_rules(portal_client,
     assert last.status_code == 400 and b"A tenant must keep at least one owner." in last.content
     paul = Membership.objects.get(tenant=tenant, user__username="paul")
     owner_client.post(u("member_role", member_id=paul.pk), {"role": "admin"})
-    owner_client.post(u("member_remove", member_id=Membership.objects.get(
-        tenant=tenant, user__username="nina").pk))
+    owner_client.post(
+        u(
+            "member_remove",
+            member_id=Membership.objects.get(tenant=tenant, user__username="nina").pk,
+        )
+    )
     roles = dict(Membership.objects.filter(tenant=tenant).values_list("user__username", "role"))
     assert roles == {"olivia": "owner", "paul": "admin", "admin-acme": "admin"}
 
 
-def test_the_playground_gets_a_short_lived_inference_key_as_json_only(portal_client, agent,
-                                                                      other_agent, settings):
+def test_the_playground_gets_a_short_lived_inference_key_as_json_only(
+    portal_client, agent, other_agent, settings
+):
     client, user = portal_client(Role.MEMBER)
     first = client.post(u("playground_key"), {"agent": str(agent.pk)})
     assert first.status_code == 201 and "no-store" in first["Cache-Control"]
     key = api_key_authenticate(plain=first.json()["key"])
     assert key.scopes == ["inference"] and key.created_by == user
     assert key.expires_at <= timezone.now() + timezone.timedelta(
-        seconds=settings.FAIRLANE_PLAYGROUND_KEY_SECONDS)
+        seconds=settings.FAIRLANE_PLAYGROUND_KEY_SECONDS
+    )
     second = client.post(u("playground_key"), {"agent": str(agent.pk)}).json()["key"]
     with pytest.raises(AuthenticationFailed):  # one live playground key per person and agent
         api_key_authenticate(plain=first.json()["key"])
@@ -167,15 +195,18 @@ def test_the_playground_gets_a_short_lived_inference_key_as_json_only(portal_cli
 
 
 def _spend(tenant, agent, microcents, request_id, status=UsageRecord.Status.OK):
-    budget_reserve(tenant=tenant, agent=agent, amount_microcents=microcents,
-                   request_id=request_id)
-    return budget_settle(tenant=tenant, request_id=request_id, cost_microcents=microcents,
-                         usage=Usage(model="tiny", prompt_tokens=5, completion_tokens=7,
-                                     status=status))
+    budget_reserve(tenant=tenant, agent=agent, amount_microcents=microcents, request_id=request_id)
+    return budget_settle(
+        tenant=tenant,
+        request_id=request_id,
+        cost_microcents=microcents,
+        usage=Usage(model="tiny", prompt_tokens=5, completion_tokens=7, status=status),
+    )
 
 
 def test_banners_say_when_a_budget_is_nearly_or_fully_spent_and_pages_still_load(
-        portal_client, tenant, agent):
+    portal_client, tenant, agent
+):
     budget_create(tenant=tenant, agent=agent, limit_microcents=1000)
     budget_create(tenant=tenant, agent=None, limit_microcents=10_000)
     client, _ = portal_client(Role.VIEWER)
@@ -190,8 +221,9 @@ def test_banners_say_when_a_budget_is_nearly_or_fully_spent_and_pages_still_load
         assert "budget is spent: its API requests are refused" in response.content.decode(), name
 
 
-def test_the_ledger_row_of_a_request_is_readable_by_its_tenant_only(portal_client, tenant, agent,
-                                                                   other_tenant, other_agent):
+def test_the_ledger_row_of_a_request_is_readable_by_its_tenant_only(
+    portal_client, tenant, agent, other_tenant, other_agent
+):
     _spend(tenant, agent, 1234, "mine")
     _spend(other_tenant, other_agent, 99, "theirs")
     client, _ = portal_client(Role.VIEWER)

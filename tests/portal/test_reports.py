@@ -4,6 +4,7 @@ row of another tenant."""
 
 import csv
 import io
+import itertools
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -19,12 +20,24 @@ from tenants.services.tenancy import agent_create
 NOW = datetime(2026, 3, 10, 12, 30, tzinfo=UTC)  # Acme is Europe/Berlin: 13:30 local
 
 
-def record(tenant, agent, at, cost, *, model="tiny", key=None, status="ok", n=[0]):
-    n[0] += 1
+_SEQUENCE = itertools.count(1)  # request ids, unique in the module
+
+
+def record(tenant, agent, at, cost, *, model="tiny", key=None, status="ok"):
+    number = next(_SEQUENCE)
     return UsageRecord.objects.create(
-        request_id=f"r{n[0]}", tenant=tenant, agent=agent, api_key=key, model=model,
-        prompt_tokens=10, completion_tokens=5, cost_microcents=cost, latency_ms=100,
-        status=status, created_at=at)
+        request_id=f"r{number}",
+        tenant=tenant,
+        agent=agent,
+        api_key=key,
+        model=model,
+        prompt_tokens=10,
+        completion_tokens=5,
+        cost_microcents=cost,
+        latency_ms=100,
+        status=status,
+        created_at=at,
+    )
 
 
 @pytest.fixture
@@ -54,24 +67,40 @@ def test_usage_by_day_agent_and_key_and_totals(tenant, agent, ledger, api_key):
     by_agent = usage_report(tenant=tenant, filters=filters, bucket="day", split="agent").series
     assert len(by_agent.buckets) == 8
     assert sum(by_agent.groups["support-bot"]) == 1100 and sum(by_agent.groups["writer"]) == 400
-    by_key = {r["label"]: r for r in usage_report(tenant=tenant, filters=filters, bucket="day",
-                                                  split="key").breakdown}
+    by_key = {
+        r["label"]: r
+        for r in usage_report(tenant=tenant, filters=filters, bucket="day", split="key").breakdown
+    }
     assert by_key[api_key[0].prefix]["cost"] == 100 and by_key["(no key)"]["requests"] == 3
     totals = usage_report(tenant=tenant, filters=filters, bucket="day", split="model").totals
-    assert totals == {"requests": 4, "prompt": 40, "completion": 20, "tokens": 60,
-                      "cost": 1500, "errors": 1, "latency": 400}
-    only_writer = usage_report(tenant=tenant, filters=UsageFilter(
-        since=filters.since, until=NOW, agent=ledger, status="error"), bucket="day",
-        split="agent")
+    assert totals == {
+        "requests": 4,
+        "prompt": 40,
+        "completion": 20,
+        "tokens": 60,
+        "cost": 1500,
+        "errors": 1,
+        "latency": 400,
+    }
+    only_writer = usage_report(
+        tenant=tenant,
+        filters=UsageFilter(since=filters.since, until=NOW, agent=ledger, status="error"),
+        bucket="day",
+        split="agent",
+    )
     assert only_writer.totals["cost"] == 400 and list(only_writer.series.groups) == ["writer"]
 
 
 def test_more_than_eight_groups_keep_seven_and_sum_the_rest_as_other(tenant, agent):
     for i in range(10):
         record(tenant, agent, NOW - timedelta(minutes=5), 10 * (i + 1), model=f"m{i}")
-    series = usage_report(tenant=tenant, filters=UsageFilter(since=NOW - timedelta(hours=2),
-                                                             until=NOW), bucket="hour",
-                          split="model", metric="cost").series
+    series = usage_report(
+        tenant=tenant,
+        filters=UsageFilter(since=NOW - timedelta(hours=2), until=NOW),
+        bucket="hour",
+        split="model",
+        metric="cost",
+    ).series
     assert list(series.groups)[:2] == ["m9", "m8"] and len(series.groups) == 8
     assert sum(series.groups["other"]) == 10 + 20 + 30
 
@@ -79,10 +108,13 @@ def test_more_than_eight_groups_keep_seven_and_sum_the_rest_as_other(tenant, age
 def test_spend_overview_projects_exhaustion_at_the_trailing_hours_rate(tenant, agent, ledger):
     budget_create(tenant=tenant, agent=agent, limit_microcents=10_000)
     with time_machine.travel(NOW, tick=False):
-        from tenants.services.budgets import Usage, budget_reserve, budget_settle
+        from tenants.services.budgets import budget_reserve
+        from tenants.services.ledger import Usage, budget_settle
+
         budget_reserve(tenant=tenant, agent=agent, amount_microcents=6000, request_id="big")
-        budget_settle(tenant=tenant, request_id="big", cost_microcents=6000,
-                      usage=Usage(model="tiny"))
+        budget_settle(
+            tenant=tenant, request_id="big", cost_microcents=6000, usage=Usage(model="tiny")
+        )
         tenant_line, lines, today = spend_overview(tenant=tenant, now=NOW)
     line = next(line for line in lines if line.owner == "support-bot")
     assert line.spent_microcents == 6000 and line.remaining_microcents == 4000
@@ -96,12 +128,14 @@ def test_spend_overview_projects_exhaustion_at_the_trailing_hours_rate(tenant, a
     assert tenant_line.run_rate_microcents_per_hour == 6400  # 6000 + writer's 400
 
 
-def test_the_csv_export_follows_the_filters_and_shows_no_other_tenant(portal_client, tenant,
-                                                                      ledger):
+def test_the_csv_export_follows_the_filters_and_shows_no_other_tenant(
+    portal_client, tenant, ledger
+):
     client, _ = portal_client(Role.VIEWER)
     with time_machine.travel(NOW + timedelta(minutes=1), tick=False):
-        response = client.get(reverse("portal:usage_csv", kwargs={"slug": "acme"}),
-                              {"range": "24h", "model": "tiny"})
+        response = client.get(
+            reverse("portal:usage_csv", kwargs={"slug": "acme"}), {"range": "24h", "model": "tiny"}
+        )
         body = _consume(response)
     assert response["Content-Type"].startswith("text/csv")
     rows = list(csv.DictReader(io.StringIO(body)))
@@ -118,13 +152,24 @@ def _consume(response) -> str:
 
 
 def test_a_long_export_streams_in_chunks_with_every_row_once(portal_client, tenant, agent):
-    UsageRecord.objects.bulk_create([UsageRecord(
-        request_id=f"bulk{n}", tenant=tenant, agent=agent, model="tiny", cost_microcents=n,
-        created_at=NOW - timedelta(seconds=n // 3)) for n in range(4500)])  # ties on time
+    UsageRecord.objects.bulk_create(
+        [
+            UsageRecord(
+                request_id=f"bulk{n}",
+                tenant=tenant,
+                agent=agent,
+                model="tiny",
+                cost_microcents=n,
+                created_at=NOW - timedelta(seconds=n // 3),
+            )
+            for n in range(4500)
+        ]
+    )  # ties on time
     client, _ = portal_client(Role.VIEWER)
     with time_machine.travel(NOW + timedelta(minutes=1), tick=False):
-        response = client.get(reverse("portal:usage_csv", kwargs={"slug": "acme"}),
-                              {"range": "24h"})
+        response = client.get(
+            reverse("portal:usage_csv", kwargs={"slug": "acme"}), {"range": "24h"}
+        )
         assert response.is_async
         rows = list(csv.DictReader(io.StringIO(_consume(response))))
     assert sorted(int(r["cost_microcents"]) for r in rows) == list(range(4500))
@@ -133,13 +178,17 @@ def test_a_long_export_streams_in_chunks_with_every_row_once(portal_client, tena
 
 
 def test_the_usage_page_shows_chart_data_and_rows_and_refuses_other_tenants_ids(
-        portal_client, tenant, ledger, other_agent):
+    portal_client, tenant, ledger, other_agent
+):
     client, _ = portal_client(Role.VIEWER)
     with time_machine.travel(NOW + timedelta(minutes=1), tick=False):
-        page = client.get(reverse("portal:usage", kwargs={"slug": "acme"}),
-                          {"range": "24h", "split": "agent", "bucket": "hour"})
-        foreign = client.get(reverse("portal:usage", kwargs={"slug": "acme"}),
-                             {"agent": str(other_agent.pk)})
+        page = client.get(
+            reverse("portal:usage", kwargs={"slug": "acme"}),
+            {"range": "24h", "split": "agent", "bucket": "hour"},
+        )
+        foreign = client.get(
+            reverse("portal:usage", kwargs={"slug": "acme"}), {"agent": str(other_agent.pk)}
+        )
     html = page.content.decode()
     assert page.status_code == 200 and 'id="usage-chart"' in html
     assert '"label": "support-bot"' in html and '"label": "writer"' in html

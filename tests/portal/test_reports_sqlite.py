@@ -48,11 +48,22 @@ print(json.dumps(out))
 
 
 def test_sqlite_usage_buckets_match_the_tenants_local_hours_and_days(tmp_path):
-    env = {"PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}", "DJANGO_SETTINGS_MODULE": "settings",
-           "FAIRLANE_DATA_DIR": str(tmp_path), "SECRET_KEY": "s" * 50, "PATH": "/usr/bin:/bin",
-           "LOG_LEVEL": "WARNING"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = {
+        "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
+        "DJANGO_SETTINGS_MODULE": "settings",
+        "FAIRLANE_DATA_DIR": str(tmp_path),
+        "SECRET_KEY": "s" * 50,
+        "PATH": "/usr/bin:/bin",
+        "LOG_LEVEL": "WARNING",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     berlin = out["Europe/Berlin"]  # 12:30 UTC is 13:30 in Berlin

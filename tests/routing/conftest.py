@@ -1,16 +1,19 @@
 import pytest
 
+from routing.backend_store import _noted
+from routing.bench.fakes import FakeProvider
 from tenants.models import Scope
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
 from tests.conftest import child_env
-from routing.bench.fakes import FakeProvider
-from routing.backend_store import _noted
 from tests.servers import AsgiServer
-from workers.registry import model_register
+from workers.serving.registration import model_register
 
-PRICES = {"price_input_per_mtok": 10_000_000, "price_output_per_mtok": 40_000_000,
-          "price_cached_per_mtok": 5_000_000}
+PRICES = {
+    "price_input_per_mtok": 10_000_000,
+    "price_output_per_mtok": 40_000_000,
+    "price_cached_per_mtok": 5_000_000,
+}
 
 
 @pytest.fixture(autouse=True)

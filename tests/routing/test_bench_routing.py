@@ -1,6 +1,7 @@
 import json
 
 import pytest
+
 from routing.bench.decisions import run
 from routing.management.commands.bench import BENCHES
 from routing.models import Backend
@@ -9,11 +10,28 @@ from routing.models import Backend
 @pytest.mark.django_db
 def test_bench_routing_measures_every_policy_and_cleans_up(capsys, tmp_path):
     assert BENCHES["routing"] == "routing.bench.decisions"  # `manage.py bench routing`
-    run(["--backends", "12", "--decisions", "60", "--no-proxy",
-         "--json-out", str(tmp_path / "r.json")])
+    run(
+        [
+            "--backends",
+            "12",
+            "--decisions",
+            "60",
+            "--no-proxy",
+            "--json-out",
+            str(tmp_path / "r.json"),
+        ]
+    )
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(last["policies"]) == {"chain", "round_robin", "least_busy", "latency", "cost",
-                                     "energy", "carbon", "affinity"}
+    assert set(last["policies"]) == {
+        "chain",
+        "round_robin",
+        "least_busy",
+        "latency",
+        "cost",
+        "energy",
+        "carbon",
+        "affinity",
+    }
     for figures in last["policies"].values():
         assert figures["decisions"] == 60 and 0 < figures["p50_us"] <= figures["p99_us"]
     assert last["baseline_db_each_decision"]["decisions"] == 50
@@ -23,7 +41,8 @@ def test_bench_routing_measures_every_policy_and_cleans_up(capsys, tmp_path):
 
 @pytest.mark.django_db(transaction=True)
 def test_bench_gateway_runs_the_distributed_configuration_and_meters_exactly(
-        capsys, tmp_path, subprocess_env, monkeypatch):
+    capsys, tmp_path, subprocess_env, monkeypatch
+):
     """`manage.py bench gateway` as a user runs it (the peer left out): its servers start
     against this database, every answer is held and settled, and the ledger it checks
     equals what the upstream served."""
@@ -32,10 +51,27 @@ def test_bench_gateway_runs_the_distributed_configuration_and_meters_exactly(
     for name in ("DATABASE_URL", "REDIS_URL", "FAIRLANE_DB_POOL_SIZE"):
         monkeypatch.setenv(name, subprocess_env[name])
     assert BENCHES["gateway"] == "routing.bench.gateway"
-    figures = gateway.run(["--clients", "4", "--modes", "json,stream", "--api-workers", "1",
-                           "--passthrough", "--baseline", str(gateway.ROOT), "--seconds", "1",
-                           "--warmup", "0.3", "--rounds", "1",
-                           "--json-out", str(tmp_path / "g.json")])
+    figures = gateway.run(
+        [
+            "--clients",
+            "4",
+            "--modes",
+            "json,stream",
+            "--api-workers",
+            "1",
+            "--passthrough",
+            "--baseline",
+            str(gateway.ROOT),
+            "--seconds",
+            "1",
+            "--warmup",
+            "0.3",
+            "--rounds",
+            "1",
+            "--json-out",
+            str(tmp_path / "g.json"),
+        ]
+    )
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["ledger"] == figures["ledger"] and figures["ledger"]["exact"]
     assert figures["ledger"]["ledger_rows"] > 0 and figures["ledger"]["reservations_held"] == 0
@@ -63,14 +99,22 @@ def test_the_load_samples_its_counters_as_the_measured_window_opens_and_closes()
     from routing.bench.processes import Process, free_port
 
     port = free_port()
-    upstream = Process([sys.executable, "-m", "routing.bench.upstream", "--port", str(port),
-                        "--tokens", "4"], gateway._env(), "test-bench-upstream")
+    upstream = Process(
+        [sys.executable, "-m", "routing.bench.upstream", "--port", str(port), "--tokens", "4"],
+        gateway._env(),
+        "test-bench-upstream",
+    )
     try:
         gateway._wait_ready(f"http://127.0.0.1:{port}/v1/models", upstream)
         started = time.perf_counter()
-        result, seconds, samples = load(Target("direct", "127.0.0.1", port, "sk-x", "m"),
-                                        clients=2, stream=False, seconds=0.5, warmup=0.4,
-                                        probe=time.perf_counter)
+        result, seconds, samples = load(
+            Target("direct", "127.0.0.1", port, "sk-x", "m"),
+            clients=2,
+            stream=False,
+            seconds=0.5,
+            warmup=0.4,
+            probe=time.perf_counter,
+        )
     finally:
         upstream.stop()
     assert seconds == 0.5 and result.completed > 0 and result.errors == 0
@@ -91,8 +135,14 @@ def test_the_second_process_ceiling_counts_what_shares_the_cores():
     and the cores the host leaves shared with the database, the load and the upstream."""
     from routing.bench.gateway import ratios, rps_ceiling
 
-    two = _row("fairlane-2", 300, cpu_ms_per_request=4.0, db_redis_cpu_ms_per_request=1.0,
-               loadgen_cpu_ms_per_request=0.2, machine_stolen_pct=0)
+    two = _row(
+        "fairlane-2",
+        300,
+        cpu_ms_per_request=4.0,
+        db_redis_cpu_ms_per_request=1.0,
+        loadgen_cpu_ms_per_request=0.2,
+        machine_stolen_pct=0,
+    )
     direct = _row("direct", 4000, cpu_ms_per_request=0.3)
     # 2 cores / (4 + 1 + 0.2 + 0.3) ms = 363.6/s, under the two processes' 2 / 4 ms = 500/s.
     assert rps_ceiling(two, direct, processes=2, cores=2) == pytest.approx(363.64, abs=0.01)

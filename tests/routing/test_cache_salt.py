@@ -18,23 +18,32 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def post(key, body, path="/v1/chat/completions"):
-    return AsyncClient().post(path, json.dumps(body), content_type="application/json",
-                              headers={"Authorization": f"Bearer {key}"})
+    return AsyncClient().post(
+        path,
+        json.dumps(body),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {key}"},
+    )
 
 
 @pytest.fixture
 def two_keys(tenant, agent, other_tenant, other_agent):
-    return [api_key_create(tenant=t, agent=a, scopes=[Scope.INFERENCE])[1]
-            for t, a in ((tenant, agent), (other_tenant, other_agent))]
+    return [
+        api_key_create(tenant=t, agent=a, scopes=[Scope.INFERENCE])[1]
+        for t, a in ((tenant, agent), (other_tenant, other_agent))
+    ]
 
 
 async def test_a_vllm_server_gets_a_salt_per_tenant_that_never_names_it(
-        two_keys, tenant, other_tenant, fakes):
+    two_keys, tenant, other_tenant, fakes
+):
     fake = fakes("openai")
     backend = await database_sync_to_async(backend_register)(
-        name="vllm", kind="openai_compatible", base_url=fake.url, credential=fake.api_key)
-    await database_sync_to_async(backend_model_set)(backend=backend, model="m",
-                                                    upstream_name="fake-model")
+        name="vllm", kind="openai_compatible", base_url=fake.url, credential=fake.api_key
+    )
+    await database_sync_to_async(backend_model_set)(
+        backend=backend, model="m", upstream_name="fake-model"
+    )
     body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
     for key in (*two_keys, two_keys[0]):
         assert (await post(key, body)).status_code == 200
@@ -51,19 +60,25 @@ async def test_a_vllm_server_gets_a_salt_per_tenant_that_never_names_it(
 
 
 async def test_tenants_behind_one_key_never_share_a_remote_fairlanes_prefix_cache(
-        embedded_server, two_keys, tenant, tiny):
+    embedded_server, two_keys, tenant, tiny
+):
     def remote_backend():
         gateway = agent_create(tenant=tenant, name="gateway")
         budget_create(tenant=tenant, agent=None, limit_microcents=10**12)
         _, secret = api_key_create(tenant=tenant, agent=gateway, scopes=[Scope.INFERENCE])
-        backend = backend_register(name="remote-fl", kind="fairlane",
-                                   base_url=embedded_server.url, credential=secret)
+        backend = backend_register(
+            name="remote-fl", kind="fairlane", base_url=embedded_server.url, credential=secret
+        )
         backend_model_set(backend=backend, model="via-remote", upstream_name="tiny")
 
     await database_sync_to_async(remote_backend)()
     prompt = "a shared system prompt that is long enough to fill whole cache blocks " * 8
-    body = {"model": "via-remote", "max_tokens": 1, "temperature": 0,
-            "messages": [{"role": "user", "content": prompt}]}
+    body = {
+        "model": "via-remote",
+        "max_tokens": 1,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": prompt}],
+    }
 
     async def cached(key):
         response = await post(key, body)

@@ -9,17 +9,26 @@ import pytest
 from channels.db import database_sync_to_async
 from django.test import AsyncClient
 
+from routing.backend_store import agent_routing_set, backend_model_set, backend_register
 from routing.bench.fakes import (
-    CONTENT_POLICY, content_filter, cut, rate_limit, server_error, slow_first_byte,
+    CONTENT_POLICY,
+    content_filter,
+    cut,
+    rate_limit,
+    server_error,
+    slow_first_byte,
 )
 from routing.models import Backend
-from routing.backend_store import agent_routing_set, backend_model_set, backend_register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ENV = "ZQ_SECRET_PROVIDER_KEY_ENV"
 UPSTREAM = "zq-upstream-model-7"
-PROVIDER_WORDS = ["The server had an error while processing your request.",
-                  "Rate limit reached for requests.", CONTENT_POLICY, "invalid_api_key"]
+PROVIDER_WORDS = [
+    "The server had an error while processing your request.",
+    "Rate limit reached for requests.",
+    CONTENT_POLICY,
+    "invalid_api_key",
+]
 
 
 def closed_port_url() -> str:
@@ -40,11 +49,18 @@ def register(name: str, url: str, **fields) -> Backend:
 
 
 async def chat(key, *, stream=False):
-    body = {"model": "m", "max_tokens": 5, "stream": stream,
-            "messages": [{"role": "user", "content": "one two three"}]}
-    return await AsyncClient().post("/v1/chat/completions", json.dumps(body),
-                                    content_type="application/json",
-                                    headers={"Authorization": f"Bearer {key}"})
+    body = {
+        "model": "m",
+        "max_tokens": 5,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "one two three"}],
+    }
+    return await AsyncClient().post(
+        "/v1/chat/completions",
+        json.dumps(body),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {key}"},
+    )
 
 
 async def body_of(response) -> str:
@@ -54,8 +70,15 @@ async def body_of(response) -> str:
 
 
 def assert_clean(text: str, backend: Backend) -> None:
-    secrets = [backend.name, backend.base_url, backend.base_url.split("//")[1], UPSTREAM, ENV,
-               "env:", *PROVIDER_WORDS]
+    secrets = [
+        backend.name,
+        backend.base_url,
+        backend.base_url.split("//")[1],
+        UPSTREAM,
+        ENV,
+        "env:",
+        *PROVIDER_WORDS,
+    ]
     leaked = [s for s in secrets if s in text]
     assert not leaked, f"{leaked} in {text}"
 
@@ -75,8 +98,9 @@ FAILURES = {
 
 @pytest.mark.parametrize("failure", sorted(FAILURES))
 @pytest.mark.parametrize("stream", [False, True])
-async def test_failures_before_the_answer_name_nothing_internal(key, agent, fakes, settings,
-                                                                failure, stream):
+async def test_failures_before_the_answer_name_nothing_internal(
+    key, agent, fakes, settings, failure, stream
+):
     settings.FAIRLANE_RETRIES = 0
     setup, behaviour, status = FAILURES[failure]
     fake = fakes("openai")
@@ -87,8 +111,12 @@ async def test_failures_before_the_answer_name_nothing_internal(key, agent, fake
     response = await chat(key, stream=stream)
     text = await body_of(response)
     assert response.status_code == status, text
-    assert json.loads(text)["error"]["code"] in {"backend_unavailable", "timeout",
-                                                 "content_filtered", "circuit_open"}
+    assert json.loads(text)["error"]["code"] in {
+        "backend_unavailable",
+        "timeout",
+        "content_filtered",
+        "circuit_open",
+    }
     assert_clean(text, backend)
     if failure != "content-filter":  # the operator sees what happened
         noted = await database_sync_to_async(Backend.objects.get)(pk=backend.pk)
@@ -96,7 +124,8 @@ async def test_failures_before_the_answer_name_nothing_internal(key, agent, fake
 
 
 async def test_an_unreachable_backend_and_an_undecryptable_credential_name_nothing(
-        key, agent, settings):
+    key, agent, settings
+):
     settings.FAIRLANE_RETRIES = 0
     refused = await database_sync_to_async(register)("zq-refused", closed_port_url())
     await database_sync_to_async(agent_routing_set)(agent=agent, chain=[refused.name])
@@ -110,8 +139,7 @@ async def test_an_unreachable_backend_and_an_undecryptable_credential_name_nothi
     assert_clean(await body_of(response), refused)
 
 
-async def test_a_stream_cut_after_its_first_tokens_ends_with_a_clean_error_chunk(
-        key, agent, fakes):
+async def test_a_stream_cut_after_its_first_tokens_ends_with_a_clean_error_chunk(key, agent, fakes):
     fake = fakes("openai")
     fake.set_default(cut(after=2))
     backend = await database_sync_to_async(register)("zq-cut-mid-stream", fake.url)
@@ -131,12 +159,26 @@ async def test_websocket_error_frames_name_nothing_internal(key, agent, fakes):
     fake.set_default(server_error(500))
     backend = await database_sync_to_async(register)("zq-websocket", fake.url)
     await database_sync_to_async(agent_routing_set)(agent=agent, chain=[backend.name])
-    ws = WebsocketCommunicator(CompletionConsumer.as_asgi(), "/ws/v1/chat",
-                               headers=[(b"authorization", f"Bearer {key}".encode())])
+    from api_handler import RuntimeScope
+
+    ws = WebsocketCommunicator(
+        RuntimeScope(CompletionConsumer.as_asgi()),
+        "/ws/v1/chat",
+        headers=[(b"authorization", f"Bearer {key}".encode())],
+    )
     assert (await ws.connect())[0]
     await ws.receive_json_from(timeout=10)  # auth.ok
-    await ws.send_json_to({"type": "chat.completions", "id": "a", "body": {
-        "model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}})
+    await ws.send_json_to(
+        {
+            "type": "chat.completions",
+            "id": "a",
+            "body": {
+                "model": "m",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        }
+    )
     frame = await ws.receive_from(timeout=30)
     await ws.disconnect()
     assert json.loads(frame)["type"] == "error"

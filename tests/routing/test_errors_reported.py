@@ -8,8 +8,8 @@ import pytest
 from django.db import OperationalError, connection
 from prometheus_client import REGISTRY
 
-from routing.consumers import CompletionConsumer
 from routing.backend_store import backend_register
+from routing.consumers import CompletionConsumer
 
 
 def test_a_failed_websocket_send_is_logged_and_stops_the_sockets_requests(caplog):
@@ -42,9 +42,12 @@ def test_a_scrape_that_cannot_read_the_registry_says_so_and_logs_it(caplog):
     def database_down(execute, sql, params, many, context):
         raise OperationalError("server closed the connection unexpectedly")
 
-    with caplog.at_level(logging.ERROR, logger="routing.metrics"), \
-            connection.execute_wrapper(database_down):
+    with (
+        caplog.at_level(logging.ERROR, logger="routing.metrics"),
+        connection.execute_wrapper(database_down),
+    ):
         assert REGISTRY.get_sample_value("fairlane_backend_registry_readable") == 0.0
         assert REGISTRY.get_sample_value("fairlane_backend_up", {"backend": "remote-a"}) is None
-    assert any("registry could not be read" in r.getMessage() and r.exc_info
-               for r in caplog.records)
+    assert any(
+        "registry could not be read" in r.getMessage() and r.exc_info for r in caplog.records
+    )

@@ -9,8 +9,8 @@ import httpx
 import pytest
 from django.db.models import Sum
 
-from routing.bench.fakes import FakeProvider
 from routing.backend_store import agent_routing_set, backend_model_set, backend_register
+from routing.bench.fakes import FakeProvider
 from tenants.models import BudgetWindow, Reservation, Scope, UsageRecord
 from tenants.services.budgets import budget_create, budget_update
 from tenants.services.keys import api_key_create, api_key_revoke
@@ -24,10 +24,15 @@ COST = MAX_TOKENS * PER_TOKEN_OUT  # the fake answers max_tokens tokens; input i
 @pytest.fixture
 def paid(transactional_db, tenant, agent):
     fake = FakeProvider("openai", reply_tokens=MAX_TOKENS).start()
-    backend = backend_register(name="paid", kind="openai", base_url=fake.url,
-                               credential=fake.api_key)
-    backend_model_set(backend=backend, model="paid-model", upstream_name="fake-model",
-                      price_output_per_mtok=PER_TOKEN_OUT * 1_000_000)
+    backend = backend_register(
+        name="paid", kind="openai", base_url=fake.url, credential=fake.api_key
+    )
+    backend_model_set(
+        backend=backend,
+        model="paid-model",
+        upstream_name="fake-model",
+        price_output_per_mtok=PER_TOKEN_OUT * 1_000_000,
+    )
     agent_routing_set(agent=agent, chain=["paid"])
     yield fake
     fake.stop()
@@ -38,20 +43,27 @@ def _env():
 
 
 async def _chat(client: httpx.AsyncClient, url: str, key: str, i: int, stream: bool):
-    body = {"model": "paid-model", "max_tokens": MAX_TOKENS, "stream": stream,
-            "messages": [{"role": "user", "content": f"request {i}"}]}
-    response = await client.post(url + "/v1/chat/completions", json=body,
-                                 headers={"Authorization": f"Bearer {key}"})
+    body = {
+        "model": "paid-model",
+        "max_tokens": MAX_TOKENS,
+        "stream": stream,
+        "messages": [{"role": "user", "content": f"request {i}"}],
+    }
+    response = await client.post(
+        url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+    )
     if response.status_code != 200:
         return response.status_code, response.json()["error"]["code"]
     if not stream:
         return 200, response.json()["choices"][0]["message"]["content"]
-    chunks = [json.loads(line[6:]) for line in response.text.splitlines()
-              if line.startswith("data: {")]
+    chunks = [
+        json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")
+    ]
     if any("error" in c for c in chunks):
         return 200, "error"
-    return 200, "".join(c["choices"][0]["delta"].get("content") or ""
-                        for c in chunks if c.get("choices"))
+    return 200, "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")
+    )
 
 
 def test_a_budget_holds_exactly_over_two_api_processes(paid, tenant, agent):
@@ -61,11 +73,14 @@ def test_a_budget_holds_exactly_over_two_api_processes(paid, tenant, agent):
     _, key = api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])
     server = AsgiServer(_env(), workers=2)
     try:
+
         async def fire():
-            async with httpx.AsyncClient(timeout=120,
-                                         limits=httpx.Limits(max_connections=64)) as client:
-                return await asyncio.gather(*(_chat(client, server.url, key, i, i % 2 == 0)
-                                              for i in range(requests)))
+            async with httpx.AsyncClient(
+                timeout=120, limits=httpx.Limits(max_connections=64)
+            ) as client:
+                return await asyncio.gather(
+                    *(_chat(client, server.url, key, i, i % 2 == 0) for i in range(requests))
+                )
 
         results = asyncio.run(fire())
     finally:
@@ -79,8 +94,10 @@ def test_a_budget_holds_exactly_over_two_api_processes(paid, tenant, agent):
     assert window.reserved_microcents == 0
     assert not Reservation.objects.filter(status=Reservation.Status.HELD).exists()
     ledger = UsageRecord.objects.filter(agent=agent).aggregate(
-        completion=Sum("completion_tokens"), prompt=Sum("prompt_tokens"),
-        cost=Sum("cost_microcents"))
+        completion=Sum("completion_tokens"),
+        prompt=Sum("prompt_tokens"),
+        cost=Sum("cost_microcents"),
+    )
     assert UsageRecord.objects.filter(agent=agent).count() == paid.stats["ok"] == affordable
     assert ledger["completion"] == paid.stats["completion_tokens"] == affordable * MAX_TOKENS
     assert ledger["prompt"] == paid.stats["prompt_tokens"]
@@ -93,10 +110,12 @@ def test_a_revoked_key_and_a_lowered_budget_reach_every_process_at_once(paid, te
     _, other_key = api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])
     servers = [AsgiServer(_env()), AsgiServer(_env())]
     try:
+
         async def each(key_: str):
             async with httpx.AsyncClient(timeout=60) as client:
-                return await asyncio.gather(*(_chat(client, s.url, key_, i, False)
-                                              for i, s in enumerate(servers)))
+                return await asyncio.gather(
+                    *(_chat(client, s.url, key_, i, False) for i, s in enumerate(servers))
+                )
 
         # Both processes now hold the key and the budget in their caches (the first request
         # starts each one's listener, whose subscription clears what was cached before it).
@@ -121,7 +140,9 @@ def test_a_revoked_key_and_a_lowered_budget_reach_every_process_at_once(paid, te
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_request_cancelled_during_its_admission_gives_its_hold_back(tenant, agent, paid):
+async def test_a_request_cancelled_during_its_admission_gives_its_hold_back(
+    tenant, agent, paid, distributed
+):
     """The client leaves while the admission's hop (rate limits, the first route's budget hold)
     runs in its thread: the hop finishes, and what it took is given back at once, not when
     the hold expires 15 minutes later."""
@@ -131,12 +152,18 @@ async def test_a_request_cancelled_during_its_admission_gives_its_hold_back(tena
     from routing.services.generation import generation_start
 
     await sync_to_async(budget_create)(tenant=tenant, agent=agent, limit_microcents=100 * COST)
-    _, key = await sync_to_async(api_key_create)(tenant=tenant, agent=agent,
-                                                 scopes=[Scope.INFERENCE])
+    _, key = await sync_to_async(api_key_create)(
+        tenant=tenant, agent=agent, scopes=[Scope.INFERENCE]
+    )
     caller = await sync_to_async(caller_authenticate)(authorization=f"Bearer {key}")
-    body = {"model": "paid-model", "max_tokens": MAX_TOKENS,
-            "messages": [{"role": "user", "content": "leaving"}]}
-    task = asyncio.ensure_future(generation_start(caller=caller, endpoint="chat", body=body))
+    body = {
+        "model": "paid-model",
+        "max_tokens": MAX_TOKENS,
+        "messages": [{"role": "user", "content": "leaving"}],
+    }
+    task = asyncio.ensure_future(
+        generation_start(runtime=distributed, caller=caller, endpoint="chat", body=body)
+    )
     await asyncio.sleep(0)  # the request is in its admission hop now
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

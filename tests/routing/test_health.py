@@ -8,24 +8,33 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from routing.backend_store import backend_model_set, backend_register
+from routing.bench.fakes import FakeProvider, server_error
 from routing.health import backends_probe, health_record
 from routing.models import Backend, Health
-from routing.backend_store import backend_model_set, backend_register
 from routing.router import Need, registry_get, registry_invalidate, route_plan
 from routing.tasks import backends_probe as backends_probe_task
-from routing.bench.fakes import FakeProvider, server_error
 
 pytestmark = pytest.mark.django_db
 KIND = {"openai": "openai", "openrouter": "openrouter", "anthropic": "anthropic"}
 CHAT = Need(endpoint="chat", prompt_tokens=20, max_tokens=5)
 
 
-def register(name: str, fake: FakeProvider, *, credential: str | None = None,
-             **fields) -> Backend:
+def probe() -> dict[str, str]:
+    """What the beat's probe does, with the distributed runtime an API process has."""
+    from routing.runtimes import runtime_installed
+
+    return backends_probe(pool=runtime_installed().pool)
+
+
+def register(name: str, fake: FakeProvider, *, credential: str | None = None, **fields) -> Backend:
     fields.setdefault("base_url", fake.url)
-    backend = backend_register(name=name, kind=KIND[fake.fmt],
-                               credential=fake.api_key if credential is None else credential,
-                               **fields)
+    backend = backend_register(
+        name=name,
+        kind=KIND[fake.fmt],
+        credential=fake.api_key if credential is None else credential,
+        **fields,
+    )
     backend_model_set(backend=backend, model="m", upstream_name="fake-model")
     return backend
 
@@ -54,7 +63,7 @@ def test_a_reachable_backend_is_live_and_only_its_free_model_list_was_asked(fake
     fake.set_default(server_error(500))  # completions would fail: the probe never sends one
     register("p", fake)
 
-    assert backends_probe() == {"p": Health.LIVE}
+    assert probe() == {"p": Health.LIVE}
     backend = row("p")
     assert backend.health == Health.LIVE and backend.health_detail == ""
     assert backend.health_ok_at is not None and backend.health_checked_at == backend.health_ok_at
@@ -69,7 +78,7 @@ def test_a_wrong_credential_fails_the_probe(fakes):
     fake = fakes("openai")
     register("p", fake, credential="sk-not-the-right-one")
 
-    assert backends_probe() == {"p": Health.UNKNOWN}  # never live, not yet offline
+    assert probe() == {"p": Health.UNKNOWN}  # never live, not yet offline
     backend = row("p")
     assert "authentication failed" in backend.health_detail
     assert [ok for _, ok in backend.probe_samples] == [False]
@@ -84,35 +93,36 @@ def test_an_unresolvable_credential_fails_the_probe_without_sending_it(fakes, se
     register("ok", other)
     settings.FAIRLANE_HEALTH_OFFLINE_AFTER = 1
 
-    assert backends_probe() == {"env-ref": Health.OFFLINE, "ok": Health.LIVE}
+    assert probe() == {"env-ref": Health.OFFLINE, "ok": Health.LIVE}
     assert "is not set" in row("env-ref").health_detail
     assert fake.stats["probes"] == 0 and other.stats["probes"] == 1
 
     settings.FAIRLANE_CREDENTIALS_KEY = "rotated"  # the stored ciphertext no longer opens
-    assert backends_probe()["ok"] == Health.OFFLINE
+    assert probe()["ok"] == Health.OFFLINE
     assert "cannot be decrypted" in row("ok").health_detail
     assert other.stats["probes"] == 1
 
 
 def test_a_stopped_backend_goes_offline_after_the_failures_in_a_row_and_is_not_routed(
-        fakes, settings):
+    fakes, settings
+):
     settings.FAIRLANE_HEALTH_OFFLINE_AFTER = 3
     down, up = fakes("openai"), fakes("openrouter")
     register("down", down)
     register("up", up)
-    backends_probe()
+    probe()
     assert routed() == ["up", "down"]  # OpenRouter before OpenAI in the default order
     down.stop()
 
     for _ in range(2):  # failed, but its last success is recent: live, routed to
-        assert backends_probe() == {"down": Health.LIVE, "up": Health.LIVE}
+        assert probe() == {"down": Health.LIVE, "up": Health.LIVE}
         assert routed() == ["up", "down"]
     backend = row("down")
     assert [ok for _, ok in backend.probe_samples] == [True, False, False]
     assert backend.probe_error_rate == pytest.approx(2 / 3)
     assert backend.health_detail.startswith("backend_unavailable")
 
-    assert backends_probe() == {"down": Health.OFFLINE, "up": Health.LIVE}
+    assert probe() == {"down": Health.OFFLINE, "up": Health.LIVE}
     assert routed() == ["up"]
     assert up.stats["probes"] == 4 and up.stats["requests"] == 0
 
@@ -121,13 +131,13 @@ def test_one_successful_probe_brings_an_offline_backend_back(fakes, settings):
     settings.FAIRLANE_HEALTH_OFFLINE_AFTER = 2
     fake = fakes("anthropic")
     register("flaky", fake, base_url=closed_port_url())
-    backends_probe()
-    assert backends_probe() == {"flaky": Health.OFFLINE}
+    probe()
+    assert probe() == {"flaky": Health.OFFLINE}
     assert routed() == []
     assert fake.stats["probes"] == 0
 
     backend_register(name="flaky", kind="anthropic", base_url=fake.url)
-    assert backends_probe() == {"flaky": Health.LIVE}
+    assert probe() == {"flaky": Health.LIVE}
     assert routed() == ["flaky"]
     backend = row("flaky")
     assert [ok for _, ok in backend.probe_samples] == [False, False, True]
@@ -139,33 +149,35 @@ def test_one_backend_with_an_unsendable_credential_does_not_stop_the_others_prob
     bad, good = fakes("openai"), fakes("openai")
     register("bad", bad, credential="sk-’pasted-with-a-curly-quote")
     register("good", good)
-    assert backends_probe() == {"bad": Health.UNKNOWN, "good": Health.LIVE}
+    assert probe() == {"bad": Health.UNKNOWN, "good": Health.LIVE}
     assert row("bad").probe_error_rate == 1.0 and row("good").health == Health.LIVE
 
 
 def test_a_disabled_backend_is_not_probed(fakes):
     fake = fakes("openai")
     register("off", fake, is_enabled=False)
-    assert backends_probe() == {}
+    assert probe() == {}
     assert fake.stats["probes"] == 0 and row("off").health == Health.UNKNOWN
 
 
 def test_the_local_pool_is_live_in_embedded_mode_and_otherwise_by_worker_heartbeats(
-        settings):
-    from workers.registry import model_register
+    settings, embedded_runtime, distributed_runtime
+):
+    from workers.serving.registration import model_register
 
     model_register(name="zz-hosted-by-no-worker", source="preset:tiny")
     backend_register(name="pool", kind="local")
-    settings.FAIRLANE_ENGINE_MODE = "embedded"
-    assert backends_probe() == {"pool": Health.LIVE}
+    assert backends_probe(pool=embedded_runtime.pool) == {"pool": Health.LIVE}
 
-    settings.FAIRLANE_ENGINE_MODE = "celery"
     settings.FAIRLANE_HEALTH_OFFLINE_AFTER = 1
-    assert backends_probe() == {"pool": Health.OFFLINE}
+    assert backends_probe(pool=distributed_runtime.pool) == {"pool": Health.OFFLINE}
     assert row("pool").health_detail == "no live GPU worker hosts a registered model"
 
 
-def test_the_celery_task_probes_every_backend(fakes):
+def test_the_celery_task_probes_every_backend(fakes, distributed_runtime, monkeypatch):
+    import celery_app
+
+    monkeypatch.setattr(celery_app.app, "runtime", distributed_runtime, raising=False)
     first, second = fakes("openai"), fakes("anthropic")
     register("first", first)
     register("second", second)
@@ -177,6 +189,7 @@ def test_the_celery_task_probes_every_backend(fakes):
 
 
 # -- health_record: the rolling figures and stale, at explicit times ---------------------------
+
 
 def bare(name: str = "b") -> Backend:
     return backend_register(name=name, kind="openai", base_url="http://b.example")
@@ -244,7 +257,7 @@ def test_metrics_show_each_backends_health_and_this_processs_circuit(fakes, clie
     from routing.breaker import breakers
 
     register("shown", fakes("openai"))
-    backends_probe()
+    probe()
     for _ in range(10):
         breakers.failure("shown")
     text = client.get("/metrics").content.decode()
@@ -252,8 +265,9 @@ def test_metrics_show_each_backends_health_and_this_processs_circuit(fakes, clie
     assert 'fairlane_backend_circuit_state{backend="shown"} 2.0' in text
 
 
-def test_health_goes_stale_with_the_clock_while_the_beat_is_down(fakes, settings, client_for,
-                                                                api_key):
+def test_health_goes_stale_with_the_clock_while_the_beat_is_down(
+    fakes, settings, client_for, api_key
+):
     """No probe runs after the first (the beat stopped): the backend still turns stale once its
     last success is older than FAIRLANE_HEALTH_STALE_SECONDS, in routing, the API and metrics."""
     import time_machine
@@ -266,7 +280,7 @@ def test_health_goes_stale_with_the_clock_while_the_beat_is_down(fakes, settings
     register("b-second", second, is_enabled=False)
     start = timezone.now()
     with time_machine.travel(start, tick=False):
-        backends_probe()
+        probe()
         Backend.objects.filter(name="b-second").update(is_enabled=True)
     with time_machine.travel(start + timedelta(seconds=30), tick=False):
         registry_invalidate()
@@ -275,7 +289,9 @@ def test_health_goes_stale_with_the_clock_while_the_beat_is_down(fakes, settings
         assert routed() == ["b-second", "a-first"]  # never probed ranks above stale
         assert registry_get().backends["a-first"].health == Health.STALE
         listed = client_for(key=api_key[1]).get("/api/backends/").json()
-        assert {b["name"]: b["health"] for b in listed} == {"a-first": "stale",
-                                                            "b-second": "unknown"}
+        assert {b["name"]: b["health"] for b in listed} == {
+            "a-first": "stale",
+            "b-second": "unknown",
+        }
         assert REGISTRY.get_sample_value("fairlane_backend_up", {"backend": "a-first"}) == 0.0
     assert row("a-first").health == Health.LIVE  # what the last probe recorded is kept

@@ -11,7 +11,7 @@ from routing.backends import http_client
 class _SetsCookie(BaseHTTPRequestHandler):
     seen: list = []
 
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):
         self.seen.append(self.headers.get("Cookie"))
         self.send_response(200)
         self.send_header("Set-Cookie", "session=tenant-a; Path=/")

@@ -3,14 +3,21 @@ health and circuit state remove, and the snapshot read from real database rows."
 
 import pytest
 
+from routing.backend_store import backend_model_set, backend_register
 from routing.backends.base import BackendSpec, Route
 from routing.breaker import breakers
 from routing.models import Backend, Health
-from routing.backend_store import backend_model_set, backend_register
 from routing.router import (
-    AgentPlan, Need, BackendRegistry, registry_get, registry_load, route_plan, route_supports,
+    AgentPlan,
+    BackendRegistry,
+    Need,
+    registry_get,
+    registry_load,
+    route_plan,
+    route_supports,
 )
-from workers.registry import ModelInfo, model_register
+from workers.serving.catalog import ModelInfo
+from workers.serving.registration import model_register
 
 CHAT = Need(endpoint="chat", prompt_tokens=40, max_tokens=10)
 AGENT = "agent-1"
@@ -25,29 +32,50 @@ def route(backend: BackendSpec, model: str = "m", **prices) -> Route:
     return Route(backend=backend, model=model, upstream=f"{backend.name}-{model}", info=info)
 
 
-def registry(*backends: BackendSpec, agents: dict | None = None,
-             **prices_by_name) -> BackendRegistry:
+def registry(
+    *backends: BackendSpec, agents: dict | None = None, **prices_by_name
+) -> BackendRegistry:
     """Every backend serves model "m"; prices per backend name as a dict of price fields."""
-    return BackendRegistry(backends={b.name: b for b in backends},
-                    routes={"m": [route(b, **prices_by_name.get(b.name, {})) for b in backends]},
-                    agents=agents or {})
+    return BackendRegistry(
+        backends={b.name: b for b in backends},
+        routes={"m": [route(b, **prices_by_name.get(b.name, {})) for b in backends]},
+        agents=agents or {},
+    )
 
 
-def order(reg: BackendRegistry, *, need: Need = CHAT, policy: str | None = None,
-          agent_id: str = AGENT, model: str = "m") -> list[str]:
+def order(
+    reg: BackendRegistry,
+    *,
+    need: Need = CHAT,
+    policy: str | None = None,
+    agent_id: str = AGENT,
+    model: str = "m",
+) -> list[str]:
     plan = route_plan(registry=reg, agent_id=agent_id, model=model, need=need, policy=policy)
     return [r.backend.name for r in plan.routes]
 
 
 # -- default and chain order -------------------------------------------------------------------
 
+
 def test_default_order_is_by_kind_then_name_and_the_agent_chain_overrides_it():
-    backends = [spec("a-openai", "openai"), spec("b-anthropic", "anthropic"),
-                spec("c-openrouter", "openrouter"), spec("d-compat", "openai_compatible"),
-                spec("e-fairlane", "fairlane"), spec("z-local", "local")]
+    backends = [
+        spec("a-openai", "openai"),
+        spec("b-anthropic", "anthropic"),
+        spec("c-openrouter", "openrouter"),
+        spec("d-compat", "openai_compatible"),
+        spec("e-fairlane", "fairlane"),
+        spec("z-local", "local"),
+    ]
     reg = registry(*backends)
-    assert order(reg) == ["z-local", "e-fairlane", "d-compat", "c-openrouter", "b-anthropic",
-                          "a-openai"]
+    assert order(reg) == [
+        "z-local",
+        "e-fairlane",
+        "d-compat",
+        "c-openrouter",
+        "b-anthropic",
+        "a-openai",
+    ]
 
     reg.agents[AGENT] = AgentPlan(chain=("a-openai", "c-openrouter", "z-local"))
     assert order(reg) == ["a-openai", "c-openrouter", "z-local"]  # the others are not tried
@@ -62,43 +90,65 @@ def test_a_chain_naming_no_backend_of_the_model_gives_an_empty_plan_not_unsuppor
 
 
 def test_the_agent_policy_applies_unless_the_caller_names_one():
-    reg = registry(spec("a", energy_mj_per_token=500), spec("b", energy_mj_per_token=100),
-                   agents={AGENT: AgentPlan(policy="energy")})
+    reg = registry(
+        spec("a", energy_mj_per_token=500),
+        spec("b", energy_mj_per_token=100),
+        agents={AGENT: AgentPlan(policy="energy")},
+    )
     assert order(reg) == ["b", "a"]
     assert order(reg, policy="chain") == ["a", "b"]
 
 
 # -- policies ----------------------------------------------------------------------------------
 
+
 def test_cost_orders_by_the_worst_case_price_of_this_need():
     # "in-cheap" charges little for input, much for output; "out-cheap" the other way round.
-    reg = registry(spec("in-cheap"), spec("out-cheap"),
-                   **{"in-cheap": {"price_input_per_mtok": 1_000_000,
-                                   "price_output_per_mtok": 10_000_000},
-                      "out-cheap": {"price_input_per_mtok": 5_000_000,
-                                    "price_output_per_mtok": 2_000_000,
-                                    "price_cached_per_mtok": 0}})
+    reg = registry(
+        spec("in-cheap"),
+        spec("out-cheap"),
+        **{
+            "in-cheap": {"price_input_per_mtok": 1_000_000, "price_output_per_mtok": 10_000_000},
+            "out-cheap": {
+                "price_input_per_mtok": 5_000_000,
+                "price_output_per_mtok": 2_000_000,
+                "price_cached_per_mtok": 0,
+            },
+        },
+    )
     # 1000 in + 100 out: 1000 + 1000 vs 5000 + 200 micro-cents.
     assert order(reg, policy="cost", need=Need("chat", prompt_tokens=1000, max_tokens=100)) == [
-        "in-cheap", "out-cheap"]
+        "in-cheap",
+        "out-cheap",
+    ]
     # The same prompt, ten times the output: 1000 + 10000 vs 5000 + 2000.
     assert order(reg, policy="cost", need=Need("chat", prompt_tokens=1000, max_tokens=1000)) == [
-        "out-cheap", "in-cheap"]
+        "out-cheap",
+        "in-cheap",
+    ]
     # n choices are n times the output (the prompt is paid once): 1000 + 50000 vs 5000 + 10000.
-    assert order(reg, policy="cost", need=Need("chat", prompt_tokens=1000, max_tokens=100,
-                                               n=50)) == ["out-cheap", "in-cheap"]
+    assert order(
+        reg, policy="cost", need=Need("chat", prompt_tokens=1000, max_tokens=100, n=50)
+    ) == ["out-cheap", "in-cheap"]
 
 
 def test_cost_ignores_the_cached_price_because_the_worst_case_has_no_cache_hit():
-    reg = registry(spec("a"), spec("b"),
-                   a={"price_input_per_mtok": 3_000_000, "price_cached_per_mtok": 0},
-                   b={"price_input_per_mtok": 2_000_000, "price_cached_per_mtok": 2_000_000})
+    reg = registry(
+        spec("a"),
+        spec("b"),
+        a={"price_input_per_mtok": 3_000_000, "price_cached_per_mtok": 0},
+        b={"price_input_per_mtok": 2_000_000, "price_cached_per_mtok": 2_000_000},
+    )
     assert order(reg, policy="cost", need=Need("chat", prompt_tokens=1000)) == ["b", "a"]
 
 
 def test_energy_orders_by_millijoules_per_token_with_unknown_last():
-    reg = registry(spec("a", energy_mj_per_token=300), spec("b", energy_mj_per_token=0),
-                   spec("c", energy_mj_per_token=100), spec("d", energy_mj_per_token=200))
+    reg = registry(
+        spec("a", energy_mj_per_token=300),
+        spec("b", energy_mj_per_token=0),
+        spec("c", energy_mj_per_token=100),
+        spec("d", energy_mj_per_token=200),
+    )
     assert order(reg, policy="energy") == ["c", "d", "a", "b"]
 
 
@@ -108,7 +158,8 @@ def test_carbon_orders_by_energy_times_grid_intensity_with_unknown_last():
         spec("hungry-clean", energy_mj_per_token=300, carbon_g_per_kwh=100),  # 30 000
         spec("no-grid-data", energy_mj_per_token=50, carbon_g_per_kwh=0),
         spec("no-energy-data", energy_mj_per_token=0, carbon_g_per_kwh=10),
-        spec("middle", energy_mj_per_token=200, carbon_g_per_kwh=200))  # 40 000
+        spec("middle", energy_mj_per_token=200, carbon_g_per_kwh=200),
+    )  # 40 000
     names = order(reg, policy="carbon")
     assert names[:3] == ["hungry-clean", "middle", "frugal-dirty"]
     assert set(names[3:]) == {"no-grid-data", "no-energy-data"}
@@ -116,8 +167,12 @@ def test_carbon_orders_by_energy_times_grid_intensity_with_unknown_last():
 
 
 def test_latency_orders_by_rolling_p95_and_falls_back_to_the_probe_p95():
-    reg = registry(spec("a-spiky", probe_p95_ms=10.0), spec("b-steady", probe_p95_ms=5000.0),
-                   spec("c-probed", probe_p95_ms=300.0), spec("d-fast", probe_p95_ms=9000.0))
+    reg = registry(
+        spec("a-spiky", probe_p95_ms=10.0),
+        spec("b-steady", probe_p95_ms=5000.0),
+        spec("c-probed", probe_p95_ms=300.0),
+        spec("d-fast", probe_p95_ms=9000.0),
+    )
     for _ in range(19):
         breakers.success("a-spiky", 10.0)
     breakers.success("a-spiky", 900.0)  # a low mean, a high tail: p95 is 900
@@ -129,8 +184,12 @@ def test_latency_orders_by_rolling_p95_and_falls_back_to_the_probe_p95():
 
 
 def test_least_busy_orders_by_requests_in_flight_relative_to_capacity():
-    reg = registry(spec("a", max_concurrency=10), spec("b", max_concurrency=2),
-                   spec("c", max_concurrency=4), spec("d", max_concurrency=100))
+    reg = registry(
+        spec("a", max_concurrency=10),
+        spec("b", max_concurrency=2),
+        spec("c", max_concurrency=4),
+        spec("d", max_concurrency=100),
+    )
     for name, count in {"a": 5, "c": 1, "d": 10}.items():
         for _ in range(count):
             assert breakers.begin(name)
@@ -170,8 +229,9 @@ def affinity_first(reg: BackendRegistry, *, tenant: str = "t1", prefix: str = ""
 def test_affinity_sends_the_same_tenant_and_prefix_to_the_same_backend():
     reg = registry(*AFFINITY_BACKENDS)
     first = affinity_first(reg, prefix="You are a helpful assistant.")
-    assert all(affinity_first(reg, prefix="You are a helpful assistant.") == first
-               for _ in range(20))
+    assert all(
+        affinity_first(reg, prefix="You are a helpful assistant.") == first for _ in range(20)
+    )
     # The registry listing its routes in another order changes nothing.
     reordered = registry(*reversed(AFFINITY_BACKENDS))
     assert affinity_first(reordered, prefix="You are a helpful assistant.") == first
@@ -182,8 +242,7 @@ def test_affinity_spreads_different_prefixes_and_tenants_over_the_backends():
     by_prefix = [affinity_first(reg, prefix=f"system prompt #{i}") for i in range(50)]
     assert len(set(by_prefix)) >= 3
     assert max(by_prefix.count(name) for name in set(by_prefix)) <= 25
-    by_tenant = {affinity_first(reg, tenant=f"tenant-{i}", prefix="same prompt")
-                 for i in range(50)}
+    by_tenant = {affinity_first(reg, tenant=f"tenant-{i}", prefix="same prompt") for i in range(50)}
     assert len(by_tenant) >= 3
 
 
@@ -215,11 +274,14 @@ def test_affinity_goes_elsewhere_while_its_backend_is_at_max_concurrency():
 
 # -- health and circuit state ------------------------------------------------------------------
 
+
 def test_stale_sorts_last_and_offline_is_excluded_whatever_the_policy():
-    reg = registry(spec("a-stale", health=Health.STALE, energy_mj_per_token=1),
-                   spec("b-offline", health=Health.OFFLINE, energy_mj_per_token=1),
-                   spec("c-live", health=Health.LIVE, energy_mj_per_token=500),
-                   spec("d-live", health=Health.LIVE, energy_mj_per_token=100))
+    reg = registry(
+        spec("a-stale", health=Health.STALE, energy_mj_per_token=1),
+        spec("b-offline", health=Health.OFFLINE, energy_mj_per_token=1),
+        spec("c-live", health=Health.LIVE, energy_mj_per_token=500),
+        spec("d-live", health=Health.LIVE, energy_mj_per_token=100),
+    )
     assert order(reg) == ["c-live", "d-live", "a-stale"]
     assert order(reg, policy="energy") == ["d-live", "c-live", "a-stale"]
     reg.agents[AGENT] = AgentPlan(chain=("b-offline", "a-stale", "c-live"))
@@ -227,8 +289,11 @@ def test_stale_sorts_last_and_offline_is_excluded_whatever_the_policy():
 
 
 def test_a_never_probed_backend_ranks_after_live_ones():
-    reg = registry(spec("a-new", health=Health.UNKNOWN), spec("b-live", health=Health.LIVE),
-                   spec("c-stale", health=Health.STALE))
+    reg = registry(
+        spec("a-new", health=Health.UNKNOWN),
+        spec("b-live", health=Health.LIVE),
+        spec("c-stale", health=Health.STALE),
+    )
     assert order(reg) == ["b-live", "a-new", "c-stale"]
 
 
@@ -307,23 +372,30 @@ def test_route_supports(kind, fields, need, expected):
 
 
 def test_a_backend_whose_context_is_too_small_for_the_need_is_excluded():
-    reg = registry(spec("a-small", context_length=1000), spec("b-any", context_length=0),
-                   spec("c-large", context_length=100_000))
+    reg = registry(
+        spec("a-small", context_length=1000),
+        spec("b-any", context_length=0),
+        spec("c-large", context_length=100_000),
+    )
     fits = Need("chat", prompt_tokens=400, max_tokens=500)
     assert order(reg, need=fits) == ["a-small", "b-any", "c-large"]
-    assert order(reg, need=Need("chat", prompt_tokens=400, max_tokens=2000)) == [
-        "b-any", "c-large"]
+    assert order(reg, need=Need("chat", prompt_tokens=400, max_tokens=2000)) == ["b-any", "c-large"]
     # A prompt of 40 000 bytes is thousands of tokens whatever the tokenizer.
     assert order(reg, need=Need("chat", prompt_tokens=40_000, max_tokens=10)) == [
-        "b-any", "c-large"]
-    assert route_supports(route(spec("local", "local", context_length=10)),
-                          Need("chat", prompt_tokens=40_000, max_tokens=10))
+        "b-any",
+        "c-large",
+    ]
+    assert route_supports(
+        route(spec("local", "local", context_length=10)),
+        Need("chat", prompt_tokens=40_000, max_tokens=10),
+    )
 
 
 def test_a_model_no_backend_can_serve_for_this_need_is_unsupported():
     reg = registry(spec("claude", "anthropic"), spec("gpt", "openai"))
-    plan = route_plan(registry=reg, agent_id=AGENT, model="m",
-                      need=Need("completion", token_prompts=True))
+    plan = route_plan(
+        registry=reg, agent_id=AGENT, model="m", need=Need("completion", token_prompts=True)
+    )
     assert plan.routes == [] and plan.unsupported and plan.blocked_for == 0
     plan = route_plan(registry=reg, agent_id=AGENT, model="m", need=Need("chat", n=3))
     assert [r.backend.name for r in plan.routes] == ["gpt"] and not plan.unsupported
@@ -331,27 +403,38 @@ def test_a_model_no_backend_can_serve_for_this_need_is_unsupported():
 
 # -- the snapshot from the database ------------------------------------------------------------
 
+
 def remote(name: str, kind: str, model: str = "tiny", **fields) -> Backend:
-    backend = backend_register(name=name, kind=kind, base_url=f"http://{name}.example",
-                               **fields)
-    backend_model_set(backend=backend, model=model, upstream_name=f"{name}/{model}",
-                      price_input_per_mtok=7)
+    backend = backend_register(name=name, kind=kind, base_url=f"http://{name}.example", **fields)
+    backend_model_set(
+        backend=backend, model=model, upstream_name=f"{name}/{model}", price_input_per_mtok=7
+    )
     return backend
 
 
 def test_registry_load_reads_enabled_backends_and_local_models_in_kind_order(db):
     model_register(name="tiny", source="preset:tiny", price_input_per_mtok=3)
-    for name, kind in [("a-openai", "openai"), ("b-anthropic", "anthropic"),
-                       ("c-openrouter", "openrouter"), ("d-compat", "openai_compatible"),
-                       ("e-fairlane", "fairlane")]:
+    for name, kind in [
+        ("a-openai", "openai"),
+        ("b-anthropic", "anthropic"),
+        ("c-openrouter", "openrouter"),
+        ("d-compat", "openai_compatible"),
+        ("e-fairlane", "fairlane"),
+    ]:
         remote(name, kind)
     remote("f-disabled", "fairlane", is_enabled=False)
     remote("f-disabled", "fairlane", model="only-there", is_enabled=False)
 
     reg = registry_load()
     assert "f-disabled" not in reg.backends and "only-there" not in reg.routes
-    assert order(reg, model="tiny") == ["local", "e-fairlane", "d-compat", "c-openrouter",
-                                        "b-anthropic", "a-openai"]
+    assert order(reg, model="tiny") == [
+        "local",
+        "e-fairlane",
+        "d-compat",
+        "c-openrouter",
+        "b-anthropic",
+        "a-openai",
+    ]
     by_name = {r.backend.name: r for r in reg.routes["tiny"]}
     assert by_name["local"].upstream == "tiny" and by_name["local"].info.price_input_per_mtok == 3
     assert by_name["a-openai"].upstream == "a-openai/tiny"

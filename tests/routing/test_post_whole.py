@@ -21,12 +21,15 @@ async def server():
     gzip-encoded body, /stall sends half a body and stops."""
 
     async def echo(request: web.Request) -> web.Response:
-        return web.json_response({"headers": dict(request.headers),
-                                  "body": (await request.read()).decode()})
+        return web.json_response(
+            {"headers": dict(request.headers), "body": (await request.read()).decode()}
+        )
 
     async def gzipped(request: web.Request) -> web.Response:
-        return web.Response(body=gzip.compress(BODY), headers={"Content-Encoding": "gzip",
-                                                               "Content-Type": "application/json"})
+        return web.Response(
+            body=gzip.compress(BODY),
+            headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+        )
 
     async def stall(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Length": str(len(BODY))})
@@ -50,10 +53,13 @@ async def server():
 
 async def test_a_whole_answer_is_the_request_httpx_would_send_and_its_decoded_body(server):
     client = http_client()
-    response = await post_whole(client, httpx.URL(server + "/echo"), content=b'{"a": 1}',
-                                headers={"Authorization": "Bearer sk-x",
-                                         "Content-Type": "application/json"},
-                                timeout=httpx.Timeout(5))
+    response = await post_whole(
+        client,
+        httpx.URL(server + "/echo"),
+        content=b'{"a": 1}',
+        headers={"Authorization": "Bearer sk-x", "Content-Type": "application/json"},
+        timeout=httpx.Timeout(5),
+    )
     sent = response.json()
     assert response.status_code == 200 and sent["body"] == '{"a": 1}'
     # The client's default headers, then the call's.
@@ -62,18 +68,29 @@ async def test_a_whole_answer_is_the_request_httpx_would_send_and_its_decoded_bo
     assert sent["headers"]["Authorization"] == "Bearer sk-x"
     assert sent["headers"]["Content-Type"] == "application/json"
 
-    response = await post_whole(client, httpx.URL(server + "/gzip"), content=b"{}", headers={},
-                                timeout=httpx.Timeout(5))
+    response = await post_whole(
+        client, httpx.URL(server + "/gzip"), content=b"{}", headers={}, timeout=httpx.Timeout(5)
+    )
     assert response.content == BODY and response.json()["choices"][0]["message"]["content"]
 
 
 async def test_a_body_that_stalls_is_httpx_read_timeout(server):
     with pytest.raises(httpx.ReadTimeout):
-        await post_whole(http_client(), httpx.URL(server + "/stall"), content=b"{}", headers={},
-                         timeout=httpx.Timeout(0.5))
+        await post_whole(
+            http_client(),
+            httpx.URL(server + "/stall"),
+            content=b"{}",
+            headers={},
+            timeout=httpx.Timeout(0.5),
+        )
     # The connection it left is not handed to the next call: that one is answered whole.
-    response = await post_whole(http_client(), httpx.URL(server + "/gzip"), content=b"{}",
-                                headers={}, timeout=httpx.Timeout(5))
+    response = await post_whole(
+        http_client(),
+        httpx.URL(server + "/gzip"),
+        content=b"{}",
+        headers={},
+        timeout=httpx.Timeout(5),
+    )
     assert response.content == BODY
 
 
@@ -87,7 +104,11 @@ async def test_another_transport_keeps_the_clients_own_path():
         return httpx.Response(200, content=BODY)
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        response = await post_whole(client, httpx.URL("http://upstream.test/v1/x"),
-                                    content=b"{}", headers={"X-Y": "z"},
-                                    timeout=httpx.Timeout(5))
+        response = await post_whole(
+            client,
+            httpx.URL("http://upstream.test/v1/x"),
+            content=b"{}",
+            headers={"X-Y": "z"},
+            timeout=httpx.Timeout(5),
+        )
     assert response.content == BODY and seen[0].headers["x-y"] == "z"

@@ -85,11 +85,15 @@ def test_a_limit_holds_exactly_across_two_api_processes(agent, key):
         away_from_the_minute_boundary()
 
         async def fire():
-            async with httpx.AsyncClient(timeout=60,
-                                         headers={"Authorization": f"Bearer {key}"}) as client:
-                return await asyncio.gather(*(
-                    client.post(servers[i % 2].url + "/v1/completions", json=body)
-                    for i in range(20)))
+            async with httpx.AsyncClient(
+                timeout=60, headers={"Authorization": f"Bearer {key}"}
+            ) as client:
+                return await asyncio.gather(
+                    *(
+                        client.post(servers[i % 2].url + "/v1/completions", json=body)
+                        for i in range(20)
+                    )
+                )
 
         responses = asyncio.run(fire())
         codes = sorted(r.status_code for r in responses)
@@ -105,7 +109,7 @@ def test_a_limit_holds_exactly_across_two_api_processes(agent, key):
 def test_a_caller_without_limits_needs_no_redis():
     """Nothing to check or take: no round trip, so an unreachable Redis does not refuse it;
     a caller with a limit still gets a clear 503 then."""
-    from routing.errors import ServiceUnavailable
+    from tenants.errors import ServiceUnavailable
 
     down = RedisLimiter(redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5))
     admitted = down.acquire(request_id="r1", scopes=(), tokens=10)

@@ -44,8 +44,10 @@ def test_rate_limits_run_on_a_redis_cluster(cluster, callers):
     for caller in callers:
         scopes = scopes_for(caller)
         assert len(scopes) == 3
-        held = [limiter.acquire(request_id=uuid.uuid4().hex, scopes=scopes, tokens=100)
-                for _ in range(2)]
+        held = [
+            limiter.acquire(request_id=uuid.uuid4().hex, scopes=scopes, tokens=100)
+            for _ in range(2)
+        ]
         with pytest.raises(RateLimited) as exc_info:  # the key's concurrency of 2
             limiter.acquire(request_id=uuid.uuid4().hex, scopes=scopes, tokens=100)
         assert exc_info.value.retry_after == 1

@@ -10,11 +10,11 @@ import pytest
 from django.db.models import Sum
 
 from routing.backend_store import agent_routing_set, backend_model_set, backend_register
+from routing.bench.fakes import FakeProvider
 from tenants.models import BudgetWindow, Reservation, Scope, UsageRecord
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
 from tests.conftest import child_env
-from routing.bench.fakes import FakeProvider
 from tests.servers import AsgiServer
 
 REQUESTS, AFFORDABLE, MAX_TOKENS = 500, 120, 10
@@ -30,13 +30,19 @@ def server(subprocess_env):
 
 
 async def _one(client: httpx.AsyncClient, url: str, key: str, i: int) -> tuple[int, str]:
-    body = {"model": "paid-model", "max_tokens": MAX_TOKENS, "stream": True,
-            "messages": [{"role": "user", "content": f"request number {i}"}]}
-    async with client.stream("POST", url + "/v1/chat/completions", json=body,
-                             headers={"Authorization": f"Bearer {key}"}) as response:
+    body = {
+        "model": "paid-model",
+        "max_tokens": MAX_TOKENS,
+        "stream": True,
+        "messages": [{"role": "user", "content": f"request number {i}"}],
+    }
+    async with client.stream(
+        "POST", url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+    ) as response:
         if response.status_code != 200:
-            return response.status_code, json.loads(await response.aread()).get(
-                "error", {}).get("code", "")
+            return response.status_code, json.loads(await response.aread()).get("error", {}).get(
+                "code", ""
+            )
         text = ""
         async for line in response.aiter_lines():
             if line.startswith("data: {"):
@@ -49,13 +55,19 @@ async def _one(client: httpx.AsyncClient, url: str, key: str, i: int) -> tuple[i
 
 
 def test_500_concurrent_streams_never_overspend_and_the_ledger_matches_the_provider(
-        server, tenant, agent):
+    server, tenant, agent
+):
     fake = FakeProvider("openai", reply_tokens=MAX_TOKENS, token_delay=0.01).start()
     try:
-        backend = backend_register(name="paid", kind="openai", base_url=fake.url,
-                                   credential=fake.api_key)
-        backend_model_set(backend=backend, model="paid-model", upstream_name="fake-model",
-                          price_output_per_mtok=PER_TOKEN_OUT * 1_000_000)
+        backend = backend_register(
+            name="paid", kind="openai", base_url=fake.url, credential=fake.api_key
+        )
+        backend_model_set(
+            backend=backend,
+            model="paid-model",
+            upstream_name="fake-model",
+            price_output_per_mtok=PER_TOKEN_OUT * 1_000_000,
+        )
         agent_routing_set(agent=agent, chain=["paid"])
         limit = AFFORDABLE * COST
         budget = budget_create(tenant=tenant, agent=agent, limit_microcents=limit)
@@ -64,8 +76,9 @@ def test_500_concurrent_streams_never_overspend_and_the_ledger_matches_the_provi
         async def all_at_once():
             limits = httpx.Limits(max_connections=REQUESTS + 10)
             async with httpx.AsyncClient(limits=limits, timeout=120) as client:
-                return await asyncio.gather(*(_one(client, server.url, key, i)
-                                              for i in range(REQUESTS)))
+                return await asyncio.gather(
+                    *(_one(client, server.url, key, i) for i in range(REQUESTS))
+                )
 
         results = asyncio.run(all_at_once())
     finally:
@@ -83,8 +96,10 @@ def test_500_concurrent_streams_never_overspend_and_the_ledger_matches_the_provi
     assert window.reserved_microcents == 0
     assert not Reservation.objects.filter(status=Reservation.Status.HELD).exists()
     ledger = UsageRecord.objects.filter(agent=agent).aggregate(
-        prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"),
-        cost=Sum("cost_microcents"))
+        prompt=Sum("prompt_tokens"),
+        completion=Sum("completion_tokens"),
+        cost=Sum("cost_microcents"),
+    )
     stats = fake.stats
     assert UsageRecord.objects.filter(agent=agent).count() == stats["ok"] == AFFORDABLE
     assert ledger["prompt"] == stats["prompt_tokens"]

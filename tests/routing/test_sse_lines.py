@@ -10,8 +10,10 @@ from routing.backends.base import sse_lines
 
 pytestmark = pytest.mark.asyncio
 
-BODY = (b": OPENROUTER PROCESSING\r\n\r\nevent: message\r\ndata: {\"a\": \"\xc3\xa9\"}\r\n\r\n"
-        b"data: {\"b\": 1}\n\ndata: x\rdata: y\r\ndata: [DONE]")
+BODY = (
+    b': OPENROUTER PROCESSING\r\n\r\nevent: message\r\ndata: {"a": "\xc3\xa9"}\r\n\r\n'
+    b'data: {"b": 1}\n\ndata: x\rdata: y\r\ndata: [DONE]'
+)
 
 
 class Pieces(httpx.AsyncByteStream):
@@ -35,11 +37,15 @@ async def _httpx_lines(pieces: list[bytes]) -> list[bytes]:
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7, len(BODY)])
 async def test_lines_match_httpx_whatever_the_pieces(size):
-    pieces = [BODY[i:i + size] for i in range(0, len(BODY), size)]
+    pieces = [BODY[i : i + size] for i in range(0, len(BODY), size)]
     lines = await _lines(pieces)
     assert lines == await _httpx_lines(pieces)
-    assert lines[:4] == [b": OPENROUTER PROCESSING", b"", b"event: message",
-                         'data: {"a": "é"}'.encode()]
+    assert lines[:4] == [
+        b": OPENROUTER PROCESSING",
+        b"",
+        b"event: message",
+        'data: {"a": "é"}'.encode(),
+    ]
     assert lines[-3:] == [b"data: x", b"data: y", b"data: [DONE]"]
 
 

@@ -11,21 +11,30 @@ import httpx
 import pytest
 
 from tenants.models import UsageRecord
-from tests.conftest import child_env, wait_for
+from tests.conftest import child_env, wait_for, workers_live
 from tests.routing.conftest import PRICES
 from tests.servers import AsgiServer, CeleryWorker
-from workers.worker import workers_live
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-LONG = {"model": "small", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 1500,
-        "ignore_eos": True, "stream": True, "temperature": 0.7}
+LONG = {
+    "model": "small",
+    "messages": [{"role": "user", "content": "go on"}],
+    "max_tokens": 1500,
+    "ignore_eos": True,
+    "stream": True,
+    "temperature": 0.7,
+}
 
 
 def distributed_env(**overrides) -> dict:
     """A fresh queue namespace, so nothing queued by another test (or run) reaches this one."""
-    return child_env(FAIRLANE_ENGINE_MODE="celery", FAIRLANE_HEARTBEAT_SECONDS="1",
-                     FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-", **overrides)
+    return child_env(
+        FAIRLANE_ENGINE_MODE="celery",
+        FAIRLANE_HEARTBEAT_SECONDS="1",
+        FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
+        **overrides,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +50,19 @@ def distributed(django_db_setup, django_db_blocker):
 
 def expected_cost(record) -> int:
     uncached = record.prompt_tokens - record.cached_tokens
-    total = (uncached * PRICES["price_input_per_mtok"]
-             + record.cached_tokens * PRICES["price_cached_per_mtok"]
-             + record.completion_tokens * PRICES["price_output_per_mtok"])
+    total = (
+        uncached * PRICES["price_input_per_mtok"]
+        + record.cached_tokens * PRICES["price_cached_per_mtok"]
+        + record.completion_tokens * PRICES["price_output_per_mtok"]
+    )
     return -(-total // 1_000_000)
 
 
 async def stream_chat(client: httpx.AsyncClient, key: str, body: dict) -> list[dict]:
     chunks = []
-    async with client.stream("POST", "/v1/chat/completions", json=body,
-                             headers={"Authorization": f"Bearer {key}"}) as response:
+    async with client.stream(
+        "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+    ) as response:
         assert response.status_code == 200, await response.aread()
         async for line in response.aiter_lines():
             if line.startswith("data: "):
@@ -62,15 +74,18 @@ async def stream_chat(client: httpx.AsyncClient, key: str, body: dict) -> list[d
 
 
 async def disconnect_after_first_tokens(base_url: str, key: str) -> str:
-    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
-        async with client.stream("POST", "/v1/chat/completions", json=LONG,
-                                 headers={"Authorization": f"Bearer {key}"}) as response:
-            request_id = response.headers["x-request-id"]
-            seen = 0
-            async for line in response.aiter_lines():
-                seen += line.startswith("data: ")
-                if seen >= 4:
-                    break  # leaving the block closes the connection mid-stream
+    async with (
+        httpx.AsyncClient(base_url=base_url, timeout=60) as client,
+        client.stream(
+            "POST", "/v1/chat/completions", json=LONG, headers={"Authorization": f"Bearer {key}"}
+        ) as response,
+    ):
+        request_id = response.headers["x-request-id"]
+        seen = 0
+        async for line in response.aiter_lines():
+            seen += line.startswith("data: ")
+            if seen >= 4:
+                break  # leaving the block closes the connection mid-stream
     return request_id
 
 
@@ -82,21 +97,25 @@ def assert_charged_for_what_was_generated(request_id: str) -> UsageRecord:
     return record
 
 
-def test_embedded_disconnect_aborts_the_sequence_and_frees_its_blocks(embedded_server, key,
-                                                                     slow):
+def test_embedded_disconnect_aborts_the_sequence_and_frees_its_blocks(embedded_server, key, slow):
     request_id = asyncio.run(disconnect_after_first_tokens(embedded_server.url, key))
     assert_charged_for_what_was_generated(request_id)
 
     def kv_used() -> float | None:
         text = httpx.get(embedded_server.url + "/metrics").text
-        match = re.search(r'fairlane_engine_kv_blocks_used\{model="small",worker="embedded"\} '
-                          r'(\S+)', text)
+        match = re.search(
+            r'fairlane_engine_kv_blocks_used\{model="small",worker="embedded"\} '
+            r"(\S+)",
+            text,
+        )
         return match and float(match[1])
+
     assert wait_for(lambda: kv_used() == 0.0)
 
 
-def test_distributed_sixteen_concurrent_streams_batch_together_and_are_metered(distributed, key,
-                                                                              budget):
+def test_distributed_sixteen_concurrent_streams_batch_together_and_are_metered(
+    distributed, key, budget
+):
     server, worker = distributed
     body = {**LONG, "model": "tiny", "max_tokens": 48, "stream_options": {"include_usage": True}}
 
@@ -111,15 +130,18 @@ def test_distributed_sixteen_concurrent_streams_batch_together_and_are_metered(d
         record = UsageRecord.objects.get(request_id=chunks[0]["id"].removeprefix("chatcmpl-"))
         assert (record.prompt_tokens, record.completion_tokens) == (usage["prompt_tokens"], 48)
         assert record.backend.startswith("worker:") and record.cost_microcents == expected_cost(
-            record)
+            record
+        )
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
         assert len(text) > 0
     assert UsageRecord.objects.count() == 16
 
     def batched() -> bool:
         beats = [b for b in workers_live() if "tiny" in b["stats"]]
-        return any(int(size) > 1 for b in beats
-                   for size in b["stats"]["tiny"]["batch_seqs_histogram"])
+        return any(
+            int(size) > 1 for b in beats for size in b["stats"]["tiny"]["batch_seqs_histogram"]
+        )
+
     assert wait_for(batched, timeout=10)
 
 
@@ -131,20 +153,26 @@ def test_distributed_disconnect_aborts_in_the_worker(distributed, key, slow):
     def blocks_free() -> bool:
         beats = [b for b in workers_live() if "small" in b["stats"]]
         return bool(beats) and all(b["stats"]["small"]["kv_blocks_used"] == 0 for b in beats)
+
     assert wait_for(blocks_free, timeout=10)
 
 
 def test_worker_heartbeat_advertises_capabilities_and_load(distributed, key):
     server, _ = distributed
-    httpx.post(server.url + "/v1/completions", headers={"Authorization": f"Bearer {key}"},
-               json={"model": "tiny", "prompt": "warm", "max_tokens": 2}, timeout=60)
+    httpx.post(
+        server.url + "/v1/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "tiny", "prompt": "warm", "max_tokens": 2},
+        timeout=60,
+    )
     beat = wait_for(lambda: next((b for b in workers_live() if "tiny" in b["stats"]), None))
     tiny = beat["stats"]["tiny"]
     assert beat["capacity"] == 64 and "tiny" in beat["models"]
     assert tiny["max_model_len"] == 1024 and tiny["paged_kv"] and tiny["continuous_batching"]
     assert {"num_running", "num_waiting", "kv_blocks_free", "kv_blocks_used"} <= set(tiny)
-    models = httpx.get(server.url + "/v1/models",
-                       headers={"Authorization": f"Bearer {key}"}).json()["data"]
+    models = httpx.get(
+        server.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}
+    ).json()["data"]
     assert [m["id"] for m in models] == ["tiny"]  # registered and hosted by a live worker
 
 
@@ -159,8 +187,12 @@ def test_worker_warm_shutdown_drains_requests_in_flight(django_db_setup, key, sl
         async def run():
             chunks = []
             async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
-                async with client.stream("POST", "/v1/chat/completions", json=body,
-                                         headers={"Authorization": f"Bearer {key}"}) as response:
+                async with client.stream(
+                    "POST",
+                    "/v1/chat/completions",
+                    json=body,
+                    headers={"Authorization": f"Bearer {key}"},
+                ) as response:
                     async for line in response.aiter_lines():
                         if line.startswith("data: {"):
                             chunks.append(json.loads(line[6:]))
@@ -179,8 +211,9 @@ def test_worker_warm_shutdown_drains_requests_in_flight(django_db_setup, key, sl
         worker.stop()
 
 
-def test_a_worker_killed_mid_stream_is_resumed_elsewhere_and_billed_once(django_db_setup, key,
-                                                                         slow):
+def test_a_worker_killed_mid_stream_is_resumed_elsewhere_and_billed_once(
+    django_db_setup, key, slow
+):
     """Its claim lapses, the fair queue hands the request to another worker, which continues
     each choice after the tokens already streamed: one whole stream, one ledger row."""
     import redis as redis_lib
@@ -191,11 +224,16 @@ def test_a_worker_killed_mid_stream_is_resumed_elsewhere_and_billed_once(django_
     workers = [first]
     body = {**LONG, "max_tokens": 120, "stream_options": {"include_usage": True}}
     try:
+
         async def run() -> tuple[str, list[dict]]:
             chunks = []
             async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
-                async with client.stream("POST", "/v1/chat/completions", json=body,
-                                         headers={"Authorization": f"Bearer {key}"}) as response:
+                async with client.stream(
+                    "POST",
+                    "/v1/chat/completions",
+                    json=body,
+                    headers={"Authorization": f"Bearer {key}"},
+                ) as response:
                     request_id = response.headers["x-request-id"]
                     async for line in response.aiter_lines():
                         if not line.startswith("data: ") or line == "data: [DONE]":
@@ -203,14 +241,16 @@ def test_a_worker_killed_mid_stream_is_resumed_elsewhere_and_billed_once(django_
                         chunks.append(json.loads(line[6:]))
                         if len(chunks) == 4:
                             first.stop(signal.SIGKILL)
-                            workers.append(await asyncio.to_thread(
-                                CeleryWorker, env, name="heir"))
+                            workers.append(await asyncio.to_thread(CeleryWorker, env, name="heir"))
             return request_id, chunks
 
         request_id, chunks = asyncio.run(run())
         assert "error" not in chunks[-1] and chunks[-1]["usage"]["completion_tokens"] == 120
-        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]
-                and c["choices"][0]["finish_reason"]] == ["length"]
+        assert [
+            c["choices"][0]["finish_reason"]
+            for c in chunks
+            if c["choices"] and c["choices"][0]["finish_reason"]
+        ] == ["length"]
         record = wait_for(lambda: UsageRecord.objects.filter(request_id=request_id).first())
         assert UsageRecord.objects.count() == 1 and record.status == UsageRecord.Status.OK
         assert record.completion_tokens == 120

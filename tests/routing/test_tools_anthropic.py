@@ -27,10 +27,13 @@ CLOCK = {"type": "function", "function": {"name": "get_time"}}
 
 
 class Images(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (the standard library's name)
-        routes = {"/cat.png": (200, "image/png", CAT), "/big.png": (200, "image/png", CAT * 4),
-                  "/page": (200, "text/html", b"<html></html>"),
-                  "/moved": (302, "image/png", b"")}
+    def do_GET(self):
+        routes = {
+            "/cat.png": (200, "image/png", CAT),
+            "/big.png": (200, "image/png", CAT * 4),
+            "/page": (200, "text/html", b"<html></html>"),
+            "/moved": (302, "image/png", b""),
+        }
         if self.path == "/slow.png":
             time.sleep(1.5)
         status, kind, data = routes.get(self.path, (404, "text/plain", b"missing"))
@@ -69,15 +72,30 @@ def claude(key):
 def conversation(images_url: str) -> list[dict]:
     return [
         {"role": "system", "content": "You answer with tools."},
-        {"role": "user", "content": [
-            {"type": "text", "text": "what is this?"},
-            {"type": "image_url", "image_url": {"url": images_url + "/cat.png"}},
-            {"type": "image_url", "image_url": {"url": DATA_URL}}]},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_a", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
-            {"id": "call_b", "type": "function", "function": {"name": "get_time",
-                                                              "arguments": "{}"}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": images_url + "/cat.png"}},
+                {"type": "image_url", "image_url": {"url": DATA_URL}},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_a",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                },
+                {
+                    "id": "call_b",
+                    "type": "function",
+                    "function": {"name": "get_time", "arguments": "{}"},
+                },
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_a", "content": "rain, 4 C"},
         {"role": "tool", "tool_call_id": "call_b", "content": "noon"},
         {"role": "user", "content": "and in Paris?"},
@@ -85,54 +103,100 @@ def conversation(images_url: str) -> list[dict]:
 
 
 async def test_a_tool_conversation_is_translated_and_tool_use_comes_back(key, claude, images):
-    body = {"messages": conversation(images), "tools": [WEATHER, CLOCK],
-            "tool_choice": "required", "parallel_tool_calls": False}
+    body = {
+        "messages": conversation(images),
+        "tools": [WEATHER, CLOCK],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+    }
     response = await chat(key, **body)
     assert response.status_code == 200, response.content
     sent = claude.requests[0]
     assert sent["system"] == "You answer with tools."
     assert sent["messages"] == [
-        {"role": "user", "content": [
-            {"type": "text", "text": "what is this?"},
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": base64.b64encode(CAT).decode()}},
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": PNG}}]},
-        {"role": "assistant", "content": [
-            {"type": "tool_use", "id": "call_a", "name": "get_weather",
-             "input": {"city": "Oslo"}},
-            {"type": "tool_use", "id": "call_b", "name": "get_time", "input": {}}]},
-        {"role": "user", "content": [  # both results and the next question: one user turn
-            {"type": "tool_result", "tool_use_id": "call_a", "content": "rain, 4 C"},
-            {"type": "tool_result", "tool_use_id": "call_b", "content": "noon"},
-            {"type": "text", "text": "and in Paris?"}]}]
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is this?"},
+                {
+                    "type": "image",
+                    "source": {
+                        "type": "base64",
+                        "media_type": "image/png",
+                        "data": base64.b64encode(CAT).decode(),
+                    },
+                },
+                {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": "image/png", "data": PNG},
+                },
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "call_a",
+                    "name": "get_weather",
+                    "input": {"city": "Oslo"},
+                },
+                {"type": "tool_use", "id": "call_b", "name": "get_time", "input": {}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [  # both results and the next question: one user turn
+                {"type": "tool_result", "tool_use_id": "call_a", "content": "rain, 4 C"},
+                {"type": "tool_result", "tool_use_id": "call_b", "content": "noon"},
+                {"type": "text", "text": "and in Paris?"},
+            ],
+        },
+    ]
     function = WEATHER["function"]
     assert sent["tools"] == [
-        {"name": "get_weather", "input_schema": function["parameters"],
-         "description": function["description"]},
-        {"name": "get_time", "input_schema": {"type": "object", "properties": {}}}]
+        {
+            "name": "get_weather",
+            "input_schema": function["parameters"],
+            "description": function["description"],
+        },
+        {"name": "get_time", "input_schema": {"type": "object", "properties": {}}},
+    ]
     assert sent["tool_choice"] == {"type": "any", "disable_parallel_tool_use": True}
     [choice] = json.loads(response.content)["choices"]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["content"] == "Checking now"
-    assert choice["message"]["tool_calls"] == [{"id": "toolu_fake0", "type": "function",
-                                                "function": {"name": "get_weather",
-                                                             "arguments": ARGS}}]
+    assert choice["message"]["tool_calls"] == [
+        {
+            "id": "toolu_fake0",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": ARGS},
+        }
+    ]
     [row] = await database_sync_to_async(lambda: list(UsageRecord.objects.all()))()
     assert row.prompt_tokens == 4 + 3 + 3 + 2 * 10 + 2 * 85  # as the fake reported it
 
     payloads = await streamed(await chat(key, stream=True, **body))
-    deltas = [p["choices"][0]["delta"] for p in payloads if isinstance(p, dict)
-              and p.get("choices")]
+    deltas = [
+        p["choices"][0]["delta"] for p in payloads if isinstance(p, dict) and p.get("choices")
+    ]
     calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
-    assert calls[0] == {"index": 0, "id": "toolu_fake0", "type": "function",
-                        "function": {"name": "get_weather", "arguments": ""}}
-    assert all(set(c) == {"index", "function"} and set(c["function"]) == {"arguments"}
-               for c in calls[1:])
+    assert calls[0] == {
+        "index": 0,
+        "id": "toolu_fake0",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": ""},
+    }
+    assert all(
+        set(c) == {"index", "function"} and set(c["function"]) == {"arguments"} for c in calls[1:]
+    )
     assert "".join(c["function"]["arguments"] for c in calls) == ARGS
     assert "".join(d.get("content") or "" for d in deltas) == "Checking now"
-    assert [p["choices"][0]["finish_reason"] for p in payloads if isinstance(p, dict)
-            and p.get("choices") and p["choices"][0]["finish_reason"]] == ["tool_calls"]
+    assert [
+        p["choices"][0]["finish_reason"]
+        for p in payloads
+        if isinstance(p, dict) and p.get("choices") and p["choices"][0]["finish_reason"]
+    ] == ["tool_calls"]
 
 
 async def test_a_tool_without_arguments_gets_an_empty_object(key, claude):
@@ -145,16 +209,29 @@ async def test_a_tool_without_arguments_gets_an_empty_object(key, claude):
 
 async def test_past_tool_calls_without_tools_are_defined_and_uncallable(key, claude):
     claude.calls, claude.text = [], "It rained."
-    response = await chat(key, messages=[
-        {"role": "user", "content": "weather in Oslo?"},
-        {"role": "assistant", "content": "Let me look.", "tool_calls": [
-            {"id": "call_a", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
-        {"role": "tool", "tool_call_id": "call_a", "content": "rain"}])
+    response = await chat(
+        key,
+        messages=[
+            {"role": "user", "content": "weather in Oslo?"},
+            {
+                "role": "assistant",
+                "content": "Let me look.",
+                "tool_calls": [
+                    {
+                        "id": "call_a",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_a", "content": "rain"},
+        ],
+    )
     sent = claude.requests[0]
     assert sent["messages"][1]["content"][0] == {"type": "text", "text": "Let me look."}
-    assert sent["tools"] == [{"name": "get_weather",
-                              "input_schema": {"type": "object", "properties": {}}}]
+    assert sent["tools"] == [
+        {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
+    ]
     assert sent["tool_choice"] == {"type": "none"}
     [choice] = json.loads(response.content)["choices"]
     assert choice["message"]["content"] == "It rained." and choice["finish_reason"] == "stop"
@@ -164,8 +241,14 @@ async def test_past_tool_calls_without_tools_are_defined_and_uncallable(key, cla
 async def test_json_mode_is_a_forced_tool_whose_input_is_the_content(key, claude, stream):
     claude.calls, claude.text = [(None, '{"t": 21.5}')], ""
     schema = {"type": "object", "properties": {"t": {"type": "number"}}}
-    response = await chat(key, stream=stream, response_format={
-        "type": "json_schema", "json_schema": {"name": "forecast", "schema": schema}})
+    response = await chat(
+        key,
+        stream=stream,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "forecast", "schema": schema},
+        },
+    )
     sent = claude.requests[0]
     assert sent["tools"][0]["name"] == "forecast" and sent["tools"][0]["input_schema"] == schema
     assert sent["tool_choice"] == {"type": "tool", "name": "forecast"}
@@ -187,54 +270,87 @@ async def test_json_mode_is_a_forced_tool_whose_input_is_the_content(key, claude
 
 
 def translate(**body):
-    return tools_translate(chat_request_parse({"model": "m", "messages": [
-        {"role": "user", "content": "hi"}], **body}).tool_use)[1]
+    return tools_translate(
+        chat_request_parse(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}
+        ).tool_use
+    )[1]
 
 
 def test_tool_choice_maps_to_anthropics():
     assert translate(tools=[WEATHER], tool_choice="auto") == {"type": "auto"}
     assert translate(tools=[WEATHER], tool_choice="none") == {"type": "none"}
     assert translate(tools=[WEATHER], tool_choice="required") == {"type": "any"}
-    assert translate(tools=[WEATHER], tool_choice={
-        "type": "function", "function": {"name": "get_weather"}}) == {
-        "type": "tool", "name": "get_weather"}
+    assert translate(
+        tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}
+    ) == {"type": "tool", "name": "get_weather"}
     assert translate(tools=[WEATHER], parallel_tool_calls=False) == {
-        "type": "auto", "disable_parallel_tool_use": True}
+        "type": "auto",
+        "disable_parallel_tool_use": True,
+    }
     # Tools and JSON mode together: a real tool or the answer, either through a tool.
-    assert translate(tools=[WEATHER], response_format={"type": "json_object"}) == {
-        "type": "any"}
+    assert translate(tools=[WEATHER], response_format={"type": "json_object"}) == {"type": "any"}
 
 
-@pytest.mark.parametrize("path,why", [
-    ("/missing.png", "HTTP 404"), ("/big.png", "larger than the 4096 bytes"),
-    ("/page", "text/html"), ("/moved", "redirect"), ("/slow.png", "within 0.5 s")])
-async def test_images_that_cannot_be_fetched_are_a_400_saying_why(key, claude, images, path,
-                                                                   why):
-    response = await chat(key, messages=[{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": images + path}}]}])
+@pytest.mark.parametrize(
+    "path,why",
+    [
+        ("/missing.png", "HTTP 404"),
+        ("/big.png", "larger than the 4096 bytes"),
+        ("/page", "text/html"),
+        ("/moved", "redirect"),
+        ("/slow.png", "within 0.5 s"),
+    ],
+)
+async def test_images_that_cannot_be_fetched_are_a_400_saying_why(key, claude, images, path, why):
+    response = await chat(
+        key,
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": images + path}}],
+            }
+        ],
+    )
     assert response.status_code == 400, response.content
     error = json.loads(response.content)["error"]
     assert why in error["message"] and error["param"] == "messages[0].content"
     assert claude.requests == []
     assert not await database_sync_to_async(UsageRecord.objects.exists)()
-    assert not await database_sync_to_async(
-        Reservation.objects.filter(status="held").exists)()
+    assert not await database_sync_to_async(Reservation.objects.filter(status="held").exists)()
 
 
 async def test_images_on_private_addresses_are_not_fetched(key, claude, images, settings):
     settings.FAIRLANE_IMAGE_FETCH_ALLOW_PRIVATE = False
-    response = await chat(key, messages=[{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": images + "/cat.png"}}]}])
+    response = await chat(
+        key,
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": images + "/cat.png"}}],
+            }
+        ],
+    )
     assert response.status_code == 400
-    assert "private" in json.loads(response.content)["error"]["message"]
+    assert "not on a public address" in json.loads(response.content)["error"]["message"]
     assert claude.requests == []
 
 
 def test_the_fake_speaks_tool_use_unstreamed_too(claude):
-    reply = httpx.post(claude.url + "/v1/messages", headers={
-        "x-api-key": claude.api_key, "anthropic-version": "2023-06-01"}, json={
-        "model": "fake-model", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}],
-        "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]}).json()
+    reply = httpx.post(
+        claude.url + "/v1/messages",
+        headers={"x-api-key": claude.api_key, "anthropic-version": "2023-06-01"},
+        json={
+            "model": "fake-model",
+            "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+        },
+    ).json()
     assert reply["stop_reason"] == "tool_use"
-    assert reply["content"][1] == {"type": "tool_use", "id": "toolu_fake0",
-                                   "name": "get_weather", "input": {"city": "Paris"}}
+    assert reply["content"][1] == {
+        "type": "tool_use",
+        "id": "toolu_fake0",
+        "name": "get_weather",
+        "input": {"city": "Paris"},
+    }

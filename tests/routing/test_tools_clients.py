@@ -32,33 +32,58 @@ def client(embedded_server, key):
 
 
 def test_the_openai_client_reads_tool_calls_streamed_and_not(client, gpt):
-    reply = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER],
-                                           tool_choice="required", max_tokens=50)
+    reply = client.chat.completions.create(
+        model="m", messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=50
+    )
     [call] = reply.choices[0].message.tool_calls
     assert (call.id, call.function.name, call.function.arguments) == (
-        "call_fake0", "get_weather", ARGS)
+        "call_fake0",
+        "get_weather",
+        ARGS,
+    )
     assert reply.choices[0].finish_reason == "tool_calls"
     assert gpt.requests[0]["tool_choice"] == "required"
     # The next turn, as the client's users write it: its own message object sent back.
-    client.chat.completions.create(model="m", tools=[WEATHER], max_tokens=50, messages=ASK + [
-        reply.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": "21 C"}])
+    client.chat.completions.create(
+        model="m",
+        tools=[WEATHER],
+        max_tokens=50,
+        messages=ASK
+        + [reply.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": "21 C"}],
+    )
     assert gpt.requests[1]["messages"][1:] == [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_fake0", "type": "function",
-             "function": {"name": "get_weather", "arguments": ARGS}}]},
-        {"role": "tool", "tool_call_id": "call_fake0", "content": "21 C"}]
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_fake0",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": ARGS},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_fake0", "content": "21 C"},
+    ]
 
-    chunks = list(client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER],
-                                                 stream=True, max_tokens=50))
-    pieces = [c.choices[0].delta.tool_calls[0] for c in chunks
-              if c.choices and c.choices[0].delta.tool_calls]
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=ASK, tools=[WEATHER], stream=True, max_tokens=50
+        )
+    )
+    pieces = [
+        c.choices[0].delta.tool_calls[0]
+        for c in chunks
+        if c.choices and c.choices[0].delta.tool_calls
+    ]
     assert pieces[0].id == "call_fake0" and pieces[0].function.name == "get_weather"
     assert all(p.index == 0 and p.id is None for p in pieces[1:])
     assert "".join(p.function.arguments for p in pieces) == ARGS
 
     # The client's stream helper checks the deltas' shape as it accumulates them.
-    with client.chat.completions.stream(model="m", messages=ASK, tools=[WEATHER],
-                                        max_tokens=50) as stream:
+    with client.chat.completions.stream(
+        model="m", messages=ASK, tools=[WEATHER], max_tokens=50
+    ) as stream:
         final = stream.get_final_completion()
     [call] = final.choices[0].message.tool_calls
     assert json.loads(call.function.arguments) == {"city": "Paris"}
@@ -74,36 +99,52 @@ def test_the_openai_client_parses_structured_output_from_anthropic(client, key):
     claude.start()
     try:
         register("claude", claude, model="c")
-        reply = client.chat.completions.parse(model="c", messages=ASK, response_format=Forecast,
-                                              max_tokens=50)
+        reply = client.chat.completions.parse(
+            model="c", messages=ASK, response_format=Forecast, max_tokens=50
+        )
         assert reply.choices[0].message.parsed == Forecast(city="Paris", celsius=21.5)
         assert claude.requests[0]["tool_choice"] == {"type": "tool", "name": "Forecast"}
     finally:
         claude.stop()
 
 
-async def test_the_websocket_carries_the_same_tool_call_deltas(settings, key, gpt):
-    settings.FAIRLANE_ENGINE_MODE = "embedded"
+async def test_the_websocket_carries_the_same_tool_call_deltas(embedded, key, gpt):
     from asgi import application
 
-    ws = WebsocketCommunicator(application, "/ws/v1/chat",
-                               headers=[(b"authorization", f"Bearer {key}".encode())])
+    ws = WebsocketCommunicator(
+        application, "/ws/v1/chat", headers=[(b"authorization", f"Bearer {key}".encode())]
+    )
     assert (await ws.connect())[0]
     assert (await ws.receive_json_from())["type"] == "auth.ok"
-    await ws.send_json_to({"type": "chat.completions", "id": "t1", "body": {
-        "model": "m", "messages": ASK, "tools": [WEATHER], "max_tokens": 50}})
+    await ws.send_json_to(
+        {
+            "type": "chat.completions",
+            "id": "t1",
+            "body": {"model": "m", "messages": ASK, "tools": [WEATHER], "max_tokens": 50},
+        }
+    )
     frames = []
     while not frames or frames[-1]["type"] not in {"done", "error"}:
         frames.append(await ws.receive_json_from(timeout=30))
     assert frames[-1]["type"] == "done", frames[-1]
-    deltas = [f["data"]["choices"][0]["delta"] for f in frames
-              if f["type"] == "chunk" and f["data"]["choices"]]
+    deltas = [
+        f["data"]["choices"][0]["delta"]
+        for f in frames
+        if f["type"] == "chunk" and f["data"]["choices"]
+    ]
     calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
-    assert calls[0] == {"index": 0, "id": "call_fake0", "type": "function",
-                        "function": {"name": "get_weather", "arguments": ""}}
+    assert calls[0] == {
+        "index": 0,
+        "id": "call_fake0",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": ""},
+    }
     assert "".join(c["function"]["arguments"] for c in calls) == ARGS
-    finals = [f["data"]["choices"][0]["finish_reason"] for f in frames
-              if f["type"] == "chunk" and f["data"]["choices"]]
+    finals = [
+        f["data"]["choices"][0]["finish_reason"]
+        for f in frames
+        if f["type"] == "chunk" and f["data"]["choices"]
+    ]
     assert finals[-1] == "tool_calls"
     await ws.disconnect()
     assert await database_sync_to_async(lambda: gpt.stats["ok"])() == 1

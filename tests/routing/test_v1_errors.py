@@ -28,8 +28,7 @@ class KeyClient(AsyncClient):
 
 
 @pytest.fixture
-def v1(settings, key):
-    settings.FAIRLANE_ENGINE_MODE = "embedded"
+def v1(embedded, key):
     return KeyClient(key)
 
 
@@ -50,30 +49,96 @@ async def nothing_billed():
     assert not await database_sync_to_async(UsageRecord.objects.exists)()
 
 
-@pytest.mark.parametrize("raw", ['{"model": "tiny",', "[" * 100_000 + "]" * 100_000, "\xff\xfe",
-                                 "null", '"string"'])
+@pytest.mark.parametrize(
+    "raw", ['{"model": "tiny",', "[" * 100_000 + "]" * 100_000, "\xff\xfe", "null", '"string"']
+)
 async def test_unparseable_or_non_object_bodies_are_400(v1, raw):
     error = error_of(await post(v1, "/v1/chat/completions", raw), 400)
     assert error["code"] == "invalid_request"
     await nothing_billed()
 
 
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "user", "content": "\ud800"}]},
+            "messages[0].content",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                **CHAT,
+                "stream": True,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "a\udfffb"}]}],
+            },
+            "messages[0].content[0].text",
+        ),
+        ("/v1/completions", {"model": "tiny", "prompt": "\ud800", "max_tokens": 2}, "prompt"),
+        ("/v1/embeddings", {"model": "tiny", "input": ["ok", "\udc00"]}, "input[1]"),
+    ],
+)
+async def test_a_lone_surrogate_is_a_400_naming_the_field(v1, path, body, param):
+    # JSON allows the escape; no tokenizer can take it (issue 28, finding 4: it was a 500).
+    raw = json.dumps(body)  # ensure_ascii: the surrogate travels as its \\u escape
+    error = error_of(await post(v1, path, raw), 400)
+    assert error["code"] == "invalid_request" and error["param"] == param
+    await nothing_billed()
+
+
+async def test_a_huge_integer_is_refused_without_a_rounded_echo(v1):
+    error = error_of(
+        await post(
+            v1,
+            "/v1/chat/completions",
+            json.dumps(CHAT)[:-1] + ', "max_tokens": 99999999999999999999999}',
+        ),
+        400,
+    )
+    assert error["param"] == "max_tokens"
+    assert "99999999999999991611392" not in error["message"]
+
+
+async def test_a_crash_is_a_counted_500_in_the_openai_shape(v1, monkeypatch):
+    from prometheus_client import REGISTRY
+
+    from routing import services
+
+    async def broken(**kwargs):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(services, "generation_start", broken)
+    sample = {"endpoint": "chat_completions", "status": "500"}
+    before = REGISTRY.get_sample_value("fairlane_api_requests_total", sample) or 0
+    error = error_of(await post(v1, "/v1/chat/completions", CHAT), 500)
+    assert error["code"] == "internal_error" and "a bug" not in error["message"]
+    assert REGISTRY.get_sample_value("fairlane_api_requests_total", sample) == before + 1
+
+
 async def test_wrong_content_type_and_method(v1):
-    assert error_of(await post(v1, "/v1/chat/completions", "model=tiny",
-                               content_type="application/x-www-form-urlencoded"), 400)
+    assert error_of(
+        await post(
+            v1,
+            "/v1/chat/completions",
+            "model=tiny",
+            content_type="application/x-www-form-urlencoded",
+        ),
+        400,
+    )
     error = error_of(await v1.get("/v1/chat/completions"), 405)
     assert error["code"] == "method_not_allowed"
 
 
 async def test_token_ids_outside_the_vocabulary_are_400(v1):
-    error = error_of(await post(v1, "/v1/completions", {"model": "tiny", "prompt": [1, 10**6]}),
-                     400)
+    error = error_of(
+        await post(v1, "/v1/completions", {"model": "tiny", "prompt": [1, 10**6]}), 400
+    )
     assert error["param"] == "prompt"
     await nothing_billed()
 
 
-async def test_no_key_or_a_revoked_key_is_401(settings, key, tenant):
-    settings.FAIRLANE_ENGINE_MODE = "embedded"
+async def test_no_key_or_a_revoked_key_is_401(embedded, key, tenant):
     response = await post(KeyClient(), "/v1/chat/completions", CHAT)
     assert error_of(response, 401)["code"] == "authentication"
     assert response["WWW-Authenticate"].startswith("Bearer")
@@ -83,10 +148,10 @@ async def test_no_key_or_a_revoked_key_is_401(settings, key, tenant):
     assert error_of(await client.get("/v1/models"), 401)["code"] == "authentication"
 
 
-async def test_a_management_only_key_cannot_infer(settings, tenant, agent, tiny):
-    settings.FAIRLANE_ENGINE_MODE = "embedded"
-    _, plain = await database_sync_to_async(api_key_create)(tenant=tenant, agent=agent,
-                                                   scopes=[Scope.MANAGEMENT_READ])
+async def test_a_management_only_key_cannot_infer(embedded, tenant, agent, tiny):
+    _, plain = await database_sync_to_async(api_key_create)(
+        tenant=tenant, agent=agent, scopes=[Scope.MANAGEMENT_READ]
+    )
     client = KeyClient(plain)
     assert error_of(await post(client, "/v1/chat/completions", CHAT), 403)["code"] == "permission"
 
@@ -102,7 +167,8 @@ async def test_a_model_the_agent_may_not_use_looks_like_no_model(v1, agent):
 
 async def test_a_suspended_tenant_is_403(v1, tenant):
     await database_sync_to_async(Tenant.objects.filter(pk=tenant.pk).update)(
-        status=Tenant.Status.SUSPENDED)
+        status=Tenant.Status.SUSPENDED
+    )
     assert error_of(await post(v1, "/v1/chat/completions", CHAT), 403)["code"] == "permission"
 
 

@@ -29,8 +29,11 @@ async def test_a_short_answer_for_a_client_that_does_not_stream_is_one_body(key,
     assert answer["choices"][0]["finish_reason"] == "length"
     assert answer["usage"]["completion_tokens"] == 5
     [row] = await database_sync_to_async(rows)()
-    assert (row.prompt_tokens, row.completion_tokens) == (
-        fake.stats["prompt_tokens"], fake.stats["completion_tokens"]) == (3, 5)
+    assert (
+        (row.prompt_tokens, row.completion_tokens)
+        == (fake.stats["prompt_tokens"], fake.stats["completion_tokens"])
+        == (3, 5)
+    )
     assert row.status == UsageRecord.Status.OK and row.cost_microcents == 3 * 100 + 5 * 300
 
     # Longer than a 10 tokens/s backend writes in its 2 s timeout: streamed upstream, so the
@@ -39,7 +42,8 @@ async def test_a_short_answer_for_a_client_that_does_not_stream_is_one_body(key,
     assert fake.requests[-1]["stream"] is True
     assert fake.requests[-1]["stream_options"] == {"include_usage": True}
     assert json.loads(response.content)["choices"][0]["message"]["content"] == "".join(
-        f"t{i} " for i in range(10))
+        f"t{i} " for i in range(10)
+    )
     # A client that streams is always streamed to.
     payloads = await streamed(await chat(key, stream=True, max_tokens=5))
     assert fake.requests[-1]["stream"] is True and payloads[-1] == "[DONE]"
@@ -64,7 +68,8 @@ async def test_logprobs_come_through_a_whole_answer(key, agent, fakes):
 
 
 async def test_a_whole_answer_cut_before_its_end_falls_through_and_is_charged_once(
-        key, agent, fakes):
+    key, agent, fakes
+):
     """The connection drops inside the body (a stream would have sent 3 tokens): nothing
     reached the client, so the next backend answers, and only its answer is charged."""
     first, second = fakes("openai"), fakes("openai")

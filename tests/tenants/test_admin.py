@@ -22,16 +22,25 @@ def test_admin_pages_need_a_staff_login(client, owner, api_key):
 
 
 def test_admin_lists_every_model_page(admin_client, api_key):
-    for page in ["tenant", "agent", "apikey", "budget", "budgetwindow", "reservation",
-                 "usagerecord"]:
+    for page in [
+        "tenant",
+        "agent",
+        "apikey",
+        "budget",
+        "budgetwindow",
+        "reservation",
+        "usagerecord",
+    ]:
         assert admin_client.get(f"/admin/tenants/{page}/").status_code == 200, page
 
 
 def test_admin_creates_a_key_through_the_service_and_shows_it_once(admin_client, agent):
     form = admin_client.get("/admin/tenants/apikey/add/")
     assert form.status_code == 200 and b"csrfmiddlewaretoken" in form.content
-    response = admin_client.post("/admin/tenants/apikey/add/", {
-        "agent": str(agent.pk), "name": "from admin", "scopes": [Scope.INFERENCE]})
+    response = admin_client.post(
+        "/admin/tenants/apikey/add/",
+        {"agent": str(agent.pk), "name": "from admin", "scopes": [Scope.INFERENCE]},
+    )
     assert response.status_code == 200 and "no-store" in response["Cache-Control"]
     plain = re.search(r'<pre id="new-api-key"[^>]*>(fl-[^<]+)</pre>', response.content.decode())[1]
     key = api_key_authenticate(plain=plain)
@@ -42,8 +51,9 @@ def test_admin_creates_a_key_through_the_service_and_shows_it_once(admin_client,
 
 def test_admin_revoke_action_stops_the_key(admin_client, api_key):
     key, plain = api_key
-    admin_client.post("/admin/tenants/apikey/", {"action": "revoke",
-                                                 "_selected_action": [str(key.pk)]})
+    admin_client.post(
+        "/admin/tenants/apikey/", {"action": "revoke", "_selected_action": [str(key.pk)]}
+    )
     key.refresh_from_db()
     assert key.revoked_at is not None
     assert ApiKey.objects.get(pk=key.pk).is_usable_at(key.revoked_at) is False

@@ -5,22 +5,30 @@ raised limit, and forecast by the beat at the trailing run-rate."""
 import threading
 import uuid
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 import time_machine
 from django.db import connection
 
-from tenants.models import AlertDelivery, AlertEvent, AlertState, BudgetWindow
+from tenants.errors import BudgetExhausted
+from tenants.models import AlertDelivery, AlertEvent, AlertState, BudgetWindow, Reservation
 from tenants.selectors import alert_event_list, alert_forecasts_current
 from tenants.services.alerts import (
-    alert_destination_add, alert_rules_set, budget_alerts_sweep, budget_rules,
+    alert_destination_add,
+    alert_rules_set,
+    budget_alerts_sweep,
+    budget_rules,
 )
 from tenants.services.alerts.evaluate import rules_cache_clear
 from tenants.services.budgets import (
-    Usage, budget_create, budget_reserve, budget_settle, budget_update,
+    budget_create,
+    budget_reserve,
+    budget_reserve_adjust,
+    budget_update,
 )
+from tenants.services.ledger import Usage, budget_settle
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -38,10 +46,12 @@ def rid() -> str:
 
 def spend(tenant, agent, amount: int, *, now=None) -> str:
     request_id = rid()
-    budget_reserve(tenant=tenant, agent=agent, amount_microcents=amount, request_id=request_id,
-                   now=now)
-    budget_settle(tenant=tenant, request_id=request_id, cost_microcents=amount, usage=Usage(),
-                  now=now)
+    budget_reserve(
+        tenant=tenant, agent=agent, amount_microcents=amount, request_id=request_id, now=now
+    )
+    budget_settle(
+        tenant=tenant, request_id=request_id, cost_microcents=amount, usage=Usage(), now=now
+    )
     return request_id
 
 
@@ -52,17 +62,19 @@ def fired(tenant) -> Counter:
 @pytest.fixture
 def settle_now(django_capture_on_commit_callbacks):
     """spend() with the settlement's commit hooks run (the test's transaction never commits)."""
+
     def run(tenant, agent, amount, **kwargs):
         with django_capture_on_commit_callbacks(execute=True):
             return spend(tenant, agent, amount, **kwargs)
+
     return run
 
 
 # --- on settlement -----------------------------------------------------------------------------
 
+
 @pytest.mark.django_db(transaction=True)
-def test_64_concurrent_settlements_crossing_80_percent_fire_one_alert(tenant, agent,
-                                                                      other_tenant):
+def test_64_concurrent_settlements_crossing_80_percent_fire_one_alert(tenant, agent, other_tenant):
     assert connection.vendor == "postgresql"
     budget_create(tenant=tenant, agent=agent, limit_microcents=10_000)
     alert_destination_add(tenant=tenant, kind="email", target="ops@acme.example")
@@ -76,8 +88,7 @@ def test_64_concurrent_settlements_crossing_80_percent_fire_one_alert(tenant, ag
     def settle(request_id: str) -> None:
         try:
             barrier.wait(timeout=30)
-            budget_settle(tenant=tenant, request_id=request_id, cost_microcents=40,
-                          usage=Usage())
+            budget_settle(tenant=tenant, request_id=request_id, cost_microcents=40, usage=Usage())
         finally:
             connection.close()
 
@@ -97,8 +108,9 @@ def test_64_concurrent_settlements_crossing_80_percent_fire_one_alert(tenant, ag
 
 
 @pytest.mark.django_db
-def test_each_rule_fires_once_exactly_at_its_mark_and_100_is_budget_crossed(tenant, agent,
-                                                                           settle_now):
+def test_each_rule_fires_once_exactly_at_its_mark_and_100_is_budget_crossed(
+    tenant, agent, settle_now
+):
     budget_create(tenant=tenant, agent=None, limit_microcents=1_000)
     settle_now(tenant, agent, 499)
     assert fired(tenant) == {}
@@ -124,13 +136,15 @@ def test_a_settlement_jumping_over_several_marks_fires_each_once(tenant, agent, 
 
 
 @pytest.mark.django_db
-def test_a_budgets_own_rules_replace_the_defaults_and_off_silences_it(tenant, agent,
-                                                                      settle_now):
+def test_a_budgets_own_rules_replace_the_defaults_and_off_silences_it(tenant, agent, settle_now):
     budget = budget_create(tenant=tenant, agent=agent, limit_microcents=1_000)
-    assert [r.key for r in budget_rules(budget)] == ["threshold:50", "threshold:80",
-                                                     "threshold:100", "forecast"]
-    rules = alert_rules_set(tenant=tenant, budget=budget, thresholds=[90, 25, 25],
-                            forecast=False)
+    assert [r.key for r in budget_rules(budget)] == [
+        "threshold:50",
+        "threshold:80",
+        "threshold:100",
+        "forecast",
+    ]
+    rules = alert_rules_set(tenant=tenant, budget=budget, thresholds=[90, 25, 25], forecast=False)
     assert [r.key for r in rules] == ["threshold:25", "threshold:90"]
     rules_cache_clear()
     settle_now(tenant, agent, 600)
@@ -156,9 +170,11 @@ def test_rules_are_validated_and_scoped_to_the_tenant(tenant, agent, other_tenan
 
 # --- windows: re-armed by the next one (time travel) --------------------------------------------
 
+
 @pytest.mark.django_db
 def test_a_late_settlement_alerts_its_own_window_and_the_next_window_rearms(
-        tenant, agent, settle_now, django_capture_on_commit_callbacks):
+    tenant, agent, settle_now, django_capture_on_commit_callbacks
+):
     budget_create(tenant=tenant, agent=agent, limit_microcents=1_000)  # daily, Berlin
     before_midnight = datetime(2026, 3, 10, 23, 55, tzinfo=BERLIN)
     after_midnight = before_midnight + timedelta(minutes=10)
@@ -167,12 +183,13 @@ def test_a_late_settlement_alerts_its_own_window_and_the_next_window_rearms(
         budget_reserve(tenant=tenant, agent=agent, amount_microcents=850, request_id=request_id)
     with time_machine.travel(after_midnight, tick=False):
         with django_capture_on_commit_callbacks(execute=True):
-            budget_settle(tenant=tenant, request_id=request_id, cost_microcents=850,
-                          usage=Usage())
+            budget_settle(tenant=tenant, request_id=request_id, cost_microcents=850, usage=Usage())
         # Charged to the window it was reserved in, and alerted there.
         old = datetime(2026, 3, 10, tzinfo=BERLIN)
         assert set(AlertEvent.objects.values_list("window_start", "rule")) == {
-            (old, "threshold:50"), (old, "threshold:80")}
+            (old, "threshold:50"),
+            (old, "threshold:80"),
+        }
         settle_now(tenant, agent, 100)  # the new window: 10 %
         assert fired(tenant) == {"threshold:50": 1, "threshold:80": 1}
         settle_now(tenant, agent, 750)  # 85 % of the new window: re-armed, fires again
@@ -185,8 +202,7 @@ def test_a_late_settlement_alerts_its_own_window_and_the_next_window_rearms(
 
 
 @pytest.mark.django_db
-def test_a_raised_limit_rearms_the_rule_and_the_next_crossing_fires(tenant, agent,
-                                                                   settle_now):
+def test_a_raised_limit_rearms_the_rule_and_the_next_crossing_fires(tenant, agent, settle_now):
     budget = budget_create(tenant=tenant, agent=agent, limit_microcents=1_000)
     settle_now(tenant, agent, 850)
     assert fired(tenant) == {"threshold:50": 1, "threshold:80": 1}
@@ -211,14 +227,18 @@ def test_the_sweep_rearms_a_raised_limit_and_fires_what_a_settlement_missed(tena
         budget_update(budget=budget, limit_microcents=10_000)
         budget_alerts_sweep()
     assert set(AlertState.objects.values_list("rule", "state")) == {
-        ("threshold:50", "ok"), ("threshold:80", "ok")}
+        ("threshold:50", "ok"),
+        ("threshold:80", "ok"),
+    }
 
 
 # --- the forecast (the beat) -------------------------------------------------------------------
 
+
 @pytest.mark.django_db
 def test_the_forecast_fires_once_when_the_run_rate_would_spend_the_budget_before_the_window_ends(
-        tenant, agent, other_tenant):
+    tenant, agent, other_tenant
+):
     budget_create(tenant=tenant, agent=agent, limit_microcents=10_000)  # daily, Berlin
     noon = datetime(2026, 3, 10, 12, 0, tzinfo=BERLIN)
     with time_machine.travel(noon, tick=False):
@@ -247,3 +267,58 @@ def test_no_forecast_at_a_rate_the_window_can_afford(tenant, agent):
         spend(tenant, agent, 1_000, now=noon - timedelta(minutes=20))  # 12 h more: 13 %
         assert budget_alerts_sweep() == 0
     assert not AlertEvent.objects.exists()
+
+
+# --- on refusal (issue 32) ---------------------------------------------------------------------
+
+
+def refused(tenant, agent, amount: int) -> None:
+    with pytest.raises(BudgetExhausted):
+        budget_reserve(tenant=tenant, agent=agent, amount_microcents=amount, request_id=rid())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_first_refusal_fires_budget_crossed_once_and_a_raised_limit_arms_it_again(
+    tenant, agent, other_tenant
+):
+    budget = budget_create(tenant=tenant, agent=agent, limit_microcents=1_000)
+    alert_rules_set(tenant=tenant, budget=budget, thresholds=[50, 80, 100], forecast=False)
+    spend(tenant, agent, 400)
+    refused(tenant, agent, 700)
+    refused(tenant, agent, 700)
+    assert fired(tenant) == {"threshold:100": 1}
+    [event] = AlertEvent.objects.filter(tenant=tenant)
+    assert (event.event, event.spent_microcents, event.limit_microcents) == (
+        "budget_crossed",
+        400,
+        1_000,
+    )
+    assert not AlertEvent.objects.filter(tenant=other_tenant).exists()
+
+    budget_update(budget=budget, limit_microcents=1_050)
+    budget_alerts_sweep()  # the beat re-arms a rule whose limit was raised above the mark
+    refused(tenant, agent, 700)
+    assert fired(tenant) == {"threshold:100": 2}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_growth_of_a_held_reservation_fires_it_too(tenant, agent):
+    budget_create(tenant=tenant, agent=None, limit_microcents=1_000)
+    request_id = rid()
+    budget_reserve(tenant=tenant, agent=agent, amount_microcents=600, request_id=request_id)
+    with pytest.raises(BudgetExhausted):
+        budget_reserve_adjust(tenant=tenant, request_id=request_id, amount_microcents=1_200)
+    [event] = AlertEvent.objects.filter(tenant=tenant)
+    assert event.event == "budget_crossed" and event.agent_id is None
+    assert Reservation.objects.get(request_id=request_id).amount_microcents == 600
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_100_percent_rule_or_a_zero_limit_fires_nothing_on_refusal(tenant, agent):
+    budget = budget_create(tenant=tenant, agent=agent, limit_microcents=1_000)
+    alert_rules_set(tenant=tenant, budget=budget, thresholds=[80], forecast=False)
+    refused(tenant, agent, 2_000)
+    budget_update(budget=budget, limit_microcents=0)
+    alert_rules_set(tenant=tenant, budget=budget, thresholds=[50, 80, 100], forecast=False)
+    refused(tenant, agent, 1)
+    assert not AlertEvent.objects.filter(tenant=tenant).exists()

@@ -17,9 +17,12 @@ from tenants.errors import BudgetExhausted, InvalidRequest, NotFound
 from tenants.models import BudgetWindow, Reservation, UsageRecord
 from tenants.selectors import budget_window_status
 from tenants.services.budgets import (
-    Usage, budget_create, budget_release, budget_reservations_expire, budget_reserve,
-    budget_settle,
+    budget_create,
+    budget_release,
+    budget_reservations_expire,
+    budget_reserve,
 )
+from tenants.services.ledger import Usage, budget_settle
 from tenants.services.tenancy import agent_create
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -40,8 +43,12 @@ def test_reserve_holds_worst_case_and_settle_charges_actual_and_frees_the_rest(t
     budget_reserve(tenant=tenant, agent=agent, amount_microcents=600, request_id=request_id)
     assert (window_of(budget).reserved_microcents, window_of(budget).spent_microcents) == (600, 0)
 
-    record = budget_settle(tenant=tenant, request_id=request_id, cost_microcents=250,
-                           usage=Usage(model="m", prompt_tokens=10, completion_tokens=5))
+    record = budget_settle(
+        tenant=tenant,
+        request_id=request_id,
+        cost_microcents=250,
+        usage=Usage(model="m", prompt_tokens=10, completion_tokens=5),
+    )
 
     window = window_of(budget)
     assert (window.reserved_microcents, window.spent_microcents) == (0, 250)
@@ -109,8 +116,7 @@ def test_settle_of_another_tenants_request_is_not_found(tenant, agent, other_ten
     request_id = rid()
     budget_reserve(tenant=tenant, agent=agent, amount_microcents=100, request_id=request_id)
     with pytest.raises(NotFound):
-        budget_settle(tenant=other_tenant, request_id=request_id, cost_microcents=1,
-                      usage=Usage())
+        budget_settle(tenant=other_tenant, request_id=request_id, cost_microcents=1, usage=Usage())
     assert Reservation.objects.get(request_id=request_id).status == Reservation.Status.HELD
 
 
@@ -124,8 +130,9 @@ def test_stale_reservations_expire_and_a_late_settlement_still_charges(tenant, a
     budget = budget_create(tenant=tenant, agent=agent, limit_microcents=1000)
     request_id = rid()
     now = datetime.now(UTC)
-    budget_reserve(tenant=tenant, agent=agent, amount_microcents=800, request_id=request_id,
-                   now=now)
+    budget_reserve(
+        tenant=tenant, agent=agent, amount_microcents=800, request_id=request_id, now=now
+    )
     assert budget_reservations_expire(now=now + timedelta(seconds=30)) == 0
     assert budget_reservations_expire(now=now + timedelta(seconds=61)) == 1
     assert window_of(budget).reserved_microcents == 0
@@ -136,6 +143,7 @@ def test_stale_reservations_expire_and_a_late_settlement_still_charges(tenant, a
 
 
 # --- windows ---------------------------------------------------------------------------------
+
 
 def test_daily_window_resets_at_the_tenants_midnight(tenant, agent):
     """Acme is in Europe/Berlin: its day ends at 23:00 UTC in winter."""
@@ -171,7 +179,8 @@ def test_reservation_before_midnight_settled_after_is_charged_to_its_own_window(
 
 @pytest.mark.django_db(transaction=True)
 def test_window_state_survives_a_restart_because_it_lives_in_the_database(
-        tenant, agent, subprocess_env):
+    tenant, agent, subprocess_env
+):
     budget_create(tenant=tenant, agent=agent, limit_microcents=1000)
     budget_reserve(tenant=tenant, agent=agent, amount_microcents=999, request_id=rid())
     # A fresh process (as after a restart) sees the spent window and refuses.
@@ -188,14 +197,20 @@ def test_window_state_survives_a_restart_because_it_lives_in_the_database(
         "except BudgetExhausted:\n"
         "    print('refused')\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], env=subprocess_env, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "refused"
     assert Reservation.objects.filter(request_id="p1").exists()
 
 
 # --- concurrency on PostgreSQL ---------------------------------------------------------------
+
 
 def _reserve_concurrently(*, tenant, agents, cost: int, attempts: int, threads: int) -> int:
     barrier = threading.Barrier(threads)
@@ -207,8 +222,12 @@ def _reserve_concurrently(*, tenant, agents, cost: int, attempts: int, threads: 
             barrier.wait(timeout=30)
             for n in range(per_thread):
                 try:
-                    budget_reserve(tenant=tenant, agent=agents[(index + n) % len(agents)],
-                                   amount_microcents=cost, request_id=rid())
+                    budget_reserve(
+                        tenant=tenant,
+                        agent=agents[(index + n) % len(agents)],
+                        amount_microcents=cost,
+                        request_id=rid(),
+                    )
                     won += 1
                 except BudgetExhausted:
                     pass
@@ -225,8 +244,7 @@ def test_concurrent_reservations_never_overspend_an_agent_budget(tenant, agent):
     assert connection.vendor == "postgresql"
     limit, cost = 10_007, 97
     budget = budget_create(tenant=tenant, agent=agent, limit_microcents=limit)
-    won = _reserve_concurrently(tenant=tenant, agents=[agent], cost=cost, attempts=256,
-                                threads=64)
+    won = _reserve_concurrently(tenant=tenant, agents=[agent], cost=cost, attempts=256, threads=64)
     assert won == limit // cost == 103
     assert window_of(budget).reserved_microcents == won * cost <= limit
     assert Reservation.objects.filter(tenant=tenant).count() == won

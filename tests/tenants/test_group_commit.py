@@ -15,7 +15,8 @@ from django.utils import timezone
 from tenants.errors import BudgetExhausted, InvalidRequest
 from tenants.models import BudgetWindow, Reservation, UsageRecord
 from tenants.services import budget_sql
-from tenants.services.budgets import Usage, budget_create, budget_reserve, budget_settle
+from tenants.services.budgets import budget_create, budget_reserve
+from tenants.services.ledger import Usage, budget_settle
 from tenants.services.tenancy import agent_create
 from tests.conftest import wait_for
 
@@ -31,13 +32,14 @@ def test_batched_holds_and_settlements_add_up_across_agents_and_tenants(tenant, 
     (so windows of both tenants lock in one transaction), nothing deadlocks, and every window
     ends with exactly what its ledger rows charged, within its limit."""
     assert connection.vendor == "postgresql"
-    agents = [agent_create(tenant=t, name=f"a{i}") for t in (tenant, other_tenant)
-              for i in range(3)]
+    agents = [
+        agent_create(tenant=t, name=f"a{i}") for t in (tenant, other_tenant) for i in range(3)
+    ]
     for t in (tenant, other_tenant):
         budget_create(tenant=t, agent=None, limit_microcents=40_000)
     for agent in agents:
         budget_create(tenant=agent.tenant, agent=agent, limit_microcents=9_000)
-    budget_sql._holds.largest = budget_sql._settlements.largest = 0
+    budget_sql._reservations.largest = budget_sql._settlements.largest = 0
     barrier = threading.Barrier(64)
 
     def worker(index: int) -> tuple[int, int]:
@@ -48,15 +50,22 @@ def test_batched_holds_and_settlements_add_up_across_agents_and_tenants(tenant, 
                 agent = agents[(index + n) % len(agents)]
                 request_id = rid()
                 try:
-                    budget_reserve(tenant=agent.tenant, agent=agent, amount_microcents=300,
-                                   request_id=request_id)
+                    budget_reserve(
+                        tenant=agent.tenant,
+                        agent=agent,
+                        amount_microcents=300,
+                        request_id=request_id,
+                    )
                 except BudgetExhausted:
                     refused += 1
                     continue
                 held += 1
-                budget_settle(tenant=agent.tenant, request_id=request_id,
-                              cost_microcents=rng.randrange(0, 301),
-                              usage=Usage(model="m", completion_tokens=1))
+                budget_settle(
+                    tenant=agent.tenant,
+                    request_id=request_id,
+                    cost_microcents=rng.randrange(0, 301),
+                    usage=Usage(model="m", completion_tokens=1),
+                )
         finally:
             connection.close()
         return held, refused
@@ -65,8 +74,11 @@ def test_batched_holds_and_settlements_add_up_across_agents_and_tenants(tenant, 
         outcomes = list(pool.map(worker, range(64)))
     held = sum(h for h, _ in outcomes)
     assert held + sum(r for _, r in outcomes) == 64 * 12
-    assert UsageRecord.objects.count() == held == Reservation.objects.filter(
-        status=Reservation.Status.SETTLED).count()
+    assert (
+        UsageRecord.objects.count()
+        == held
+        == Reservation.objects.filter(status=Reservation.Status.SETTLED).count()
+    )
     for window in BudgetWindow.objects.select_related("budget"):
         budget = window.budget
         rows = UsageRecord.objects.filter(tenant=budget.tenant)
@@ -75,7 +87,7 @@ def test_batched_holds_and_settlements_add_up_across_agents_and_tenants(tenant, 
         assert window.reserved_microcents == 0
         assert window.spent_microcents == (rows.aggregate(s=Sum("cost_microcents"))["s"] or 0)
         assert window.spent_microcents <= budget.limit_microcents
-    assert budget_sql._holds.largest > 1 and budget_sql._settlements.largest > 1
+    assert budget_sql._reservations.largest > 1 and budget_sql._settlements.largest > 1
 
 
 def test_a_batch_holding_a_duplicate_request_id_fails_only_that_call(tenant, agent):
@@ -84,15 +96,14 @@ def test_a_batch_holding_a_duplicate_request_id_fails_only_that_call(tenant, age
     budget = budget_create(tenant=tenant, agent=agent, limit_microcents=1_000)
     taken = rid()
     budget_reserve(tenant=tenant, agent=agent, amount_microcents=100, request_id=taken)
-    holds = budget_sql._holds
+    holds = budget_sql._reservations
     with holds._lock:
         holds._running = True  # as if another thread led a batch now
     results: dict[str, object] = {}
 
     def hold(request_id: str) -> None:
         try:
-            budget_reserve(tenant=tenant, agent=agent, amount_microcents=200,
-                           request_id=request_id)
+            budget_reserve(tenant=tenant, agent=agent, amount_microcents=200, request_id=request_id)
             results[request_id] = "held"
         except InvalidRequest as exc:
             results[request_id] = exc
@@ -103,7 +114,7 @@ def test_a_batch_holding_a_duplicate_request_id_fails_only_that_call(tenant, age
     threads = [threading.Thread(target=hold, args=(r,)) for r in (fresh[0], taken, fresh[1])]
     for thread in threads:
         thread.start()
-        wait_for(lambda: len(holds._pending) == threads.index(thread) + 1, 10, "queued")
+        wait_for(lambda t=thread: len(holds._pending) == threads.index(t) + 1, 10, "queued")
     holds.largest = 0
     holds._lead()  # this thread leads the three as one batch
     for thread in threads:
@@ -118,14 +129,26 @@ def test_the_batch_functions_give_what_the_single_calls_give(tenant, agent):
     """fairlane_budget_hold_many: in order, each call sees the ones before it (the third
     does not fit), a reused request id is 'duplicate'; nothing is held for either."""
     budget = budget_create(tenant=tenant, agent=agent, limit_microcents=500)
-    window = BudgetWindow.objects.create(budget=budget, start=timezone.now() - timedelta(hours=1),
-                                         end=timezone.now() + timedelta(hours=1))
+    window = BudgetWindow.objects.create(
+        budget=budget,
+        start=timezone.now() - timedelta(hours=1),
+        end=timezone.now() + timedelta(hours=1),
+    )
     now, ids = timezone.now(), [rid(), rid(), rid()]
-    params = [[uuid.uuid4() for _ in range(4)], [ids[0], ids[1], ids[2], ids[0]],
-              [tenant.pk] * 4, [agent.pk] * 4, [None] * 4, [200, 250, 100, 10],
-              [window.pk] * 4, [None] * 4, [now] * 4, [now + timedelta(minutes=5)] * 4]
+    params = [
+        [uuid.uuid4() for _ in range(4)],
+        [ids[0], ids[1], ids[2], ids[0]],
+        [tenant.pk] * 4,
+        [agent.pk] * 4,
+        [None] * 4,
+        [200, 250, 100, 10],
+        [window.pk] * 4,
+        [None] * 4,
+        [now] * 4,
+        [now + timedelta(minutes=5)] * 4,
+    ]
     with connection.cursor() as cursor:
-        cursor.execute(budget_sql._holds.many, params)
+        cursor.execute(budget_sql._reservations.many, params)
         assert [row[0] for row in cursor.fetchall()] == ["", "", "agent", "duplicate"]
     window.refresh_from_db()
     assert window.reserved_microcents == 450
@@ -140,8 +163,9 @@ def _prepared_here() -> list[str]:
 
 
 @pytest.mark.parametrize("prepare", [True, False])
-def test_the_hold_and_the_settlement_are_prepared_on_the_connection(tenant, agent, settings,
-                                                                    prepare):
+def test_the_hold_and_the_settlement_are_prepared_on_the_connection(
+    tenant, agent, settings, prepare
+):
     """Django turns psycopg's prepared statements off; the two budget statements of every
     request are prepared on their connection at first use, unless FAIRLANE_DB_PREPARE is off
     (a pooler that cannot keep them), and answer the same either way."""
@@ -150,8 +174,12 @@ def test_the_hold_and_the_settlement_are_prepared_on_the_connection(tenant, agen
     budget_create(tenant=tenant, agent=agent, limit_microcents=10_000)
     request_id = rid()
     budget_reserve(tenant=tenant, agent=agent, amount_microcents=700, request_id=request_id)
-    record = budget_settle(tenant=tenant, request_id=request_id, cost_microcents=300,
-                           usage=Usage(backend="b", model="m", completion_tokens=3))
+    record = budget_settle(
+        tenant=tenant,
+        request_id=request_id,
+        cost_microcents=300,
+        usage=Usage(backend="b", model="m", completion_tokens=3),
+    )
     assert record.cost_microcents == 300
     prepared = _prepared_here()
     assert any("fairlane_budget_hold(" in s for s in prepared) is prepare

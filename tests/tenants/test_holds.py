@@ -13,9 +13,12 @@ from tenants.errors import BudgetExhausted
 from tenants.models import Reservation, UsageRecord
 from tenants.selectors import budget_window_status
 from tenants.services.budgets import (
-    budget_create, budget_holds_renew, budget_reservations_expire, budget_reserve,
+    budget_create,
+    budget_reservations_expire,
+    budget_reservations_renew,
+    budget_reserve,
 )
-from tenants.services.settlement import Usage, budget_settle
+from tenants.services.ledger import Usage, budget_settle
 
 pytestmark = pytest.mark.django_db
 
@@ -28,11 +31,12 @@ def test_a_renewed_hold_outlives_its_ttl_and_keeps_its_room(tenant, agent, setti
     settings.FAIRLANE_RESERVATION_TTL_SECONDS = 60
     budget = budget_create(tenant=tenant, agent=agent, limit_microcents=1000)
     request_id, now = rid(), datetime.now(UTC)
-    budget_reserve(tenant=tenant, agent=agent, amount_microcents=800, request_id=request_id,
-                   now=now)
+    budget_reserve(
+        tenant=tenant, agent=agent, amount_microcents=800, request_id=request_id, now=now
+    )
     for minute in range(1, 6):  # a stream five times longer than the TTL, renewed as it runs
         at = now + timedelta(seconds=60 * minute - 10)
-        assert budget_holds_renew(request_ids=[request_id, "gone"], now=at) == 1
+        assert budget_reservations_renew(request_ids=[request_id, "gone"], now=at) == 1
         assert budget_reservations_expire(now=at + timedelta(seconds=30)) == 0
     with pytest.raises(BudgetExhausted):  # the room is still held
         budget_reserve(tenant=tenant, agent=agent, amount_microcents=300, request_id=rid())
@@ -40,7 +44,8 @@ def test_a_renewed_hold_outlives_its_ttl_and_keeps_its_room(tenant, agent, setti
 
 
 def test_a_late_settlement_charges_only_the_room_left_and_records_the_rest(
-        tenant, agent, settings, caplog):
+    tenant, agent, settings, caplog
+):
     settings.FAIRLANE_RESERVATION_TTL_SECONDS = 60
     budget = budget_create(tenant=tenant, agent=agent, limit_microcents=1000)
     late, now = rid(), datetime.now(UTC)
@@ -50,9 +55,13 @@ def test_a_late_settlement_charges_only_the_room_left_and_records_the_rest(
     budget_reserve(tenant=tenant, agent=agent, amount_microcents=900, request_id=other)
     before = REGISTRY.get_sample_value("fairlane_budget_unbilled_microcents_total") or 0
 
-    with caplog.at_level(logging.WARNING, logger="tenants.services.settlement"):
-        record = budget_settle(tenant=tenant, request_id=late, cost_microcents=800,
-                               usage=Usage(model="m", completion_tokens=8))
+    with caplog.at_level(logging.WARNING, logger="tenants.services.ledger"):
+        record = budget_settle(
+            tenant=tenant,
+            request_id=late,
+            cost_microcents=800,
+            usage=Usage(model="m", completion_tokens=8),
+        )
 
     assert (record.cost_microcents, record.unbilled_microcents) == (100, 700)
     window = budget_window_status(budget=budget)
@@ -68,8 +77,7 @@ def test_a_cost_above_its_hold_is_capped_by_the_tenants_limit_too(tenant, agent)
     budget_create(tenant=tenant, agent=None, limit_microcents=500)
     request_id = rid()
     budget_reserve(tenant=tenant, agent=agent, amount_microcents=400, request_id=request_id)
-    record = budget_settle(tenant=tenant, request_id=request_id, cost_microcents=650,
-                           usage=Usage())
+    record = budget_settle(tenant=tenant, request_id=request_id, cost_microcents=650, usage=Usage())
     assert (record.cost_microcents, record.unbilled_microcents) == (500, 150)
     assert Reservation.objects.get(request_id=request_id).status == Reservation.Status.SETTLED
     assert UsageRecord.objects.count() == 1

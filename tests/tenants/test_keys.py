@@ -12,7 +12,10 @@ from django.test.utils import CaptureQueriesContext
 from tenants.errors import AuthenticationFailed, InvalidRequest, PermissionDenied
 from tenants.models import ApiKey, Role, Scope, Tenant
 from tenants.services.keys import (
-    api_key_authenticate, api_key_create, api_key_revoke, api_key_rotate,
+    api_key_authenticate,
+    api_key_create,
+    api_key_revoke,
+    api_key_rotate,
 )
 from tenants.services.tenancy import agent_deactivate
 
@@ -35,8 +38,15 @@ def test_authenticate_accepts_the_key_and_refuses_any_other(tenant, agent, api_k
     key, plain = api_key
     assert api_key_authenticate(plain=plain).pk == key.pk
     wrong_secret = plain[:-1] + ("a" if plain[-1] != "a" else "b")
-    for bad in [wrong_secret, plain + "x", "fl-" + "0" * 12 + "-" + "A" * 43, "", "Bearer",
-                plain.upper(), key.prefix]:
+    for bad in [
+        wrong_secret,
+        plain + "x",
+        "fl-" + "0" * 12 + "-" + "A" * 43,
+        "",
+        "Bearer",
+        plain.upper(),
+        key.prefix,
+    ]:
         with pytest.raises(AuthenticationFailed):
             api_key_authenticate(plain=bad)
 
@@ -60,7 +70,9 @@ def test_expired_key_is_refused(tenant, agent):
 def test_rotation_keeps_the_old_key_for_the_grace_period_only(api_key):
     old, old_plain = api_key
     new, new_plain = api_key_rotate(key=old, grace_seconds=600)
-    assert new.rotated_from_id == old.pk and new.scopes == old.scopes and new.agent_id == old.agent_id
+    assert (
+        new.rotated_from_id == old.pk and new.scopes == old.scopes and new.agent_id == old.agent_id
+    )
     now = datetime.now(UTC)
     assert api_key_authenticate(plain=old_plain, now=now + timedelta(seconds=590)).pk == old.pk
     with pytest.raises(AuthenticationFailed):
@@ -111,10 +123,12 @@ def test_last_used_is_written_once_per_interval_not_per_request(api_key, setting
 
 def test_a_member_cannot_mint_a_key_more_powerful_than_themselves(tenant, agent):
     with pytest.raises(PermissionDenied):
-        api_key_create(tenant=tenant, agent=agent, scopes=[Scope.MANAGEMENT_WRITE],
-                       actor_role=Role.MEMBER)
-    key, _ = api_key_create(tenant=tenant, agent=agent, scopes=[Scope.MANAGEMENT_WRITE],
-                            actor_role=Role.ADMIN)
+        api_key_create(
+            tenant=tenant, agent=agent, scopes=[Scope.MANAGEMENT_WRITE], actor_role=Role.MEMBER
+        )
+    key, _ = api_key_create(
+        tenant=tenant, agent=agent, scopes=[Scope.MANAGEMENT_WRITE], actor_role=Role.ADMIN
+    )
     assert key.scopes == [Scope.MANAGEMENT_WRITE]
 
 

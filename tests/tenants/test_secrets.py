@@ -22,8 +22,11 @@ def test_secret_never_appears_after_creation(client_for, owner, tenant, agent, s
     connection.force_debug_cursor = True  # log every SQL statement with its parameters
     try:
         people = client_for(user=owner)
-        created = people.post("/api/tenants/acme/keys/", {"agent": str(agent.pk),
-                              "scopes": ["inference", "management.read"]}, format="json")
+        created = people.post(
+            "/api/tenants/acme/keys/",
+            {"agent": str(agent.pk), "scopes": ["inference", "management.read"]},
+            format="json",
+        )
         assert created.status_code == 201
         plain = created.json()["key"]
         secret = plain.rsplit("-", 1)[1]
@@ -31,18 +34,28 @@ def test_secret_never_appears_after_creation(client_for, owner, tenant, agent, s
 
         seen = []
         program = client_for(key=plain)
-        seen += [program.get("/api/me/"), program.get("/api/tenants/acme/keys/"),
-                 program.get(f"/api/tenants/acme/keys/{key.pk}/"),
-                 program.post("/api/tenants/acme/agents/", {"name": "x"}, format="json"),
-                 client_for(key=plain[:-2] + "zz").get("/api/me/")]
+        seen += [
+            program.get("/api/me/"),
+            program.get("/api/tenants/acme/keys/"),
+            program.get(f"/api/tenants/acme/keys/{key.pk}/"),
+            program.post("/api/tenants/acme/agents/", {"name": "x"}, format="json"),
+            client_for(key=plain[:-2] + "zz").get("/api/me/"),
+        ]
         rotated = people.post(f"/api/tenants/acme/keys/{key.pk}/rotate/", {}, format="json")
-        seen += [people.get("/api/tenants/acme/keys/"), people.get("/api/tenants/acme/usage/"),
-                 people.delete(f"/api/tenants/acme/keys/{key.pk}/"), program.get("/api/me/")]
+        seen += [
+            people.get("/api/tenants/acme/keys/"),
+            people.get("/api/tenants/acme/usage/"),
+            people.delete(f"/api/tenants/acme/keys/{key.pk}/"),
+            program.get("/api/me/"),
+        ]
         admin = client_for(user=superuser)
-        seen += [admin.get("/admin/tenants/apikey/"),
-                 admin.get(f"/admin/tenants/apikey/{key.pk}/change/"),
-                 admin.get(f"/admin/tenants/apikey/?q={key.key_id}"),
-                 admin.get("/admin/tenants/agent/"), admin.get("/admin/tenants/reservation/")]
+        seen += [
+            admin.get("/admin/tenants/apikey/"),
+            admin.get(f"/admin/tenants/apikey/{key.pk}/change/"),
+            admin.get(f"/admin/tenants/apikey/?q={key.key_id}"),
+            admin.get("/admin/tenants/agent/"),
+            admin.get("/admin/tenants/reservation/"),
+        ]
         for response in seen:
             assert response.status_code < 500
             assert secret not in response.content.decode()

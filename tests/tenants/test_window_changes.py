@@ -12,8 +12,12 @@ from tenants.errors import BudgetExhausted
 from tenants.models import BudgetWindow, Reservation
 from tenants.selectors import budget_window_status
 from tenants.services.budgets import (
-    Usage, budget_create, budget_release, budget_reserve, budget_settle, budget_update,
+    budget_create,
+    budget_release,
+    budget_reserve,
+    budget_update,
 )
+from tenants.services.ledger import Usage, budget_settle
 from tenants.services.tenancy import tenant_update
 
 pytestmark = pytest.mark.django_db
@@ -26,11 +30,11 @@ def rid() -> str:
 
 def spend(tenant, agent, amount: int, *, hold: int | None = None) -> str:
     request_id = rid()
-    budget_reserve(tenant=tenant, agent=agent, amount_microcents=hold or amount,
-                   request_id=request_id)
+    budget_reserve(
+        tenant=tenant, agent=agent, amount_microcents=hold or amount, request_id=request_id
+    )
     if hold is None:
-        budget_settle(tenant=tenant, request_id=request_id, cost_microcents=amount,
-                      usage=Usage())
+        budget_settle(tenant=tenant, request_id=request_id, cost_microcents=amount, usage=Usage())
     return request_id
 
 
@@ -56,8 +60,9 @@ def test_a_period_change_keeps_the_spend_and_moves_the_open_holds(tenant, agent)
         budget_update(budget=budget, period="weekly")
         with pytest.raises(BudgetExhausted):
             budget_reserve(tenant=tenant, agent=agent, amount_microcents=251, request_id=rid())
-        weekly = BudgetWindow.objects.get(budget=budget, start__lte=NOON, end__gt=NOON,
-                                          end__gte=datetime(2026, 3, 15, tzinfo=UTC))
+        weekly = BudgetWindow.objects.get(
+            budget=budget, start__lte=NOON, end__gt=NOON, end__gte=datetime(2026, 3, 15, tzinfo=UTC)
+        )
         assert (weekly.spent_microcents, weekly.reserved_microcents) == (400, 350)
         assert Reservation.objects.get(request_id=in_flight).agent_window_id == weekly.pk
         budget_settle(tenant=tenant, request_id=in_flight, cost_microcents=200, usage=Usage())

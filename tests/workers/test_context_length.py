@@ -5,7 +5,7 @@ included."""
 import pytest
 
 from workers.engine import LLMEngine, preset_create
-from workers.registry import ModelInfo, model_context_length, model_engine_config
+from workers.serving.catalog import ModelInfo, model_context_length, model_engine_config
 
 
 def served(info: ModelInfo) -> int:
@@ -34,7 +34,9 @@ def test_a_cap_beyond_the_checkpoint_fails_the_engine_not_the_request(settings, 
 
 
 @pytest.mark.parametrize(("cap", "context"), [(None, 1024), (512, 512)])
-def test_vllm_is_started_with_the_checkpoints_context_under_the_cap(settings, tmp_path, cap, context):
+def test_vllm_is_started_with_the_checkpoints_context_under_the_cap(
+    settings, tmp_path, cap, context
+):
     settings.FAIRLANE_MAX_MODEL_LEN = cap
     path = preset_create("tiny", tmp_path / "m", sliding_window=256, use_sliding_window=False)
     assert model_context_length(ModelInfo(name="m", source=str(path), runtime="vllm")) == context

@@ -14,7 +14,8 @@ from workers.artifacts.load import artifact_check
 from workers.artifacts.verify import TRUSTED
 from workers.engine import SamplingParams
 from workers.models import ServedModel
-from workers.registry import ModelInfo, model_engine_options, model_get, model_register
+from workers.serving.catalog import ModelInfo, model_engine_options, model_get
+from workers.serving.registration import model_register
 
 pytestmark = pytest.mark.django_db
 
@@ -30,13 +31,27 @@ def data(settings, tmp_path):
 
 
 def test_model_register_records_engine_options_that_reach_the_engine_config(data, capsys):
-    call_command("model_register", "code", "preset:tiny", "--quantization", "int4",
-                 "--quantization-group-size", "32", "--speculative-method", "draft",
-                 "--speculative-tokens", "3", "--speculative-draft", "preset:tiny@1")
+    call_command(
+        "model_register",
+        "code",
+        "preset:tiny",
+        "--quantization",
+        "int4",
+        "--quantization-group-size",
+        "32",
+        "--speculative-method",
+        "draft",
+        "--speculative-tokens",
+        "3",
+        "--speculative-draft",
+        "preset:tiny@1",
+    )
     out = capsys.readouterr().out
     assert "quantization int4 (groups of 32)" in out and "speculation draft, k=3" in out
     info = model_get(name="code")
-    assert ModelInfo(**json.loads(json.dumps(info.to_dict()))) == info  # it travels to workers as JSON
+    assert (
+        ModelInfo(**json.loads(json.dumps(info.to_dict()))) == info
+    )  # it travels to workers as JSON
     options = model_engine_options(info)
     assert options["quantization"] == "int4" and options["quantization_group_size"] == 32
     spec = options["speculative"]
@@ -46,19 +61,25 @@ def test_model_register_records_engine_options_that_reach_the_engine_config(data
 
 def test_a_model_without_options_gets_none(data):
     model_register(name="plain", source="preset:tiny")
-    assert model_engine_options(model_get(name="plain")) == {"quantization": None, "quantization_group_size": 128}
+    assert model_engine_options(model_get(name="plain")) == {
+        "quantization": None,
+        "quantization_group_size": 128,
+    }
 
 
-@pytest.mark.parametrize(("options", "param"), [
-    ({"speculative_method": "draft"}, "speculative_draft"),
-    ({"speculative_method": "ngram", "speculative_draft": "preset:tiny"}, "speculative_draft"),
-    ({"speculative_method": "draft", "speculative_draft": "preset:nope"}, "speculative_draft"),
-    ({"speculative_method": "draft", "speculative_draft": "relative/dir"}, "speculative_draft"),
-    ({"speculative_method": "ngram", "speculative_tokens": 17}, "speculative_tokens"),
-    ({"speculative_method": "eagle"}, "speculative_method"),
-    ({"quantization": "int3"}, "quantization"),
-    ({"quantization": "int4", "quantization_group_size": 48}, "quantization_group_size"),
-])
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        ({"speculative_method": "draft"}, "speculative_draft"),
+        ({"speculative_method": "ngram", "speculative_draft": "preset:tiny"}, "speculative_draft"),
+        ({"speculative_method": "draft", "speculative_draft": "preset:nope"}, "speculative_draft"),
+        ({"speculative_method": "draft", "speculative_draft": "relative/dir"}, "speculative_draft"),
+        ({"speculative_method": "ngram", "speculative_tokens": 17}, "speculative_tokens"),
+        ({"speculative_method": "eagle"}, "speculative_method"),
+        ({"quantization": "int3"}, "quantization"),
+        ({"quantization": "int4", "quantization_group_size": 48}, "quantization_group_size"),
+    ],
+)
 def test_bad_engine_options_are_refused_and_change_nothing(data, options, param):
     model_register(name="m", source="preset:tiny")
     with pytest.raises(InvalidRequest) as caught:
@@ -73,37 +94,61 @@ def test_the_command_reports_a_bad_option_in_one_line(data):
         call_command("model_register", "m", "preset:tiny", "--speculative-method", "draft")
 
 
-def test_a_worker_builds_the_registered_engine_and_it_streams(data):
-    from workers.host import EngineHost
+def test_a_worker_builds_the_registered_engine_and_it_streams_and_exports_its_counters(data):
+    from routing.runtimes import runtime_build
+    from workers.metrics import EngineCollector
 
-    model_register(name="code", source="preset:tiny", quantization="int8", speculative_method="draft",
-                   speculative_tokens=3, speculative_draft="preset:tiny@1")
-    host = EngineHost()
+    model_register(
+        name="code",
+        source="preset:tiny",
+        quantization="int8",
+        speculative_method="draft",
+        speculative_tokens=3,
+        speculative_draft="preset:tiny@1",
+    )
+    runtime = runtime_build("embedded")
+    host = runtime.engine_host
     try:
         front = host.engine(model_get(name="code"))
-        assert artifact_check(path=data / "models" / "tiny-seed1")[0].trust == TRUSTED  # the draft was checked too
-        tokens = [t for out in front.stream([5, 6, 7, 8] * 4, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
-                  for t in out.new_token_ids]
+        assert (
+            artifact_check(path=data / "models" / "tiny-seed1")[0].trust == TRUSTED
+        )  # the draft was checked too
+        tokens = [
+            t
+            for out in front.stream(
+                [5, 6, 7, 8] * 4, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+            )
+            for t in out.new_token_ids
+        ]
         assert len(tokens) == 12
         stats = host.stats()["code"]
         assert stats["quantization"] == "int8" and stats["speculative_method"] == "draft"
         assert stats["spec_decode_num_drafts"] > 0
+        # Prometheus shows the speculation counters, as the runtime's pool reads them.
+        collector = EngineCollector()
+        collector.pool = runtime.pool
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in collector.collect()
+            for s in family.samples
+        }
+        labels = (("model", "code"), ("worker", "embedded"))
+        for name in (
+            "spec_decode_num_drafts",
+            "spec_decode_num_draft_tokens",
+            "spec_decode_num_accepted_tokens",
+        ):
+            assert samples[(f"fairlane_engine_{name}_total", labels)] == stats[name]
+        positions = stats["spec_decode_num_accepted_tokens_per_pos"]
+        assert (
+            len(positions) == 3
+            and samples[
+                (
+                    "fairlane_engine_spec_decode_num_accepted_tokens_per_pos_total",
+                    (("model", "code"), ("position", "2"), ("worker", "embedded")),
+                )
+            ]
+            == positions[2]
+        )
     finally:
         host.shutdown()
-
-
-def test_prometheus_exposes_the_speculation_counters(monkeypatch):
-    from workers import metrics
-
-    monkeypatch.setattr(metrics, "engine_stats", lambda: {("embedded", "code"): {
-        "spec_decode_num_drafts": 10, "spec_decode_num_draft_tokens": 40, "spec_decode_num_accepted_tokens": 25,
-        "spec_decode_num_accepted_tokens_per_pos": [9, 7, 5, 4], "spec_decode_mean_acceptance_length": 3.5,
-        "spec_decode_draft_acceptance_rate": 0.625}})
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in metrics.EngineCollector().collect() for s in family.samples}
-    labels = (("model", "code"), ("worker", "embedded"))
-    assert samples[("fairlane_engine_spec_decode_num_drafts_total", labels)] == 10
-    assert samples[("fairlane_engine_spec_decode_num_accepted_tokens_total", labels)] == 25
-    assert samples[("fairlane_engine_spec_decode_draft_acceptance_rate", labels)] == 0.625
-    assert samples[("fairlane_engine_spec_decode_num_accepted_tokens_per_pos_total",
-                    (("model", "code"), ("position", "2"), ("worker", "embedded")))] == 5

@@ -5,21 +5,37 @@ import json
 
 import pytest
 
-from workers.events import (
-    Accepted, Done, Embedding, Failed, Finish, Tokens, TokenUsage, event_decode, event_encode,
+from workers.serving.events import (
+    Accepted,
+    Done,
+    Embedding,
+    Failed,
+    Finish,
+    Tokens,
+    TokenUsage,
+    event_decode,
+    event_encode,
 )
 
 EVENTS = [
     Accepted(),
-    Tokens(choice=1, text="hi", token_ids=(5, 6), logprobs=(-0.5, -1.0),
-           top_logprobs=({"5": -0.5}, {"6": -1.0})),
+    Tokens(
+        choice=1,
+        text="hi",
+        token_ids=(5, 6),
+        logprobs=(-0.5, -1.0),
+        top_logprobs=({"5": -0.5}, {"6": -1.0}),
+    ),
     Tokens(choice=0, text="x", entries=({"token": "x", "logprob": -0.1},), logprobs=(-0.1,)),
     Finish(choice=1, reason="length"),
     Embedding(index=2, b64="AAAA"),
     Failed(code="invalid_request", message="bad", param="messages"),
     Failed(code="backend_unavailable", message="load failed", retryable=True, retry_after=3),
-    Done(status="ok", usage=TokenUsage(prompt_tokens=7, completion_tokens=2, cached_tokens=4),
-         cost_microcents=99),
+    Done(
+        status="ok",
+        usage=TokenUsage(prompt_tokens=7, completion_tokens=2, cached_tokens=4),
+        cost_microcents=99,
+    ),
 ]
 
 
@@ -30,14 +46,32 @@ def test_every_event_survives_the_redis_round_trip(event):
 
 def test_the_wire_keeps_the_shape_stream_readers_use():
     token = json.loads(event_encode(EVENTS[1]))
-    assert token == {"type": "token", "choice": 1, "text": "hi", "token_ids": [5, 6],
-                     "logprobs": [-0.5, -1.0], "top_logprobs": [{"5": -0.5}, {"6": -1.0}]}
+    assert token == {
+        "type": "token",
+        "choice": 1,
+        "text": "hi",
+        "token_ids": [5, 6],
+        "logprobs": [-0.5, -1.0],
+        "top_logprobs": [{"5": -0.5}, {"6": -1.0}],
+    }
     done = json.loads(event_encode(EVENTS[-1]))
-    assert done == {"type": "done", "status": "ok",
-                    "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9,
-                              "cached_tokens": 4, "cost_microcents": 99}}
-    assert json.loads(event_encode(EVENTS[5])) == {"type": "error", "code": "invalid_request",
-                                                   "message": "bad", "param": "messages"}
+    assert done == {
+        "type": "done",
+        "status": "ok",
+        "usage": {
+            "prompt_tokens": 7,
+            "completion_tokens": 2,
+            "total_tokens": 9,
+            "cached_tokens": 4,
+            "cost_microcents": 99,
+        },
+    }
+    assert json.loads(event_encode(EVENTS[5])) == {
+        "type": "error",
+        "code": "invalid_request",
+        "message": "bad",
+        "param": "messages",
+    }
     assert json.loads(event_encode(Accepted())) == {"type": "accepted"}
 
 

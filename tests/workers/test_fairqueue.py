@@ -15,8 +15,9 @@ from workers.fairqueue import FairQueue
 
 @pytest.fixture
 def fq():
-    queue = FairQueue(redis.Redis.from_url(settings.REDIS_URL), f"test-{uuid.uuid4().hex[:8]}",
-                      claim_seconds=0.3)
+    queue = FairQueue(
+        redis.Redis.from_url(settings.REDIS_URL), f"test-{uuid.uuid4().hex[:8]}", claim_seconds=0.3
+    )
     yield queue
     queue.clear()
 
@@ -25,8 +26,14 @@ def put(fq, tenant, lane="standard", cost=10, weight=1, n=1):
     ids = []
     for _ in range(n):
         ids.append(uuid.uuid4().hex)
-        fq.enqueue(id=ids[-1], tenant=tenant, lane=lane, weight=weight, cost=cost,
-                   payload={"tenant": tenant, "id": ids[-1]})
+        fq.enqueue(
+            id=ids[-1],
+            tenant=tenant,
+            lane=lane,
+            weight=weight,
+            cost=cost,
+            payload={"tenant": tenant, "id": ids[-1]},
+        )
     return ids
 
 
@@ -133,8 +140,9 @@ def test_concurrent_workers_never_take_a_request_twice(fq):
     lock = threading.Lock()
 
     def worker(name):
-        client = FairQueue(redis.Redis.from_url(settings.REDIS_URL), fq.prefix[4:-2],
-                           claim_seconds=30)
+        client = FairQueue(
+            redis.Redis.from_url(settings.REDIS_URL), fq.prefix[4:-2], claim_seconds=30
+        )
         while (item := client.dequeue(worker=name)) is not None:
             with lock:
                 taken.append(item.id)

@@ -11,15 +11,15 @@ import uuid
 import httpx
 import pytest
 
-from routing.bench.fakes import FakeProvider
 from routing.backend_store import backend_model_set, backend_register
+from routing.bench.fakes import FakeProvider
 from tenants.models import Reservation, Scope, UsageRecord
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
-from tests.conftest import child_env
+from tests.conftest import child_env, workers_live
 from tests.servers import AsgiServer, CeleryWorker
-from workers.registry import model_dir, model_register
-from workers.worker import workers_live
+from workers.serving.catalog import model_dir
+from workers.serving.registration import model_register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,44 +31,58 @@ def corrupt_copy(tmp_path):
     from safetensors.torch import save_file
 
     path = tmp_path / "broken"
-    shutil.copytree(model_dir("preset:tiny"), path,
-                    ignore=shutil.ignore_patterns("fairlane-manifest.*"))
+    shutil.copytree(
+        model_dir("preset:tiny"), path, ignore=shutil.ignore_patterns("fairlane-manifest.*")
+    )
     save_file({"not.a.layer": torch.zeros(4)}, str(path / "model.safetensors"))
     return path
 
 
 def chat(server, key, model, timeout=60):
-    return httpx.post(server.url + "/v1/chat/completions", timeout=timeout,
-                      headers={"Authorization": f"Bearer {key}"},
-                      json={"model": model, "max_tokens": 3,
-                            "messages": [{"role": "user", "content": "hello there"}]})
+    return httpx.post(
+        server.url + "/v1/chat/completions",
+        timeout=timeout,
+        headers={"Authorization": f"Bearer {key}"},
+        json={
+            "model": model,
+            "max_tokens": 3,
+            "messages": [{"role": "user", "content": "hello there"}],
+        },
+    )
 
 
 def beat_of(model_key: str):
     return next((b for b in workers_live() if b.get(model_key)), None)
 
 
-def test_a_model_that_fails_to_load_answers_at_once_and_is_retried(settings, tmp_path,
-                                                                    tenant, agent):
+def test_a_model_that_fails_to_load_answers_at_once_and_is_retried(
+    settings, tmp_path, tenant, agent
+):
     settings.FAIRLANE_MODEL_SIGNATURES = "warn"  # unsigned loads: the weights themselves fail
     model_register(name="tiny", source="preset:tiny")
     model_register(name="broken", source=str(corrupt_copy(tmp_path)))
     model_register(name="lonely", source=str(corrupt_copy(tmp_path / "l")))
     budget_create(tenant=tenant, agent=agent, limit_microcents=10**9)
     key = api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])[1]
-    env = child_env(FAIRLANE_ENGINE_MODE="celery", FAIRLANE_HEARTBEAT_SECONDS="1",
-                    FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
-                    FAIRLANE_MODEL_SIGNATURES="warn")
+    env = child_env(
+        FAIRLANE_ENGINE_MODE="celery",
+        FAIRLANE_HEARTBEAT_SECONDS="1",
+        FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
+        FAIRLANE_MODEL_SIGNATURES="warn",
+    )
     with FakeProvider("openai", reply_tokens=3) as vllm:
-        backend = backend_register(name="vllm-fallback", kind="openai_compatible",
-                                   base_url=vllm.url, credential=vllm.api_key)
+        backend = backend_register(
+            name="vllm-fallback",
+            kind="openai_compatible",
+            base_url=vllm.url,
+            credential=vllm.api_key,
+        )
         backend_model_set(backend=backend, model="broken", upstream_name="fake-model")
         worker = CeleryWorker(env)
         server = AsgiServer(env)
         try:
             deadline = time.monotonic() + 60
-            while not (beat := next((b for b in workers_live() if "tiny" in b["models"]),
-                                    None)):
+            while not (beat := next((b for b in workers_live() if "tiny" in b["models"]), None)):
                 assert time.monotonic() < deadline, worker.output()[-3000:]
                 time.sleep(0.2)
             assert {"broken", "lonely"} <= set(beat["failed"])
@@ -77,8 +91,7 @@ def test_a_model_that_fails_to_load_answers_at_once_and_is_retried(settings, tmp
 
             assert chat(server, key, "tiny").status_code == 200  # its other model serves
             fell = chat(server, key, "broken")
-            assert fell.status_code == 200 and fell.headers["x-fairlane-backend"] == \
-                "vllm-fallback"
+            assert fell.status_code == 200 and fell.headers["x-fairlane-backend"] == "vllm-fallback"
 
             alone = chat(server, key, "lonely", timeout=30)  # never a hang
             assert alone.status_code == 503, alone.text
@@ -86,8 +99,9 @@ def test_a_model_that_fails_to_load_answers_at_once_and_is_retried(settings, tmp
             assert int(alone.headers["Retry-After"]) >= 1
             assert str(tmp_path) not in alone.text
 
-            listed = httpx.get(server.url + "/v1/models",
-                               headers={"Authorization": f"Bearer {key}"}).json()["data"]
+            listed = httpx.get(
+                server.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}
+            ).json()["data"]
             assert {m["id"] for m in listed} == {"tiny", "broken"}  # broken: via vllm only
 
             time.sleep(4)  # the worker keeps retrying with a backoff, not in a tight loop

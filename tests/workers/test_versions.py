@@ -11,9 +11,14 @@ from django.core.management.base import CommandError
 from tenants.errors import InvalidRequest
 from workers.metrics import ReplicaCollector
 from workers.models import ModelVersion, ServedModel
-from workers.registry import ModelInfo, model_dir, model_get, model_register
-from workers.versions import (
-    version_choose, version_fingerprint, version_promote, version_rollback, version_tag,
+from workers.serving.catalog import ModelInfo, model_dir, model_get
+from workers.serving.registration import model_register
+from workers.serving.versions import (
+    version_choose,
+    version_fingerprint,
+    version_promote,
+    version_rollback,
+    version_tag,
     versions_of,
 )
 
@@ -21,8 +26,9 @@ pytestmark = pytest.mark.django_db
 
 
 def states(name="tiny") -> dict[str, tuple[str, int]]:
-    return {v.label: (v.state, v.weight)
-            for v in ModelVersion.objects.filter(served_model__name=name)}
+    return {
+        v.label: (v.state, v.weight) for v in ModelVersion.objects.filter(served_model__name=name)
+    }
 
 
 def test_a_model_without_versions_is_its_own_implicit_version():
@@ -31,7 +37,9 @@ def test_a_model_without_versions_is_its_own_implicit_version():
     assert info.versions == () and info.version == ""
     assert versions_of(info) == [info] and version_choose(info, key="k") is info
     row = ServedModel.objects.get(name="tiny")
-    assert version_fingerprint(info.to_dict()) == "fp_" + row.manifest_digest.rpartition(":")[2][:10]
+    assert (
+        version_fingerprint(info.to_dict()) == "fp_" + row.manifest_digest.rpartition(":")[2][:10]
+    )
     assert version_tag(info.to_dict()) == version_fingerprint(info.to_dict())
     remote = ModelInfo(name="gpt", source="backend:openai").to_dict()
     assert version_tag(remote) == "" and version_fingerprint(remote) is None
@@ -64,11 +72,13 @@ def test_a_canary_takes_its_weight_sticky_per_conversation_then_is_promoted():
     assert [(label, weight) for label, _, _, weight in info.versions] == [("v1", 95), ("v2", 5)]
     assert ServedModel.objects.get(name="tiny").source == "preset:tiny@1"  # still the primary's
 
-    picks = collections.Counter(version_choose(info, key=f"1\x00conversation {i}").version
-                                for i in range(10_000))
+    picks = collections.Counter(
+        version_choose(info, key=f"1\x00conversation {i}").version for i in range(10_000)
+    )
     assert abs(picks["v2"] / 10_000 - 0.05) < 0.01
     assert {version_choose(info, key="1\x00same").version for _ in range(20)} == {
-        version_choose(info, key="1\x00same").version}  # sticky
+        version_choose(info, key="1\x00same").version
+    }  # sticky
     randomly = collections.Counter(version_choose(info).version for _ in range(4_000))
     assert 0.03 < randomly["v2"] / 4_000 < 0.07
 
@@ -116,11 +126,15 @@ def test_the_commands_register_a_canary_promote_and_roll_back(capsys):
 def test_replica_bounds_are_checked_and_exported_for_the_autoscaler():
     with pytest.raises(InvalidRequest):
         model_register(name="tiny", source="preset:tiny", min_replicas=3, max_replicas=2)
-    model_register(name="tiny", source="preset:tiny@1", version="v1", min_replicas=2,
-                   max_replicas=4)
+    model_register(
+        name="tiny", source="preset:tiny@1", version="v1", min_replicas=2, max_replicas=4
+    )
     model_register(name="tiny", source="preset:tiny@2", version="v2", canary_weight=5)
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in ReplicaCollector().collect() for s in family.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in ReplicaCollector().collect()
+        for s in family.samples
+    }
     assert samples[("fairlane_model_replicas_min", (("model", "tiny"),))] == 2
     assert samples[("fairlane_model_replicas_max", (("model", "tiny"),))] == 4
     assert ("fairlane_model_replicas", (("model", "tiny"),)) in samples

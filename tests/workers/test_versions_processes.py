@@ -20,13 +20,12 @@ from django.conf import settings
 from tenants.models import Reservation, Scope, UsageRecord
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
-from tests.conftest import child_env, wait_for
+from tests.conftest import child_env, wait_for, workers_live
 from tests.servers import AsgiServer, CeleryWorker
 from workers.fairqueue import FairQueue
 from workers.models import ModelVersion, ServedModel
-from workers.registry import model_register
-from workers.versions import version_rollback
-from workers.worker import workers_live
+from workers.serving.registration import model_register
+from workers.serving.versions import version_rollback
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CACHE = 1.0  # FAIRLANE_ROUTING_CACHE_SECONDS of the API server
@@ -78,20 +77,37 @@ class SteadyLoad:
         while not self._stop.is_set():
             sent += 1
             started = time.monotonic()
-            body = {"model": "tiny", "max_tokens": self.max_tokens, "messages": [
-                {"role": "user", "content": f"caller {caller} conversation {sent} {uuid.uuid4()}"}]}
+            body = {
+                "model": "tiny",
+                "max_tokens": self.max_tokens,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": f"caller {caller} conversation {sent} {uuid.uuid4()}",
+                    }
+                ],
+            }
             try:
-                response = await client.post("/v1/chat/completions", json=body,
-                                             headers={"Authorization": f"Bearer {self.key}"})
+                response = await client.post(
+                    "/v1/chat/completions",
+                    json=body,
+                    headers={"Authorization": f"Bearer {self.key}"},
+                )
             except httpx.HTTPError as exc:
                 self.answers.append(Answer(started, 0, text=f"{type(exc).__name__}: {exc}"))
                 continue
             payload = response.json()
-            self.answers.append(Answer(
-                started, response.status_code, response.headers.get("x-request-id", ""),
-                response.headers.get("x-fairlane-model-version", ""),
-                payload.get("system_fingerprint"), response.headers.get("x-fairlane-backend", ""),
-                "" if response.status_code == 200 else response.text[:300]))
+            self.answers.append(
+                Answer(
+                    started,
+                    response.status_code,
+                    response.headers.get("x-request-id", ""),
+                    response.headers.get("x-fairlane-model-version", ""),
+                    payload.get("system_fingerprint"),
+                    response.headers.get("x-fairlane-backend", ""),
+                    "" if response.status_code == 200 else response.text[:300],
+                )
+            )
 
 
 def failed(answers: list[Answer]) -> list[Answer]:
@@ -104,8 +120,10 @@ def hosted_versions(model: str = "tiny") -> list[set[str]]:
 
 
 def fingerprints() -> dict[str, str]:
-    return {v.label: "fp_" + v.manifest_digest.rpartition(":")[2][:10]
-            for v in ModelVersion.objects.all()}
+    return {
+        v.label: "fp_" + v.manifest_digest.rpartition(":")[2][:10]
+        for v in ModelVersion.objects.all()
+    }
 
 
 @pytest.fixture
@@ -115,9 +133,14 @@ def inference_key(tenant, agent):
 
 
 def pool_env(**extra) -> dict:
-    return child_env(FAIRLANE_ENGINE_MODE="distributed", FAIRLANE_HEARTBEAT_SECONDS="1",
-                     FAIRLANE_HEARTBEAT_TTL_SECONDS="3", FAIRLANE_ENGINE_THREADS="1",
-                     FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-", **extra)
+    return child_env(
+        FAIRLANE_ENGINE_MODE="distributed",
+        FAIRLANE_HEARTBEAT_SECONDS="1",
+        FAIRLANE_HEARTBEAT_TTL_SECONDS="3",
+        FAIRLANE_ENGINE_THREADS="1",
+        FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
+        **extra,
+    )
 
 
 def test_a_swap_a_canary_and_a_rollback_under_load_fail_nothing(inference_key):
@@ -159,8 +182,9 @@ def test_a_swap_a_canary_and_a_rollback_under_load_fail_nothing(inference_key):
         assert answer.version in {"v1", "v2", "v3"}
         assert answer.fingerprint == prints[answer.version]
     ledger = dict(UsageRecord.objects.values_list("request_id", "model_version"))
-    assert {a.request_id: a.version for a in answers} == {a.request_id: ledger[a.request_id]
-                                                          for a in answers}
+    assert {a.request_id: a.version for a in answers} == {
+        a.request_id: ledger[a.request_id] for a in answers
+    }
     assert len(ledger) == len(answers)
     assert before_swap and {a.version for a in before_swap} == {"v1"}
     canary = [a for a in answers if canary_at < a.started < canary_until][:1000]
@@ -180,24 +204,38 @@ def test_a_worker_killed_in_a_pool_of_two_fails_no_request(inference_key):
     second = CeleryWorker(env, name="second", concurrency=4)
     server = AsgiServer(env)
     try:
-        wait_for(lambda: len([b for b in workers_live() if "tiny" in b["models"]]) == 2, 30,
-                 "two replicas advertised")
+        wait_for(
+            lambda: len([b for b in workers_live() if "tiny" in b["models"]]) == 2,
+            30,
+            "two replicas advertised",
+        )
         metrics = httpx.get(server.url + "/metrics").text
         assert 'fairlane_model_replicas{model="tiny"} 2.0' in metrics
         assert 'fairlane_model_replicas_min{model="tiny"} 2.0' in metrics
         with SteadyLoad(server.url, inference_key, max_tokens=16) as load:
+
             def both_served() -> bool:
                 ids = [a.request_id for a in load.answers]
-                return UsageRecord.objects.filter(request_id__in=ids).values(
-                    "backend").distinct().count() == 2
+                return (
+                    UsageRecord.objects.filter(request_id__in=ids)
+                    .values("backend")
+                    .distinct()
+                    .count()
+                    == 2
+                )
+
             wait_for(both_served, 60, "work spread over both replicas")
             # Killed while it runs a request (its claim names it), which the other resumes.
-            queue = FairQueue(redis.Redis.from_url(settings.REDIS_URL),
-                              env["FAIRLANE_QUEUE_NAMESPACE"] + "tiny")
+            queue = FairQueue(
+                redis.Redis.from_url(settings.REDIS_URL), env["FAIRLANE_QUEUE_NAMESPACE"] + "tiny"
+            )
+
             def first_runs() -> list[str]:
-                return [id_.decode() for id_, holder in
-                        queue.client.hgetall(queue.prefix + "holder").items()
-                        if holder.decode().endswith(f":{first.proc.pid}")]
+                return [
+                    id_.decode()
+                    for id_, holder in queue.client.hgetall(queue.prefix + "holder").items()
+                    if holder.decode().endswith(f":{first.proc.pid}")
+                ]
 
             def frozen_while_running() -> set[str]:
                 # Frozen first, then read: a request it holds and has not settled can only be
@@ -207,8 +245,11 @@ def test_a_worker_killed_in_a_pool_of_two_fails_no_request(inference_key):
                 os.killpg(first.proc.pid, signal.SIGSTOP)
                 time.sleep(0.5)
                 held = set(first_runs())
-                held -= set(UsageRecord.objects.filter(request_id__in=held).values_list(
-                    "request_id", flat=True))
+                held -= set(
+                    UsageRecord.objects.filter(request_id__in=held).values_list(
+                        "request_id", flat=True
+                    )
+                )
                 if not held:
                     os.killpg(first.proc.pid, signal.SIGCONT)
                     time.sleep(0.05)
@@ -226,11 +267,16 @@ def test_a_worker_killed_in_a_pool_of_two_fails_no_request(inference_key):
 
     assert not failed(answers), failed(answers)[:5]
     assert UsageRecord.objects.filter(
-        request_id__in=[a.request_id for a in answers]).count() == len(answers)
+        request_id__in=[a.request_id for a in answers]
+    ).count() == len(answers)
     # What the killed worker was running was finished by the other one (its claim lapsed).
-    finished_by = dict(UsageRecord.objects.filter(request_id__in=running).values_list(
-        "request_id", "backend"))
+    finished_by = dict(
+        UsageRecord.objects.filter(request_id__in=running).values_list("request_id", "backend")
+    )
     assert set(finished_by) == running, (finished_by, running)
     assert all(b.endswith(f":{second.proc.pid}") for b in finished_by.values()), finished_by
-    wait_for(lambda: not Reservation.objects.filter(status=Reservation.Status.HELD).exists(),
-             30, "every hold settled")
+    wait_for(
+        lambda: not Reservation.objects.filter(status=Reservation.Status.HELD).exists(),
+        30,
+        "every hold settled",
+    )

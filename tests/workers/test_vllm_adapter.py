@@ -11,10 +11,10 @@ import pytest
 from tenants.errors import InvalidRequest
 from workers.engine import SamplingParams
 from workers.models import ServedModel
-from workers.registry import model_register
+from workers.serving.registration import model_register
 from workers.vllm import VllmEngine, VllmStartFailed
-from workers.vllm.wire import Progress, request_body
 from workers.vllm.server import VllmServer, child_environment, metrics_parse
+from workers.vllm.wire import Progress, request_body
 
 METRICS = """\
 # TYPE vllm:num_requests_running gauge
@@ -43,8 +43,17 @@ def test_vllms_metrics_are_added_up_over_its_engines_for_the_heartbeat():
 
 
 def test_sampling_parameters_become_vllms_request_with_the_salt():
-    params = SamplingParams(max_tokens=7, temperature=0.0, top_k=5, seed=3, stop=["\n"],
-                            logit_bias={5: -100}, logprobs=2, min_tokens=1, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=7,
+        temperature=0.0,
+        top_k=5,
+        seed=3,
+        stop=["\n"],
+        logit_bias={5: -100},
+        logprobs=2,
+        min_tokens=1,
+        ignore_eos=True,
+    )
     body = request_body("m", [1, 2, 3], params, salt="abc")
     assert body["prompt"] == [1, 2, 3] and body["model"] == "m" and body["cache_salt"] == "abc"
     assert (body["max_tokens"], body["temperature"], body["top_k"], body["seed"]) == (7, 0.0, 5, 3)
@@ -59,19 +68,42 @@ def test_sampling_parameters_become_vllms_request_with_the_salt():
 
 def test_vllms_stream_becomes_engine_outputs_with_vllms_usage():
     progress = Progress("r:0")
-    first = progress.absorb({"choices": [{"index": 0, "text": "Hi", "token_ids": [7, 8],
-                                          "finish_reason": None, "logprobs": {
-                                              "tokens": ["token_id:7", "token_id:8"],
-                                              "token_logprobs": [-0.5, -0.25],
-                                              "top_logprobs": [{"token_id:7": -0.5},
-                                                               {"token_id:9": -0.1}]}}],
-                             "usage": None})
+    first = progress.absorb(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "Hi",
+                    "token_ids": [7, 8],
+                    "finish_reason": None,
+                    "logprobs": {
+                        "tokens": ["token_id:7", "token_id:8"],
+                        "token_logprobs": [-0.5, -0.25],
+                        "top_logprobs": [{"token_id:7": -0.5}, {"token_id:9": -0.1}],
+                    },
+                }
+            ],
+            "usage": None,
+        }
+    )
     assert (first.new_token_ids, first.new_text, first.num_output_tokens) == ([7, 8], "Hi", 2)
     assert first.new_logprobs == [-0.5, -0.25] and first.new_top_logprobs == [{7: -0.5}, {9: -0.1}]
-    assert progress.absorb({"choices": [{"index": 0, "text": "", "token_ids": [],
-                                         "finish_reason": "length"}]}) is None
-    progress.absorb({"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 3,
-                                              "prompt_tokens_details": {"cached_tokens": 32}}})
+    assert (
+        progress.absorb(
+            {"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": "length"}]}
+        )
+        is None
+    )
+    progress.absorb(
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 40,
+                "completion_tokens": 3,
+                "prompt_tokens_details": {"cached_tokens": 32},
+            },
+        }
+    )
     final = progress.final()
     assert final.finished and final.finish_reason == "length"
     assert (final.num_output_tokens, final.num_cached_tokens) == (3, 32)  # vLLM's counts
@@ -81,22 +113,27 @@ def test_vllms_stream_becomes_engine_outputs_with_vllms_usage():
     assert aborted.finish_reason == "abort" and aborted.num_output_tokens == 1  # what came
 
 
-def test_the_child_is_started_as_configured_without_the_platforms_secrets(settings,
-                                                                          monkeypatch):
+def test_the_child_is_started_as_configured_without_the_platforms_secrets(settings, monkeypatch):
     settings.FAIRLANE_VLLM_COMMAND = "/opt/vllm/bin/vllm serve"
     settings.FAIRLANE_VLLM_ARGS = "--gpu-memory-utilization 0.85 --tensor-parallel-size 2"
-    server = VllmServer(model="llama", path=Path("/models/llama"), max_model_len=4096,
-                        max_num_seqs=32)
+    server = VllmServer(
+        model="llama", path=Path("/models/llama"), max_model_len=4096, max_num_seqs=32
+    )
     command = server.command()
     assert command[:3] == ["/opt/vllm/bin/vllm", "serve", "/models/llama"]
     assert command[-4:] == ["--gpu-memory-utilization", "0.85", "--tensor-parallel-size", "2"]
-    flags = dict(zip(command[3::2], command[4::2]))
+    flags = dict(zip(command[3::2], command[4::2], strict=False))
     assert flags["--host"] == "127.0.0.1" and flags["--port"] == str(server.port)
     assert (flags["--served-model-name"], flags["--max-model-len"]) == ("llama", "4096")
     assert flags["--max-num-seqs"] == "32" and flags["--api-key"] == server.api_key
     assert flags["--load-format"] == "safetensors" and "--trust-remote-code" not in command
-    for name in ("SECRET_KEY", "DATABASE_URL", "REDIS_URL", "OPENAI_API_KEY",
-                 "FAIRLANE_CREDENTIALS_KEY"):
+    for name in (
+        "SECRET_KEY",
+        "DATABASE_URL",
+        "REDIS_URL",
+        "OPENAI_API_KEY",
+        "FAIRLANE_CREDENTIALS_KEY",
+    ):
         monkeypatch.setenv(name, "secret-value")
     env = child_environment()
     assert "secret-value" not in env.values()
@@ -106,14 +143,16 @@ def test_the_child_is_started_as_configured_without_the_platforms_secrets(settin
 
 def test_a_child_that_cannot_start_says_why(settings):
     def start():
-        return VllmEngine(model="m", path=Path("/models/m"), max_model_len=64,
-                          max_num_seqs=2).start()
+        return VllmEngine(
+            model="m", path=Path("/models/m"), max_model_len=64, max_num_seqs=2
+        ).start()
 
     settings.FAIRLANE_VLLM_COMMAND = "no-such-vllm serve"
     with pytest.raises(VllmStartFailed, match="requirements-gpu.txt"):
         start()
-    settings.FAIRLANE_VLLM_COMMAND = (f"{sys.executable} -c \"import sys; print('CUDA out of "
-                                      "memory'); sys.exit(3)\"")
+    settings.FAIRLANE_VLLM_COMMAND = (
+        f"{sys.executable} -c \"import sys; print('CUDA out of memory'); sys.exit(3)\""
+    )
     with pytest.raises(VllmStartFailed, match="exited with code 3.*CUDA out of memory"):
         start()
 
@@ -143,21 +182,27 @@ def test_the_model_is_verified_before_its_child_is_started(settings, tmp_path):
     """A directory that fails verification never reaches vLLM; a verified one does."""
     import shutil
 
-    from workers.host import EngineHost, ModelLoadFailed
+    from routing.runtimes import runtime_build
+    from workers.host import ModelLoadFailed
     from workers.models import ModelVerification
-    from workers.registry import ModelInfo, model_dir
+    from workers.serving.catalog import ModelInfo, model_dir
 
     marker = tmp_path / "started"
     settings.FAIRLANE_VLLM_COMMAND = f"{sys.executable} -c \"open('{marker}', 'w')\""
     settings.FAIRLANE_MODEL_SIGNATURES = "require"
     unsigned = tmp_path / "unsigned"
-    shutil.copytree(model_dir("preset:tiny"), unsigned,
-                    ignore=shutil.ignore_patterns("fairlane-manifest.*"))
+    shutil.copytree(
+        model_dir("preset:tiny"), unsigned, ignore=shutil.ignore_patterns("fairlane-manifest.*")
+    )
     ServedModel.objects.create(name="u", source=str(unsigned), runtime="vllm")
     with pytest.raises(ModelLoadFailed) as refused:
-        EngineHost().load(ModelInfo(name="u", source=str(unsigned), runtime="vllm"))
+        runtime_build("embedded").engine_host.load(
+            ModelInfo(name="u", source=str(unsigned), runtime="vllm")
+        )
     assert "unsigned" in str(refused.value.cause) and not marker.exists()
     assert ModelVerification.objects.get(model__name="u").status == "refused"
     with pytest.raises(ModelLoadFailed) as exited:  # verified: the command runs (and exits)
-        EngineHost().load(ModelInfo(name="t", source="preset:tiny", runtime="vllm"))
+        runtime_build("embedded").engine_host.load(
+            ModelInfo(name="t", source="preset:tiny", runtime="vllm")
+        )
     assert isinstance(exited.value.cause, VllmStartFailed) and marker.exists()

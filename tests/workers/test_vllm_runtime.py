@@ -20,12 +20,11 @@ from tenants.models import Reservation, Scope, UsageRecord
 from tenants.services.budgets import budget_create
 from tenants.services.keys import api_key_create
 from tenants.services.tenancy import agent_create, tenant_cache_salt, tenant_create
-from tests.conftest import child_env, wait_for
+from tests.conftest import child_env, wait_for, workers_live
 from tests.routing.conftest import PRICES
 from tests.servers import AsgiServer, CeleryWorker
-from workers.registry import model_register
-from workers.versions import version_promote
-from workers.worker import workers_live
+from workers.serving.registration import model_register
+from workers.serving.versions import version_promote
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,12 +33,19 @@ REPLY_TOKENS = 400  # the fake's answer when max_tokens allows; token i is "t{i}
 
 def vllm_env(record) -> dict:
     """A fresh queue namespace; the fake vLLM as the command; one sequence at a time."""
-    command = (f"{sys.executable} -m routing.bench.fake_vllm serve --reply-tokens "
-               f"{REPLY_TOKENS} --token-delay 0.02 --record {record}")
-    return child_env(FAIRLANE_ENGINE_MODE="distributed", FAIRLANE_HEARTBEAT_SECONDS="1",
-                     FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
-                     FAIRLANE_VLLM_COMMAND=command, FAIRLANE_VLLM_HEALTH_SECONDS="0.5",
-                     FAIRLANE_ENGINE_MAX_NUM_SEQS="1", FAIRLANE_REALTIME_RESERVED_SLOTS="0")
+    command = (
+        f"{sys.executable} -m routing.bench.fake_vllm serve --reply-tokens "
+        f"{REPLY_TOKENS} --token-delay 0.02 --record {record}"
+    )
+    return child_env(
+        FAIRLANE_ENGINE_MODE="distributed",
+        FAIRLANE_HEARTBEAT_SECONDS="1",
+        FAIRLANE_QUEUE_NAMESPACE=f"t{uuid.uuid4().hex[:8]}-",
+        FAIRLANE_VLLM_COMMAND=command,
+        FAIRLANE_VLLM_HEALTH_SECONDS="0.5",
+        FAIRLANE_ENGINE_MAX_NUM_SEQS="1",
+        FAIRLANE_REALTIME_RESERVED_SLOTS="0",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,13 +89,20 @@ def started(record) -> list[dict]:
 
 def chat(server, key, timeout=60, **body):
     body = {"model": "llama", "messages": [{"role": "user", "content": "hello there"}], **body}
-    return httpx.post(server.url + "/v1/chat/completions", timeout=timeout, json=body,
-                      headers={"Authorization": f"Bearer {key}"})
+    return httpx.post(
+        server.url + "/v1/chat/completions",
+        timeout=timeout,
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+    )
 
 
 def sse(lines) -> list[dict]:
-    return [json.loads(line[6:]) for line in lines
-            if line.startswith("data: ") and line != "data: [DONE]"]
+    return [
+        json.loads(line[6:])
+        for line in lines
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
 
 
 def alive(pid: int) -> bool:
@@ -101,19 +114,31 @@ def alive(pid: int) -> bool:
 
 
 def cost(prompt: int, completion: int, cached: int = 0) -> int:
-    total = ((prompt - cached) * PRICES["price_input_per_mtok"] + completion
-             * PRICES["price_output_per_mtok"] + cached * PRICES["price_cached_per_mtok"])
+    total = (
+        (prompt - cached) * PRICES["price_input_per_mtok"]
+        + completion * PRICES["price_output_per_mtok"]
+        + cached * PRICES["price_cached_per_mtok"]
+    )
     return -(-total // 1_000_000)
 
 
 def test_streams_and_answers_through_the_api_with_vllms_usage_and_the_tenants_salt(
-        llama, record, tenant, agent, other_tenant, other_agent):
+    llama, record, tenant, agent, other_tenant, other_agent
+):
     key, other_key = key_for(tenant, agent), key_for(other_tenant, other_agent)
-    with httpx.stream("POST", llama.url + "/v1/chat/completions", timeout=60,
-                      headers={"Authorization": f"Bearer {key}"},
-                      json={"model": "llama", "max_tokens": 5, "stream": True,
-                            "stream_options": {"include_usage": True},
-                            "messages": [{"role": "user", "content": "hello there"}]}) as response:
+    with httpx.stream(
+        "POST",
+        llama.url + "/v1/chat/completions",
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}"},
+        json={
+            "model": "llama",
+            "max_tokens": 5,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "hello there"}],
+        },
+    ) as response:
         assert response.status_code == 200
         request_id = response.headers["x-request-id"]
         chunks = sse(response.iter_lines())
@@ -135,8 +160,10 @@ def test_streams_and_answers_through_the_api_with_vllms_usage_and_the_tenants_sa
     # JSON; a long enough prompt fills cache blocks: the same tenant hits vLLM's prefix cache
     # (charged at the cached price), another tenant with the same prompt does not.
     long = " ".join(f"word{i}" for i in range(60))
-    answers = [chat(llama, k, max_tokens=3, messages=[{"role": "user", "content": long}])
-               for k in (key, key, other_key)]
+    answers = [
+        chat(llama, k, max_tokens=3, messages=[{"role": "user", "content": long}])
+        for k in (key, key, other_key)
+    ]
     assert all(a.status_code == 200 for a in answers), answers[-1].text
     assert answers[1].json()["choices"][0]["message"]["content"] == "t0 t1 t2 "
     cached = [a.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers]
@@ -147,24 +174,37 @@ def test_streams_and_answers_through_the_api_with_vllms_usage_and_the_tenants_sa
     assert again.cost_microcents == cost(again.prompt_tokens, 3, cached[1])
 
     # The heartbeat advertises the runtime, what it can do and its load from vLLM's /metrics.
-    stats = wait_for(lambda: (s := beat_hosting()["stats"]["llama"])["num_generated_tokens"]
-                     >= 14 and s)
+    stats = wait_for(
+        lambda: (s := beat_hosting()["stats"]["llama"])["num_generated_tokens"] >= 14 and s
+    )
     assert stats["runtime"] == "vllm" and stats["hidden_states"] is False
     assert stats["prefix_hit_rate"] > 0 and stats["max_num_seqs"] == 1
     models = httpx.get(llama.url + "/v1/models", headers={"Authorization": f"Bearer {key}"})
     assert [m["id"] for m in models.json()["data"]] == ["llama"]
-    embed = httpx.post(llama.url + "/v1/embeddings", json={"model": "llama", "input": "a"},
-                       headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    embed = httpx.post(
+        llama.url + "/v1/embeddings",
+        json={"model": "llama", "input": "a"},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
     assert embed.status_code == 400 and "vLLM" in embed.json()["error"]["message"]
 
 
 def test_a_client_that_leaves_aborts_the_childs_stream(llama, tenant, agent):
     key = key_for(tenant, agent)
     generated = beat_hosting()["stats"]["llama"]["num_generated_tokens"]  # vLLM's own count
-    with httpx.stream("POST", llama.url + "/v1/chat/completions", timeout=60,
-                      headers={"Authorization": f"Bearer {key}"},
-                      json={"model": "llama", "max_tokens": REPLY_TOKENS, "stream": True,
-                            "messages": [{"role": "user", "content": "go on"}]}) as response:
+    with httpx.stream(
+        "POST",
+        llama.url + "/v1/chat/completions",
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}"},
+        json={
+            "model": "llama",
+            "max_tokens": REPLY_TOKENS,
+            "stream": True,
+            "messages": [{"role": "user", "content": "go on"}],
+        },
+    ) as response:
         request_id = response.headers["x-request-id"]
         seen = 0
         for line in response.iter_lines():
@@ -175,6 +215,7 @@ def test_a_client_that_leaves_aborts_the_childs_stream(llama, tenant, agent):
     def aborted():
         stats = beat_hosting()["stats"]["llama"]
         return stats["num_running"] == 0 and stats["in_flight"] == 0 and stats
+
     wait_for(aborted, what="vLLM's sequence to be aborted")
     row = wait_for(lambda: UsageRecord.objects.filter(request_id=request_id).first())
     assert row.status == UsageRecord.Status.CANCELLED
@@ -187,26 +228,35 @@ def test_a_client_that_leaves_aborts_the_childs_stream(llama, tenant, agent):
 
 
 def test_the_fair_queue_orders_a_vllm_model_by_weight_and_budgets_hold(
-        llama, record, tenant, agent, make_user):
+    llama, record, tenant, agent, make_user
+):
     light = key_for(tenant, agent)
     heavy_tenant = tenant_create(name="Heavy", slug="heavy", owner=make_user("hank"), weight=3)
     heavy = key_for(heavy_tenant, agent_create(tenant=heavy_tenant, name="bot"))
-    body = {"model": "llama", "max_tokens": 10,
-            "messages": [{"role": "user", "content": "same prompt"}]}
+    body = {
+        "model": "llama",
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "same prompt"}],
+    }
 
     async def burst():
         async with httpx.AsyncClient(base_url=llama.url, timeout=120) as client:
+
             async def one(key):
-                return await client.post("/v1/chat/completions", json=body,
-                                         headers={"Authorization": f"Bearer {key}"})
+                return await client.post(
+                    "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+                )
+
             first = [asyncio.create_task(one(light)) for _ in range(8)]
             await asyncio.sleep(0.4)  # the light tenant's requests are queued first
             second = [asyncio.create_task(one(heavy)) for _ in range(8)]
             return await asyncio.gather(*first, *second)
 
     assert all(r.status_code == 200 for r in asyncio.run(burst()))
-    salts = {tenant_cache_salt(tenant_id=tenant.pk): "light",
-             tenant_cache_salt(tenant_id=heavy_tenant.pk): "heavy"}
+    salts = {
+        tenant_cache_salt(tenant_id=tenant.pk): "light",
+        tenant_cache_salt(tenant_id=heavy_tenant.pk): "heavy",
+    }
     order = [salts[b["cache_salt"]] for b in started(record)]
     assert len(order) == 16
     # FCFS would run every light request first; weight 3 gets about 3 of 4 turns instead,
@@ -214,7 +264,7 @@ def test_the_fair_queue_orders_a_vllm_model_by_weight_and_budgets_hold(
     # more on a loaded machine).
     since = order.index("heavy")
     assert since < 8, order
-    assert order[since:since + 8].count("heavy") >= 5, order
+    assert order[since : since + 8].count("heavy") >= 5, order
 
     # A budget that covers two of these requests at their worst case (no prompt cached): the
     # rest are refused up front; what ran is charged by vLLM's counts (cached prompt tokens at
@@ -222,14 +272,22 @@ def test_the_fair_queue_orders_a_vllm_model_by_weight_and_budgets_hold(
     row = UsageRecord.objects.filter(tenant=tenant).first()
     each = cost(row.prompt_tokens, 10)
     poor_tenant = tenant_create(name="Poor", slug="poor", owner=make_user("pete"))
-    poor = key_for(poor_tenant, agent_create(tenant=poor_tenant, name="bot"),
-                   limit=2 * each + each // 2)
+    poor = key_for(
+        poor_tenant, agent_create(tenant=poor_tenant, name="bot"), limit=2 * each + each // 2
+    )
 
     async def spend():
         async with httpx.AsyncClient(base_url=llama.url, timeout=120) as client:
-            return await asyncio.gather(*[client.post(
-                "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {poor}"})
-                for _ in range(5)])
+            return await asyncio.gather(
+                *[
+                    client.post(
+                        "/v1/chat/completions",
+                        json=body,
+                        headers={"Authorization": f"Bearer {poor}"},
+                    )
+                    for _ in range(5)
+                ]
+            )
 
     codes = sorted(r.status_code for r in asyncio.run(spend()))
     assert codes == [200, 200, 429, 429, 429]
@@ -240,14 +298,21 @@ def test_the_fair_queue_orders_a_vllm_model_by_weight_and_budgets_hold(
     assert not Reservation.objects.filter(status=Reservation.Status.HELD).exists()
 
 
-def test_a_crashed_child_fails_its_stream_cleanly_and_restarts_with_a_backoff(
-        llama, tenant, agent):
+def test_a_crashed_child_fails_its_stream_cleanly_and_restarts_with_a_backoff(llama, tenant, agent):
     key = key_for(tenant, agent)
     first_pid = beat_hosting()["stats"]["llama"]["pid"]
-    with httpx.stream("POST", llama.url + "/v1/chat/completions", timeout=60,
-                      headers={"Authorization": f"Bearer {key}"},
-                      json={"model": "llama", "max_tokens": REPLY_TOKENS, "stream": True,
-                            "messages": [{"role": "user", "content": "go on"}]}) as response:
+    with httpx.stream(
+        "POST",
+        llama.url + "/v1/chat/completions",
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}"},
+        json={
+            "model": "llama",
+            "max_tokens": REPLY_TOKENS,
+            "stream": True,
+            "messages": [{"role": "user", "content": "go on"}],
+        },
+    ) as response:
         request_id, lines = response.headers["x-request-id"], []
         for line in response.iter_lines():
             lines.append(line)
@@ -262,13 +327,17 @@ def test_a_crashed_child_fails_its_stream_cleanly_and_restarts_with_a_backoff(
     def restarted(previous):
         beat = beat_hosting()
         return beat and beat["stats"]["llama"]["pid"] != previous and beat
+
     beat = wait_for(lambda: restarted(first_pid), what="a new vLLM child")
     assert chat(llama, key, max_tokens=2).json()["choices"][0]["message"]["content"] == "t0 t1 "
 
     # It crashes again at once: the second restart waits longer (1 s, then 2 s, ...).
     os.kill(beat["stats"]["llama"]["pid"], signal.SIGKILL)
-    failed = wait_for(lambda: next((b["failed"]["llama"] for b in workers_live()
-                                    if "llama" in b.get("failed", {})), None))
+    failed = wait_for(
+        lambda: next(
+            (b["failed"]["llama"] for b in workers_live() if "llama" in b.get("failed", {})), None
+        )
+    )
     assert failed["attempts"] == 2 and 0 < failed["retry_in"] <= 2
     assert "exited with code -9" in failed["error"]
     wait_for(lambda: restarted(beat["stats"]["llama"]["pid"]), what="the third vLLM child")
@@ -290,14 +359,21 @@ def fake_children(record) -> list[int]:
 
 
 def test_a_canary_version_on_vllm_gets_its_own_child_and_a_promotion_drains_the_old(
-        llama, tenant, agent, record):
+    llama, tenant, agent, record
+):
     """Versions (#17) on the vLLM runtime: a canary is a second `vllm serve` child beside the
     primary's; requests split between them, each answer and ledger row naming its version;
     promoted, the old version's child is stopped once its requests are done."""
     key = key_for(tenant, agent)
     model_register(name="llama", source="preset:tiny", runtime="vllm", version="v1", **PRICES)
-    model_register(name="llama", source="preset:small", runtime="vllm", version="v2",
-                   canary_weight=50, **PRICES)
+    model_register(
+        name="llama",
+        source="preset:small",
+        runtime="vllm",
+        version="v2",
+        canary_weight=50,
+        **PRICES,
+    )
 
     def children() -> dict:
         beat = beat_hosting()
@@ -307,15 +383,22 @@ def test_a_canary_version_on_vllm_gets_its_own_child_and_a_promotion_drains_the_
     assert len(fake_children(record)) == 2
     seen = {}
     for i in range(24):  # sticky per conversation: different conversations split
-        response = httpx.post(llama.url + "/v1/chat/completions", timeout=60, json={
-            "model": "llama", "max_tokens": 2,
-            "messages": [{"role": "user", "content": f"conversation {i}"}]},
-            headers={"Authorization": f"Bearer {key}"})
+        response = httpx.post(
+            llama.url + "/v1/chat/completions",
+            timeout=60,
+            json={
+                "model": "llama",
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": f"conversation {i}"}],
+            },
+            headers={"Authorization": f"Bearer {key}"},
+        )
         assert response.status_code == 200, response.text
         seen[response.headers["x-request-id"]] = response.headers["x-fairlane-model-version"]
     assert set(seen.values()) == {"v1", "v2"}, seen
-    ledger = dict(UsageRecord.objects.filter(request_id__in=seen).values_list(
-        "request_id", "model_version"))
+    ledger = dict(
+        UsageRecord.objects.filter(request_id__in=seen).values_list("request_id", "model_version")
+    )
     assert ledger == seen
     version_promote(name="llama", label="v2")
     wait_for(lambda: set(children()) == {"v2"}, 60, "v1's version dropped after the promotion")
@@ -328,13 +411,27 @@ def test_warm_shutdown_drains_the_vllm_model_then_stops_its_child(pool, llama, t
     """Last here: it ends the module's worker."""
     worker = pool[1]
     key = key_for(tenant, agent)
-    child = beat_hosting()["stats"]["llama"]["pid"]
+    # The heartbeat that names the child's pid (the one the fixture saw may predate the
+    # worker's view of this test's registration, under load).
+    child = wait_for(
+        lambda: ((beat_hosting() or {}).get("stats", {}).get("llama") or {}).get("pid"),
+        60,
+        "a heartbeat naming the vLLM child",
+    )
     chunks = []
-    with httpx.stream("POST", llama.url + "/v1/chat/completions", timeout=60,
-                      headers={"Authorization": f"Bearer {key}"},
-                      json={"model": "llama", "max_tokens": 150, "stream": True,
-                            "stream_options": {"include_usage": True},
-                            "messages": [{"role": "user", "content": "go on"}]}) as response:
+    with httpx.stream(
+        "POST",
+        llama.url + "/v1/chat/completions",
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}"},
+        json={
+            "model": "llama",
+            "max_tokens": 150,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "go on"}],
+        },
+    ) as response:
         for line in response.iter_lines():
             chunks += sse([line])
             if len(chunks) == 3 and line:

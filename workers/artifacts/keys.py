@@ -41,8 +41,9 @@ def public_parse(text: str) -> Ed25519PublicKey:
             raw = base64.b64decode(text.removeprefix(TEXT_PREFIX), validate=True)
             return Ed25519PublicKey.from_public_bytes(raw)
         except (binascii.Error, ValueError):
-            raise KeyProblem("not an Ed25519 public key: expected ed25519:<base64 of 32 bytes>") \
-                from None
+            raise KeyProblem(
+                "not an Ed25519 public key: expected ed25519:<base64 of 32 bytes>"
+            ) from None
     if text.startswith("-----BEGIN PUBLIC KEY-----"):
         try:
             key = serialization.load_pem_public_key(text.encode())
@@ -80,8 +81,9 @@ def private_load(path: str | Path) -> Ed25519PrivateKey:
 
 
 def private_pem(key: Ed25519PrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def private_write(path: str | Path, key: Ed25519PrivateKey, *, exist_ok: bool = False) -> bool:

@@ -20,8 +20,9 @@ _CHUNK = 1 << 20
 
 
 def canonical(document: dict) -> bytes:
-    return json.dumps(document, sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False).encode("utf-8")
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8"
+    )
 
 
 def sha256_file(path: Path) -> str:
@@ -73,19 +74,26 @@ def is_safe_name(name: str) -> bool:
     return not path.is_absolute() and all(part not in ("", ".", "..") for part in name.split("/"))
 
 
-def statement_build(root: Path, *, name: str, version: str, source: str,
-                    license: str) -> dict:
+def statement_build(root: Path, *, name: str, version: str, source: str, license: str) -> dict:
     """The manifest of the directory as it is now (regular files only; see verify for what
     may not be there at all)."""
     subjects = []
     for entry in directory_walk(root):
         if entry.kind != "file":
             raise ValueError(f"{entry.name}: a {entry.kind} cannot be part of a signed model")
-        subjects.append({"name": entry.name, "digest": {"sha256": sha256_file(root / entry.name)},
-                         "annotations": {"size": entry.size}})
-    return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE,
-            "predicate": {"name": name, "version": version, "source": source,
-                          "license": license}}
+        subjects.append(
+            {
+                "name": entry.name,
+                "digest": {"sha256": sha256_file(root / entry.name)},
+                "annotations": {"size": entry.size},
+            }
+        )
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": subjects,
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {"name": name, "version": version, "source": source, "license": license},
+    }
 
 
 def manifest_digest(data: bytes) -> str:

@@ -40,8 +40,9 @@ class ModelVerification(models.Model):
         UNSIGNED = "unsigned"  # no signature (warn policy)
         REFUSED = "refused"  # not loaded: see `reasons`
 
-    model = models.ForeignKey("workers.ServedModel", on_delete=models.CASCADE,
-                              related_name="verifications")
+    model = models.ForeignKey(
+        "workers.ServedModel", on_delete=models.CASCADE, related_name="verifications"
+    )
     worker = models.CharField(max_length=200)
     status = models.CharField(max_length=20, choices=Status.choices)
     reasons = models.TextField(blank=True, default="")
@@ -51,8 +52,11 @@ class ModelVerification(models.Model):
 
     class Meta:
         ordering = ["-checked_at"]
-        constraints = [models.UniqueConstraint(fields=["model", "worker"],
-                                               name="one_verification_per_model_and_worker")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model", "worker"], name="one_verification_per_model_and_worker"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.model_id} on {self.worker}: {self.status}"

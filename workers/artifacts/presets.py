@@ -6,6 +6,7 @@ blessed as found; a signed one whose files were changed afterwards is refused at
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -28,8 +29,12 @@ _known_signed: set[tuple[str, str]] = set()
 
 
 def preset_predicate(preset: str, seed: int) -> dict:
-    return {"name": preset, "version": f"seed{seed}-format{PRESET_FORMAT_VERSION}",
-            "source": f"preset:{preset}@{seed}", "license": PRESET_LICENSE}
+    return {
+        "name": preset,
+        "version": f"seed{seed}-format{PRESET_FORMAT_VERSION}",
+        "source": f"preset:{preset}@{seed}",
+        "license": PRESET_LICENSE,
+    }
 
 
 def preset_signed_dir(preset: str, root: Path, *, seed: int = 0) -> Path:
@@ -62,8 +67,9 @@ def _is_signed_by(path: Path, key: Ed25519PrivateKey, predicate: dict) -> bool:
         return False
 
 
-def _create_signed(path: Path, key: Ed25519PrivateKey, *, preset: str, seed: int,
-                   predicate: dict) -> None:
+def _create_signed(
+    path: Path, key: Ed25519PrivateKey, *, preset: str, seed: int, predicate: dict
+) -> None:
     """Generate, sign, then move into place; racing processes agree on the bytes (seeded
     weights, deterministic signatures), so whichever lands is the same model."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,10 +85,8 @@ def _create_signed(path: Path, key: Ed25519PrivateKey, *, preset: str, seed: int
             except OSError:
                 if _is_signed_by(path, key, predicate):
                     return  # another process got there first
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.rename(path, path.parent / f".{path.name}-old-{uuid.uuid4().hex[:8]}")
-                except FileNotFoundError:
-                    pass
         raise RuntimeError(f"could not place the signed preset at {path}")
     finally:
         shutil.rmtree(staging, ignore_errors=True)

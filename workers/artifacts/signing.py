@@ -17,14 +17,22 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from workers.artifacts.keys import key_id, public_text
 from workers.artifacts.manifest import (
-    MANIFEST_NAME, SIGNATURE_NAME, canonical, manifest_digest, statement_build,
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    canonical,
+    manifest_digest,
+    statement_build,
 )
 
 
 def signature_document(key: Ed25519PrivateKey, manifest: bytes) -> dict:
     public = key.public_key()
-    return {"algorithm": "ed25519", "keyid": key_id(public), "public_key": public_text(public),
-            "sig": base64.b64encode(key.sign(manifest)).decode()}
+    return {
+        "algorithm": "ed25519",
+        "keyid": key_id(public),
+        "public_key": public_text(public),
+        "sig": base64.b64encode(key.sign(manifest)).decode(),
+    }
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -33,16 +41,18 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(staging, path)
 
 
-def model_sign(root: str | Path, key: Ed25519PrivateKey, *, name: str, version: str,
-               source: str, license: str) -> tuple[str, str]:
+def model_sign(
+    root: str | Path, key: Ed25519PrivateKey, *, name: str, version: str, source: str, license: str
+) -> tuple[str, str]:
     """Write the manifest of `root` as it is now, and its signature. Returns (manifest digest,
     signer key id). Ed25519 is deterministic, so signing the same files with the same key twice
     writes the same bytes: processes racing to sign one directory agree."""
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"{root} is not a directory")
-    manifest = canonical(statement_build(root, name=name, version=version, source=source,
-                                         license=license))
+    manifest = canonical(
+        statement_build(root, name=name, version=version, source=source, license=license)
+    )
     signature = signature_document(key, manifest)
     # The signature goes second: a reader that sees the new manifest with the old signature
     # refuses (and retries later) rather than trusting a mismatched pair.

@@ -26,8 +26,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from workers.artifacts.keys import KeyProblem, key_id, public_parse
 from workers.artifacts.manifest import (
-    MANIFEST_NAME, PREDICATE_TYPE, SIGNATURE_NAME, STATEMENT_TYPE, Entry, canonical,
-    directory_walk, is_safe_name, manifest_digest, sha256_file,
+    MANIFEST_NAME,
+    PREDICATE_TYPE,
+    SIGNATURE_NAME,
+    STATEMENT_TYPE,
+    Entry,
+    canonical,
+    directory_walk,
+    is_safe_name,
+    manifest_digest,
+    sha256_file,
 )
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".dill")
@@ -62,8 +70,9 @@ class Verification:
         self.problems.append(Problem(code, message))
 
 
-def model_verify(root: str | Path, trusted: Mapping[str, Ed25519PublicKey], *,
-                 exhaustive: bool = False) -> Verification:
+def model_verify(
+    root: str | Path, trusted: Mapping[str, Ed25519PublicKey], *, exhaustive: bool = False
+) -> Verification:
     """Check a model directory against its manifest and `trusted` keys (key id -> key)."""
     root, result = Path(root), Verification()
     if root.is_symlink():
@@ -83,8 +92,11 @@ def model_verify(root: str | Path, trusted: Mapping[str, Ed25519PublicKey], *,
     if result.problems and not exhaustive:
         return result
     for name, digest in listed.items():
-        if (root / name).is_file() and not (root / name).is_symlink() \
-                and sha256_file(root / name) != digest:
+        if (
+            (root / name).is_file()
+            and not (root / name).is_symlink()
+            and sha256_file(root / name) != digest
+        ):
             result.add("hash_mismatch", f"{name}: sha256 differs from the manifest")
     return result
 
@@ -92,14 +104,18 @@ def model_verify(root: str | Path, trusted: Mapping[str, Ed25519PublicKey], *,
 def _check_structure(root: Path, entries: list[Entry], result: Verification) -> None:
     for entry in entries:
         if entry.kind == "symlink":
-            result.add("symlink", f"{entry.name} is a symbolic link (to "
-                                  f"{(root / entry.name).readlink()}); links are never followed")
+            result.add(
+                "symlink",
+                f"{entry.name} is a symbolic link (to "
+                f"{(root / entry.name).readlink()}); links are never followed",
+            )
         elif entry.kind == "other":
             result.add("special_file", f"{entry.name} is not a regular file")
         elif entry.name.lower().endswith(PICKLE_SUFFIXES) or _is_pickle(root / entry.name):
             result.add("pickle", f"{entry.name} is a pickle; weights load only as safetensors")
-        elif entry.name.endswith(".safetensors") and not _is_safetensors(root / entry.name,
-                                                                          entry.size):
+        elif entry.name.endswith(".safetensors") and not _is_safetensors(
+            root / entry.name, entry.size
+        ):
             result.add("not_safetensors", f"{entry.name} is not a safetensors file")
     result.files = sum(entry.kind == "file" for entry in entries)
 
@@ -129,8 +145,9 @@ def _is_safetensors(path: Path, size: int) -> bool:
     return 2 <= length <= size - 8 and head[8:9] == b"{"
 
 
-def _check_signature(root: Path, trusted: Mapping[str, Ed25519PublicKey],
-                     result: Verification) -> dict | None:
+def _check_signature(
+    root: Path, trusted: Mapping[str, Ed25519PublicKey], result: Verification
+) -> dict | None:
     """The parsed statement, or None when there is none to compare the files with."""
     manifest_path, signature_path = root / MANIFEST_NAME, root / SIGNATURE_NAME
     if not manifest_path.exists():
@@ -154,8 +171,11 @@ def _check_signature(root: Path, trusted: Mapping[str, Ed25519PublicKey],
     try:
         (key or embedded).verify(signature, data)
     except InvalidSignature:
-        result.add("bad_signature", f"the signature does not verify with key {keyid}: the "
-                                    "manifest or its signature was changed, or another key made it")
+        result.add(
+            "bad_signature",
+            f"the signature does not verify with key {keyid}: the "
+            "manifest or its signature was changed, or another key made it",
+        )
         return None
     result.trust = TRUSTED if key is not None else UNTRUSTED
     return statement
@@ -167,16 +187,21 @@ def _statement_parse(data: bytes, result: Verification) -> dict | None:
     except (UnicodeDecodeError, ValueError) as exc:
         result.add("malformed_manifest", f"{MANIFEST_NAME} is not JSON: {exc}")
         return None
-    shape_ok = (isinstance(statement, dict) and statement.get("_type") == STATEMENT_TYPE
-                and statement.get("predicateType") == PREDICATE_TYPE
-                and isinstance(statement.get("subject"), list)
-                and isinstance(statement.get("predicate"), dict))
+    shape_ok = (
+        isinstance(statement, dict)
+        and statement.get("_type") == STATEMENT_TYPE
+        and statement.get("predicateType") == PREDICATE_TYPE
+        and isinstance(statement.get("subject"), list)
+        and isinstance(statement.get("predicate"), dict)
+    )
     if not shape_ok:
         result.add("malformed_manifest", f"{MANIFEST_NAME} is not a Fairlane model Statement")
         return None
     if canonical(statement) != data:
-        result.add("malformed_manifest", f"{MANIFEST_NAME} is not canonical JSON (sorted keys, "
-                                         "no spaces, UTF-8)")
+        result.add(
+            "malformed_manifest",
+            f"{MANIFEST_NAME} is not canonical JSON (sorted keys, no spaces, UTF-8)",
+        )
         return None
     return statement
 
@@ -190,8 +215,10 @@ def _signature_parse(data: bytes, result: Verification):
         result.add("malformed_signature", f"{SIGNATURE_NAME} is unreadable or truncated")
         return None
     if document.get("algorithm") != "ed25519" or len(signature) != 64:
-        result.add("malformed_signature", f"{SIGNATURE_NAME}: expected a 64-byte Ed25519 "
-                                          f"signature, got {len(signature)} bytes")
+        result.add(
+            "malformed_signature",
+            f"{SIGNATURE_NAME}: expected a 64-byte Ed25519 signature, got {len(signature)} bytes",
+        )
         return None
     if key_id(public) != keyid:
         result.add("malformed_signature", f"{SIGNATURE_NAME}: the public key is not {keyid}")
@@ -207,8 +234,10 @@ def _check_listing(statement: dict, entries: list[Entry], result: Verification) 
         name = subject.get("name") if isinstance(subject, dict) else None
         digest = (subject.get("digest") or {}).get("sha256") if isinstance(subject, dict) else None
         if not isinstance(name, str) or not is_safe_name(name) or not isinstance(digest, str):
-            result.add("path_escape", f"the manifest names {name!r}, which is not a path inside "
-                                      "the model directory")
+            result.add(
+                "path_escape",
+                f"the manifest names {name!r}, which is not a path inside the model directory",
+            )
             continue
         listed[name] = digest
         sizes[name] = (subject.get("annotations") or {}).get("size", -1)
@@ -219,6 +248,7 @@ def _check_listing(statement: dict, entries: list[Entry], result: Verification) 
         result.add("extra_file", f"{name} is in the directory but not in the manifest")
     for name in sorted(listed.keys() & present.keys()):
         if sizes[name] != present[name]:
-            result.add("size_mismatch", f"{name}: {present[name]} bytes, the manifest says "
-                                        f"{sizes[name]}")
+            result.add(
+                "size_mismatch", f"{name}: {present[name]} bytes, the manifest says {sizes[name]}"
+            )
     return {name: digest for name, digest in listed.items() if name in present}

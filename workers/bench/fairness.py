@@ -85,8 +85,14 @@ class _Taken:
     payload: dict
 
 
-def workload(tenants: list[Tenant], *, duration: float, seed: int,
-             input_range=(32, 256), output_range=(32, 256)) -> list[Request]:
+def workload(
+    tenants: list[Tenant],
+    *,
+    duration: float,
+    seed: int,
+    input_range=(32, 256),
+    output_range=(32, 256),
+) -> list[Request]:
     rng = random.Random(seed)
     requests = []
     for tenant in tenants:
@@ -95,13 +101,28 @@ def workload(tenants: list[Tenant], *, duration: float, seed: int,
             t += rng.expovariate(tenant.rate)
             if t >= duration:
                 break
-            requests.append(Request(t, uuid.uuid4().hex, tenant.name, tenant.lane,
-                                    rng.randint(*input_range), rng.randint(*output_range)))
+            requests.append(
+                Request(
+                    t,
+                    uuid.uuid4().hex,
+                    tenant.name,
+                    tenant.lane,
+                    rng.randint(*input_range),
+                    rng.randint(*output_range),
+                )
+            )
     return sorted(requests)
 
 
-def simulate(queue, tenants: list[Tenant], requests: list[Request], *, slots: int,
-             until: float, reserved: int = 0) -> dict:
+def simulate(
+    queue,
+    tenants: list[Tenant],
+    requests: list[Request],
+    *,
+    slots: int,
+    until: float,
+    reserved: int = 0,
+) -> dict:
     """Discrete-event run: arrivals enqueue, free slots dequeue (the last `reserved` ones for
     realtime only, as workers do), service charges as it goes."""
     weights = {t.name: t.weight for t in tenants}
@@ -111,8 +132,7 @@ def simulate(queue, tenants: list[Tenant], requests: list[Request], *, slots: in
     heapq.heapify(events)
     order = len(events)
     free, waiting, busy, idle_while_waiting, gap, last = slots, 0, 0.0, 0.0, 0.0, 0.0
-    everyone_arrived = max(min(r.arrival for r in requests if r.tenant == t.name)
-                           for t in tenants)
+    everyone_arrived = max(min(r.arrival for r in requests if r.tenant == t.name) for t in tenants)
     backlogged_at = None
     while events and events[0][0] <= until:
         now, _, kind, data = heapq.heappop(events)
@@ -121,11 +141,21 @@ def simulate(queue, tenants: list[Tenant], requests: list[Request], *, slots: in
         last = now
         if kind == "arrive":
             waiting += 1
-            queue.enqueue(id=data.id, tenant=data.tenant, lane=data.lane,
-                          weight=weights[data.tenant], cost=data.input_tokens,
-                          payload={"id": data.id, "arrival": data.arrival,
-                                   "tenant": data.tenant, "input": data.input_tokens,
-                                   "output": data.output_tokens, "lane": data.lane})
+            queue.enqueue(
+                id=data.id,
+                tenant=data.tenant,
+                lane=data.lane,
+                weight=weights[data.tenant],
+                cost=data.input_tokens,
+                payload={
+                    "id": data.id,
+                    "arrival": data.arrival,
+                    "tenant": data.tenant,
+                    "input": data.input_tokens,
+                    "output": data.output_tokens,
+                    "lane": data.lane,
+                },
+            )
         elif kind == "charge":
             tenant, lane, tokens = data
             queue.charge(tenant=tenant, lane=lane, tokens=tokens)
@@ -144,8 +174,15 @@ def simulate(queue, tenants: list[Tenant], requests: list[Request], *, slots: in
             start = now + job["input"] * PREFILL_FACTOR * TOKEN_SECONDS
             for done in range(0, job["output"], CHARGE_EVERY):
                 tokens = min(CHARGE_EVERY, job["output"] - done)
-                heapq.heappush(events, (start + (done + tokens) * TOKEN_SECONDS, order,
-                                        "charge", (job["tenant"], job["lane"], tokens)))
+                heapq.heappush(
+                    events,
+                    (
+                        start + (done + tokens) * TOKEN_SECONDS,
+                        order,
+                        "charge",
+                        (job["tenant"], job["lane"], tokens),
+                    ),
+                )
                 order += 1
             end = start + job["output"] * TOKEN_SECONDS
             busy += min(end, until) - now
@@ -154,11 +191,17 @@ def simulate(queue, tenants: list[Tenant], requests: list[Request], *, slots: in
         if backlogged_at is None and now >= everyone_arrived:
             backlogged_at = dict(served)  # from here on every tenant has work waiting
         if backlogged_at is not None:
-            normalised = [(served[t.name] - backlogged_at[t.name]) / weights[t.name]
-                          for t in tenants]
+            normalised = [
+                (served[t.name] - backlogged_at[t.name]) / weights[t.name] for t in tenants
+            ]
             gap = max(gap, max(normalised) - min(normalised))
-    return {"served": served, "waits": waits, "utilisation": busy / (slots * until),
-            "idle_slot_seconds_while_waiting": idle_while_waiting, "max_gap": gap}
+    return {
+        "served": served,
+        "waits": waits,
+        "utilisation": busy / (slots * until),
+        "idle_slot_seconds_while_waiting": idle_while_waiting,
+        "max_gap": gap,
+    }
 
 
 def jain(values: list[float]) -> float:
@@ -177,16 +220,20 @@ def _summary(result: dict, tenants: list[Tenant]) -> dict:
     normalised = {name: s / weights[name] for name, s in result["served"].items()}
     total = sum(result["served"].values()) or 1.0
     return {
-        "jain_index": round(jain([normalised[t.name] for t in tenants
-                                  if t.lane == "standard"]), 4),
+        "jain_index": round(jain([normalised[t.name] for t in tenants if t.lane == "standard"]), 4),
         "max_service_gap": round(result["max_gap"], 1),
         "utilisation": round(result["utilisation"], 4),
         "idle_slot_seconds_while_waiting": round(result["idle_slot_seconds_while_waiting"], 3),
-        "tenants": {name: {"weight": weights[name], "share": round(s / total, 4),
-                           "wait_p50_s": round(_pct(result["waits"][name], 0.5), 3),
-                           "wait_p99_s": round(_pct(result["waits"][name], 0.99), 3),
-                           "requests": len(result["waits"][name])}
-                    for name, s in result["served"].items()},
+        "tenants": {
+            name: {
+                "weight": weights[name],
+                "share": round(s / total, 4),
+                "wait_p50_s": round(_pct(result["waits"][name], 0.5), 3),
+                "wait_p99_s": round(_pct(result["waits"][name], 0.99), 3),
+                "requests": len(result["waits"][name]),
+            }
+            for name, s in result["served"].items()
+        },
     }
 
 
@@ -194,15 +241,22 @@ def scenario_tenants(client, *, slots: int, duration: float, seed: int) -> dict:
     # Capacity: slots / mean service (~1.5 s) ~ slots * 0.6 requests/s; every tenant sends
     # more than its fair share, so all four stay backlogged, and F sends 10x as much.
     base = slots * 0.6 / 2
-    tenants = [Tenant("A", 1, base), Tenant("B", 1, base), Tenant("C", 2, base),
-               Tenant("F", 1, 10 * base)]
+    tenants = [
+        Tenant("A", 1, base),
+        Tenant("B", 1, base),
+        Tenant("C", 2, base),
+        Tenant("F", 1, 10 * base),
+    ]
     requests = workload(tenants, duration=duration, seed=seed)
     out = {}
-    for name, queue in (("fcfs", Fcfs(client, uuid.uuid4().hex)),
-                        ("fair", FairQueue(client, f"bench-{uuid.uuid4().hex}"))):
+    for name, queue in (
+        ("fcfs", Fcfs(client, uuid.uuid4().hex)),
+        ("fair", FairQueue(client, f"bench-{uuid.uuid4().hex}")),
+    ):
         try:
-            out[name] = _summary(simulate(queue, tenants, requests, slots=slots, until=duration),
-                                 tenants)
+            out[name] = _summary(
+                simulate(queue, tenants, requests, slots=slots, until=duration), tenants
+            )
         finally:
             queue.clear()
     # VTC's bound 2 * max(w_p * L_input, w_q * M), with L_input the longest prompt (256) and M
@@ -213,20 +267,31 @@ def scenario_tenants(client, *, slots: int, duration: float, seed: int) -> dict:
 
 def scenario_lanes(client, *, slots: int, duration: float, seed: int) -> dict:
     capacity = slots / 1.5
-    tenants = [Tenant("rt", 1, 0.3 * capacity, lane="realtime"),
-               Tenant("bulk", 1, 10 * capacity, lane="bulk")]
+    tenants = [
+        Tenant("rt", 1, 0.3 * capacity, lane="realtime"),
+        Tenant("bulk", 1, 10 * capacity, lane="bulk"),
+    ]
     queue = FairQueue(client, f"bench-{uuid.uuid4().hex}")
     try:
-        result = simulate(queue, tenants, workload(tenants, duration=duration, seed=seed),
-                          slots=slots, until=duration, reserved=1)
+        result = simulate(
+            queue,
+            tenants,
+            workload(tenants, duration=duration, seed=seed),
+            slots=slots,
+            until=duration,
+            reserved=1,
+        )
     finally:
         queue.clear()
-    return {"realtime_requests": len(result["waits"]["rt"]),
-            "realtime_wait_p50_s": round(_pct(result["waits"]["rt"], 0.5), 3),
-            "realtime_wait_p99_s": round(_pct(result["waits"]["rt"], 0.99), 3),
-            "bulk_share_of_service": round(result["served"]["bulk"]
-                                           / sum(result["served"].values()), 4),
-            "utilisation": round(result["utilisation"], 4)}
+    return {
+        "realtime_requests": len(result["waits"]["rt"]),
+        "realtime_wait_p50_s": round(_pct(result["waits"]["rt"], 0.5), 3),
+        "realtime_wait_p99_s": round(_pct(result["waits"]["rt"], 0.99), 3),
+        "bulk_share_of_service": round(
+            result["served"]["bulk"] / sum(result["served"].values()), 4
+        ),
+        "utilisation": round(result["utilisation"], 4),
+    }
 
 
 def scenario_engine(client, *, seconds: float, seed: int, models_dir: Path) -> dict:
@@ -234,18 +299,24 @@ def scenario_engine(client, *, seconds: float, seed: int, models_dir: Path) -> d
     engine pulling from the fair queue: the tokens it served per tenant, normalised."""
     from workers.engine import AsyncEngine, EngineConfig, SamplingParams, ensure_preset
 
-    engine = AsyncEngine.from_config(EngineConfig(
-        model=str(ensure_preset("tiny", models_dir)), max_num_seqs=4)).start()
+    engine = AsyncEngine.from_config(
+        EngineConfig(model=str(ensure_preset("tiny", models_dir)), max_num_seqs=4)
+    ).start()
     queue = FairQueue(client, f"bench-{uuid.uuid4().hex}")
     tenants = {"A": 1, "B": 1, "C": 2, "F": 1}
     rng = random.Random(seed)
     for name, weight in tenants.items():
         for _ in range(2000 if name == "F" else 200):  # all stay backlogged throughout
             prompt = [rng.randrange(5, 200) for _ in range(rng.randint(16, 64))]
-            queue.enqueue(id=uuid.uuid4().hex, tenant=name, lane="standard", weight=weight,
-                          cost=len(prompt), payload={"prompt": prompt, "tenant": name,
-                                                     "out": rng.randint(16, 64)})
-    served = {name: 0 for name in tenants}
+            queue.enqueue(
+                id=uuid.uuid4().hex,
+                tenant=name,
+                lane="standard",
+                weight=weight,
+                cost=len(prompt),
+                payload={"prompt": prompt, "tenant": name, "out": rng.randint(16, 64)},
+            )
+    served = dict.fromkeys(tenants, 0)
     running: dict[str, object] = {}
     deadline = time.monotonic() + seconds
     try:
@@ -257,7 +328,10 @@ def scenario_engine(client, *, seconds: float, seed: int, models_dir: Path) -> d
                 job = taken.payload
                 served[job["tenant"]] += len(job["prompt"])
                 params = SamplingParams(max_tokens=job["out"], temperature=0, ignore_eos=True)
-                running[taken.id] = (job, engine.stream(job["prompt"], params, tenant=job["tenant"]))
+                running[taken.id] = (
+                    job,
+                    engine.stream(job["prompt"], params, tenant=job["tenant"]),
+                )
             for queue_id, (job, stream) in list(running.items()):
                 out = next(stream, None)
                 if out is None or out.finished:
@@ -265,41 +339,56 @@ def scenario_engine(client, *, seconds: float, seed: int, models_dir: Path) -> d
                     queue.ack(id=queue_id, worker="bench")
                 if out is not None and out.new_token_ids:
                     served[job["tenant"]] += len(out.new_token_ids)
-                    queue.charge(tenant=job["tenant"], lane="standard",
-                                 tokens=len(out.new_token_ids))
+                    queue.charge(
+                        tenant=job["tenant"], lane="standard", tokens=len(out.new_token_ids)
+                    )
     finally:
         engine.shutdown()
         queue.clear()
     normalised = [served[n] / w for n, w in tenants.items()]
     total = sum(served.values())
-    return {"seconds": seconds, "tokens_served": total, "jain_index": round(jain(normalised), 4),
-            "shares": {n: round(s / total, 4) for n, s in served.items()}}
+    return {
+        "seconds": seconds,
+        "tokens_served": total,
+        "jain_index": round(jain(normalised), 4),
+        "shares": {n: round(s / total, 4) for n, s in served.items()},
+    }
 
 
 def run(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="manage.py bench fairness", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="manage.py bench fairness",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="shorter runs, under a minute")
     p.add_argument("--slots", type=int, default=8, help="simulated sequence slots")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--redis-url", default=None, help="default: REDIS_URL, else localhost")
-    p.add_argument("--json-out", type=Path,
-                   default=Path(__file__).resolve().parents[2] / "bench-results" / "fairness.json")
+    p.add_argument(
+        "--json-out",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "bench-results" / "fairness.json",
+    )
     p.add_argument("--models-dir", type=Path, default=Path("var/models"))
     args = p.parse_args(argv)
     import os
 
-    client = redis.Redis.from_url(args.redis_url or os.environ.get("REDIS_URL")
-                                  or "redis://127.0.0.1:6379/0")
+    client = redis.Redis.from_url(
+        args.redis_url or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+    )
     duration = 120.0 if args.quick else 600.0
     started = time.perf_counter()
     result = {
-        "bench": "fairness", "quick": args.quick, "slots": args.slots,
+        "bench": "fairness",
+        "quick": args.quick,
+        "slots": args.slots,
         "simulated_seconds": duration,
         "tenants": scenario_tenants(client, slots=args.slots, duration=duration, seed=args.seed),
         "lanes": scenario_lanes(client, slots=args.slots, duration=duration, seed=args.seed),
-        "engine": scenario_engine(client, seconds=8.0 if args.quick else 30.0, seed=args.seed,
-                                  models_dir=args.models_dir),
+        "engine": scenario_engine(
+            client, seconds=8.0 if args.quick else 30.0, seed=args.seed, models_dir=args.models_dir
+        ),
     }
     result["wall_s"] = round(time.perf_counter() - started, 1)
     _print(result)
@@ -311,22 +400,32 @@ def run(argv: list[str] | None = None) -> dict:
 
 def _print(result: dict) -> None:
     t = result["tenants"]
-    print(f"fairness bench: {result['slots']} slots, {result['simulated_seconds']:.0f} simulated "
-          f"seconds on the real Redis queue (A, B weight 1; C weight 2; F weight 1 floods 10x)")
+    print(
+        f"fairness bench: {result['slots']} slots, {result['simulated_seconds']:.0f} simulated "
+        f"seconds on the real Redis queue (A, B weight 1; C weight 2; F weight 1 floods 10x)"
+    )
     print(f"{'':6}{'tenant':>8}{'weight':>8}{'share':>8}{'wait p50':>10}{'wait p99':>10}")
     for name in ("fcfs", "fair"):
         for tenant, row in t[name]["tenants"].items():
-            print(f"{name:6}{tenant:>8}{row['weight']:>8}{row['share']:>8.3f}"
-                  f"{row['wait_p50_s']:>9.2f}s{row['wait_p99_s']:>9.2f}s")
+            print(
+                f"{name:6}{tenant:>8}{row['weight']:>8}{row['share']:>8.3f}"
+                f"{row['wait_p50_s']:>9.2f}s{row['wait_p99_s']:>9.2f}s"
+            )
     for name in ("fcfs", "fair"):
-        print(f"{name}: Jain's index {t[name]['jain_index']:.4f}, largest service gap "
-              f"{t[name]['max_service_gap']:.0f} tokens (bound {t['gap_bound']}), "
-              f"utilisation {t[name]['utilisation']:.3f}")
+        print(
+            f"{name}: Jain's index {t[name]['jain_index']:.4f}, largest service gap "
+            f"{t[name]['max_service_gap']:.0f} tokens (bound {t['gap_bound']}), "
+            f"utilisation {t[name]['utilisation']:.3f}"
+        )
     lanes = result["lanes"]
-    print(f"lanes: realtime wait p50 {lanes['realtime_wait_p50_s']:.2f}s p99 "
-          f"{lanes['realtime_wait_p99_s']:.2f}s with bulk backlogged at 10x capacity "
-          f"(bulk got {lanes['bulk_share_of_service']:.1%} of service)")
+    print(
+        f"lanes: realtime wait p50 {lanes['realtime_wait_p50_s']:.2f}s p99 "
+        f"{lanes['realtime_wait_p99_s']:.2f}s with bulk backlogged at 10x capacity "
+        f"(bulk got {lanes['bulk_share_of_service']:.1%} of service)"
+    )
     engine = result["engine"]
-    print(f"real engine ({engine['seconds']:.0f} s, tiny preset): Jain's index "
-          f"{engine['jain_index']:.4f} over {engine['tokens_served']} tokens, shares "
-          f"{engine['shares']}")
+    print(
+        f"real engine ({engine['seconds']:.0f} s, tiny preset): Jain's index "
+        f"{engine['jain_index']:.4f} over {engine['tokens_served']} tokens, shares "
+        f"{engine['shares']}"
+    )

@@ -32,14 +32,16 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self._cond = threading.Condition()
-        self._commands: list[Callable[[], None]] = []
+        self._commands: list[Callable[[], object]] = []  # run on the loop thread; results unused
         self._sinks: dict[str, Sink] = {}
         self._thread: threading.Thread | None = None
         self._is_stopping = False
         self.error: BaseException | None = None
 
     @classmethod
-    def from_config(cls, config: EngineConfig, *, policy: SchedulingPolicy | None = None) -> AsyncEngine:
+    def from_config(
+        cls, config: EngineConfig, *, policy: SchedulingPolicy | None = None
+    ) -> AsyncEngine:
         return cls(LLMEngine(config, policy=policy))
 
     def start(self) -> AsyncEngine:
@@ -69,14 +71,18 @@ class AsyncEngine:
 
     # Submitting ---------------------------------------------------------------------------
 
-    def submit(self, prompt: str | list[int], params: SamplingParams | None, sink: Sink, **kwargs: Any) -> str:
+    def submit(
+        self, prompt: str | list[int], params: SamplingParams | None, sink: Sink, **kwargs: Any
+    ) -> str:
         """Validate here, then hand the request to the loop; ``sink`` receives every delta."""
         seq = self.engine.make_sequence(prompt, params, **kwargs)
         with self._cond:
             if not self.is_running:
                 raise EngineStopped("the engine loop is not running") from self.error
             if seq.request_id in self._sinks:
-                raise InvalidRequest(f"request {seq.request_id!r} is already running", param="request_id")
+                raise InvalidRequest(
+                    f"request {seq.request_id!r} is already running", param="request_id"
+                )
             self._sinks[seq.request_id] = sink
             self._commands.append(lambda: self._add(seq))
             self._cond.notify()
@@ -94,7 +100,9 @@ class AsyncEngine:
             self._commands.append(lambda: self.engine.abort(request_id))
             self._cond.notify()
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams | None = None, **kwargs: Any) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams | None = None, **kwargs: Any
+    ) -> AsyncIterator[RequestOutput]:
         """Yield this request's deltas as the loop produces them; cancelling aborts it."""
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue = asyncio.Queue()
@@ -114,7 +122,14 @@ class AsyncEngine:
             if not is_done:
                 self.abort(request_id)
 
-    def stream(self, prompt: str | list[int], params: SamplingParams | None = None, *, timeout: float | None = None, **kwargs: Any) -> Iterator[RequestOutput]:
+    def stream(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Iterator[RequestOutput]:
         """Blocking iterator over this request's deltas, for threads without an event loop."""
         inbox: queue.Queue = queue.Queue()
         request_id = self.submit(prompt, params, inbox.put, **kwargs)
@@ -131,7 +146,9 @@ class AsyncEngine:
             if not is_done:
                 self.abort(request_id)
 
-    async def embed(self, prompt: str | list[int], *, pooling: str = "mean", **kwargs: Any) -> torch.Tensor:
+    async def embed(
+        self, prompt: str | list[int], *, pooling: str = "mean", **kwargs: Any
+    ) -> torch.Tensor:
         """The pooled final hidden state of ``prompt``, [hidden_size]."""
         async for out in self.generate(prompt, None, is_embedding=True, pooling=pooling, **kwargs):
             if out.embedding is not None:
@@ -142,10 +159,15 @@ class AsyncEngine:
         """Engine counters, read between two steps."""
         done = threading.Event()
         box: dict[str, Any] = {}
+
+        def read() -> None:
+            box.update(self.engine.stats())
+            done.set()
+
         with self._cond:
             if not self.is_running:
                 return self.engine.stats()
-            self._commands.append(lambda: (box.update(self.engine.stats()), done.set()))
+            self._commands.append(read)
             self._cond.notify()
         done.wait()
         return box
@@ -167,7 +189,9 @@ class AsyncEngine:
 
     def _loop_once(self) -> bool:
         with self._cond:
-            while not (self._commands or self._is_stopping or self.engine.has_unfinished_requests()):
+            while not (
+                self._commands or self._is_stopping or self.engine.has_unfinished_requests()
+            ):
                 self._cond.wait()
             commands, self._commands = self._commands, []
             is_stopping = self._is_stopping
@@ -184,7 +208,9 @@ class AsyncEngine:
         try:
             outputs = self.engine.step()
         except Exception as exc:  # the loop is a process boundary: fail requests, keep serving
-            logger.exception("engine step failed; failing requests %s", sorted(self.engine.requests))
+            logger.exception(
+                "engine step failed; failing requests %s", sorted(self.engine.requests)
+            )
             self._fail_all(EngineError(f"engine step failed: {exc}"))
             return
         for out in outputs:
@@ -199,7 +225,9 @@ class AsyncEngine:
         for sink in sinks.values():
             _call(sink, error)
 
-    def _deliver(self, request_id: str, item: RequestOutput | BaseException, *, is_last: bool) -> None:
+    def _deliver(
+        self, request_id: str, item: RequestOutput | BaseException, *, is_last: bool
+    ) -> None:
         with self._cond:
             sink = self._sinks.pop(request_id, None) if is_last else self._sinks.get(request_id)
         if sink is not None and not _call(sink, item):

@@ -43,7 +43,9 @@ class BlockManager:
     plain free block goes to the front. So cached prefixes survive as long as possible.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, *, is_prefix_caching_enabled: bool) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, *, is_prefix_caching_enabled: bool
+    ) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.is_prefix_caching_enabled = is_prefix_caching_enabled
@@ -81,21 +83,27 @@ class BlockManager:
             if i == len(seq.block_hashes):
                 seq.block_hashes.append(block_hash(parent, tokens, seq.salt))
             block_id = self.cached.get(seq.block_hashes[i])
-            if block_id is None or not self._is_match(self.blocks[block_id], parent, tokens, seq.salt):
+            if block_id is None or not self._is_match(
+                self.blocks[block_id], parent, tokens, seq.salt
+            ):
                 break
             hits.append(block_id)
         return hits
 
     @staticmethod
     def _is_match(block: Block, parent: bytes | None, tokens: list[int], salt: str) -> bool:
-        return block.parent_hash == parent and block.salt == salt and block.token_ids == tuple(tokens)
+        return (
+            block.parent_hash == parent and block.salt == salt and block.token_ids == tuple(tokens)
+        )
 
     def prompt_block_hashes(self, seq: Sequence) -> list[bytes]:
         """Hashes of every full block of the sequence's tokens except the last token's block."""
         num_blocks = (seq.num_tokens - 1) // self.block_size
         for i in range(len(seq.block_hashes), num_blocks):
             tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
-            seq.block_hashes.append(block_hash(seq.block_hashes[i - 1] if i else None, tokens, seq.salt))
+            seq.block_hashes.append(
+                block_hash(seq.block_hashes[i - 1] if i else None, tokens, seq.salt)
+            )
         return seq.block_hashes[:num_blocks]
 
     def in_flight(self, seq: Sequence) -> list[bytes]:
@@ -115,7 +123,8 @@ class BlockManager:
         return self.num_free_blocks - sum(1 for b in hits if self.blocks[b].ref_count == 0)
 
     def allocate(self, seq: Sequence, hits: list[int]) -> None:
-        """Give a waiting sequence its cached prefix blocks; new blocks come with ``append_slots``."""
+        """Give a waiting sequence its cached prefix blocks; new blocks come with
+        ``append_slots``."""
         assert not seq.block_table, f"{seq} already holds blocks"
         for block_id in hits:
             block = self.blocks[block_id]
@@ -127,7 +136,9 @@ class BlockManager:
         seq.num_computed_tokens = len(hits) * self.block_size
 
     def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
-        return max(self.num_blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table), 0)
+        return max(
+            self.num_blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table), 0
+        )
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.num_new_blocks(seq, num_new_tokens) <= self.num_free_blocks
@@ -150,7 +161,8 @@ class BlockManager:
         return block_id
 
     def commit(self, seq: Sequence) -> None:
-        """Register the sequence's blocks that are now full of computed tokens in the prefix cache."""
+        """Register the sequence's blocks that are now full of computed tokens in the prefix
+        cache."""
         if not self.is_prefix_caching_enabled:
             return
         num_full = seq.num_computed_tokens // self.block_size
@@ -163,7 +175,12 @@ class BlockManager:
             digest = seq.block_hashes[i]
             if block.hash is None and digest not in self.cached:
                 self.cached[digest] = block.block_id
-                block.hash, block.parent_hash, block.token_ids, block.salt = digest, parent, tuple(tokens), seq.salt
+                block.hash, block.parent_hash, block.token_ids, block.salt = (
+                    digest,
+                    parent,
+                    tuple(tokens),
+                    seq.salt,
+                )
         seq.num_committed_blocks = max(seq.num_committed_blocks, num_full)
 
     def truncate(self, seq: Sequence) -> None:
@@ -172,7 +189,9 @@ class BlockManager:
         keep = self.num_blocks_for(seq.num_computed_tokens)
         for block_id in seq.block_table[keep:]:
             block = self.blocks[block_id]
-            assert block.ref_count == 1 and block.hash is None, f"block {block_id} is shared or cached"
+            assert block.ref_count == 1 and block.hash is None, (
+                f"block {block_id} is shared or cached"
+            )
             block.ref_count = 0
             self.free_queue[block_id] = None
             self.free_queue.move_to_end(block_id, last=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from workers.engine.config import EngineConfig, ModelConfig
-from workers.engine.model.loader import resolve_dtype
+from workers.engine.loader import resolve_dtype
 from workers.engine.spec.draft import draft_kv_bytes_per_block
 
 
@@ -16,7 +16,14 @@ def kv_pool_blocks(config: EngineConfig, model: ModelConfig, dtype: torch.dtype)
     if config.num_kv_blocks:
         return config.num_kv_blocks
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    per_block = model.num_hidden_layers * 2 * model.num_key_value_heads * config.block_size * model.head_dim * itemsize
+    per_block = (
+        model.num_hidden_layers
+        * 2
+        * model.num_key_value_heads
+        * config.block_size
+        * model.head_dim
+        * itemsize
+    )
     per_block += speculation_kv_bytes_per_block(config, dtype)  # a draft's K/V share the blocks
     return max(config.kv_cache_memory_bytes // per_block, 2)
 
@@ -26,7 +33,7 @@ def speculation_kv_bytes_per_block(config: EngineConfig, dtype: torch.dtype) -> 
     spec = config.speculative
     if spec is None or spec.method != "draft":
         return 0
-    return draft_kv_bytes_per_block(spec.model, config.block_size, dtype)
+    return draft_kv_bytes_per_block(spec.draft_model, config.block_size, dtype)
 
 
 def max_model_len(config: EngineConfig, model: ModelConfig, num_blocks: int) -> int:

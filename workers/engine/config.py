@@ -107,7 +107,8 @@ def _sliding_window(raw: dict[str, Any]) -> int | None:
 
 
 def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
-    """Normalise transformers 5's ``rope_parameters`` and the older ``rope_theta``/``rope_scaling``."""
+    """Normalise transformers 5's ``rope_parameters`` and the older
+    ``rope_theta``/``rope_scaling``."""
     params = dict(raw.get("rope_parameters") or {})
     if not params:
         params = dict(raw.get("rope_scaling") or {})
@@ -141,7 +142,9 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
-            raise ValueError(f"speculative method must be one of {SPEC_METHODS}, got {self.method!r}")
+            raise ValueError(
+                f"speculative method must be one of {SPEC_METHODS}, got {self.method!r}"
+            )
         if not 1 <= self.num_speculative_tokens <= 16:
             raise ValueError("num_speculative_tokens must be in [1, 16]")
         if self.method == "draft" and not self.model:
@@ -154,6 +157,13 @@ class SpeculativeConfig:
             raise ValueError("min_acceptance_rate must be in [0, 1]")
         if self.pause_steps < 0:
             raise ValueError("pause_steps must be >= 0")
+
+    @property
+    def draft_model(self) -> str:
+        """The draft model's directory (the ``draft`` method's; ``__post_init__`` requires it)."""
+        if not self.model:
+            raise ValueError("the draft method needs a draft model directory")
+        return self.model
 
 
 QUANTIZATIONS = ("int8", "int4")
@@ -211,6 +221,8 @@ class EngineConfig:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {self.quantization!r}")
+            raise ValueError(
+                f"quantization must be one of {QUANTIZATIONS} or None, got {self.quantization!r}"
+            )
         if self.quantization_group_size not in QUANT_GROUP_SIZES:
             raise ValueError(f"quantization_group_size must be one of {QUANT_GROUP_SIZES}")

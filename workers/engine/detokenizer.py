@@ -36,11 +36,11 @@ class IncrementalDetokenizer:
     def step(self, ids: list[int], *, is_last: bool = False) -> str:
         """Text added by the newest ids; an unfinished character waits unless ``is_last``."""
         if self._table is not None:
-            return self._bytes_step(ids, is_last)
+            return self._bytes_step(self._table, ids, is_last)
         return self._text_step(ids, is_last)
 
-    def _bytes_step(self, ids: list[int], is_last: bool) -> str:
-        table, size = self._table, len(self._table)
+    def _bytes_step(self, table: list[bytes], ids: list[int], is_last: bool) -> str:
+        size = len(table)
         data = b"".join(table[i] for i in ids[self._read_offset :] if i < size)
         self._read_offset = len(ids)
         return self._decoder.decode(data, final=is_last)

@@ -37,7 +37,8 @@ class UnsupportedModel(EngineError):
 
 
 class OutOfBlocks(EngineError):
-    """Internal: the KV pool has no free block. The scheduler checks first, so users never see it."""
+    """Internal: the KV pool has no free block. The scheduler checks first, so users never see
+    it."""
 
     code = "overloaded"
 

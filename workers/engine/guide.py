@@ -9,8 +9,10 @@ structure, types, `required`, `enum`/`const`, `anyOf`/`oneOf`/`allOf`, `$ref`s, 
 `format`, string lengths, number ranges and item counts are all enforced; what it cannot
 compile is an `InvalidRequest` naming `response_format`.
 
-Two choices of ours on top: blanks between tokens are capped at 20 in a row (enough to
-pretty-print, not to idle), and an object schema that lists `properties` without saying
+Two choices of ours on top: the JSON is compact, with no blanks between its tokens and `,`
+and `:` as separators (a model allowed blanks may idle in them until max_tokens cuts the
+document: a tool call or an answer needs the tokens of its compact JSON, no more), and an
+object schema that lists `properties` without saying
 anything of `additionalProperties` gets no others (as OpenAI's strict mode requires them
 to say, and as a guided model should not invent keys).
 """
@@ -20,11 +22,15 @@ from __future__ import annotations
 import json
 import weakref
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import llguidance
 import numpy as np
 import torch
 from llguidance.numpy import fill_next_token_bitmask, fill_next_token_bitmask_par
+
+if TYPE_CHECKING:  # a TypedDict of llguidance's stubs only
+    from llguidance._lib import JsonCompileOptions
 
 from workers.engine.errors import InvalidRequest
 
@@ -32,14 +38,30 @@ MAX_GRAMMARS = 64  # compiled grammars kept per tokenizer
 # Masks over a large vocabulary are filled on llguidance's threads, a row each; over a small
 # one (the presets' 261 ids) handing rows to threads costs more than filling them here.
 PARALLEL_MIN_TOKENS = 32_768
-# llguidance's JSON options: blanks capped; "\u00e9" as well as "é" in free strings.
-OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,20}",
-           "json_allow_general_unicode_escapes": True}
+# llguidance's JSON options: compact (no blanks between tokens); "\u00e9" as well as "é" in
+# free strings.
+OPTIONS: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ",",
+    "key_separator": ":",
+    "json_allow_general_unicode_escapes": True,
+}
 ANY_OBJECT = {"type": "object"}
 # Keywords whose value is a map of names to schemas, or one schema, or a list of schemas.
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-SCHEMA_ONE = ("items", "additionalProperties", "additionalItems", "unevaluatedItems",
-              "unevaluatedProperties", "contains", "propertyNames", "not", "if", "then", "else")
+SCHEMA_ONE = (
+    "items",
+    "additionalProperties",
+    "additionalItems",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+)
 SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 
 
@@ -50,10 +72,12 @@ class _Vocabulary:
     def __init__(self, tokenizer, eos_token_ids: tuple[int, ...]) -> None:
         try:
             self.ll_tokenizer = llguidance.LLTokenizer(
-                tokenizer.to_json(), eos_token=list(eos_token_ids) or None)
+                tokenizer.to_json(), eos_token=list(eos_token_ids) or None
+            )
         except (ValueError, RuntimeError) as exc:
-            raise InvalidRequest(f"This model's tokenizer cannot be guided: {exc}",
-                                 param="response_format") from None
+            raise InvalidRequest(
+                f"This model's tokenizer cannot be guided: {exc}", param="response_format"
+            ) from None
         self.num_tokens = self.ll_tokenizer.vocab_size
         self.eos_token_ids = eos_token_ids
         self.matchers: OrderedDict[tuple[str, str], llguidance.LLMatcher] = OrderedDict()
@@ -64,9 +88,10 @@ class _Vocabulary:
         if template is None:
             grammar = _grammar(kind, schema_text)
             error = llguidance.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
-            template = None if error else llguidance.LLMatcher(self.ll_tokenizer, grammar,
-                                                               log_level=0)
-            error = error or template.get_error()
+            if error:
+                raise _refused(error)
+            template = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
+            error = template.get_error()
             if error:
                 raise _refused(error)
             if len(self.matchers) >= MAX_GRAMMARS:
@@ -78,8 +103,9 @@ class _Vocabulary:
 
 def _refused(message: str) -> InvalidRequest:
     message = " ".join(message.split())
-    return InvalidRequest(f"This model's engine cannot enforce that schema: {message[:500]}",
-                          param="response_format")
+    return InvalidRequest(
+        f"This model's engine cannot enforce that schema: {message[:500]}", param="response_format"
+    )
 
 
 def _grammar(kind: str, schema_text: str) -> str:
@@ -90,8 +116,9 @@ def _grammar(kind: str, schema_text: str) -> str:
         except ValueError:
             raise InvalidRequest("guide_schema must be JSON", param="response_format") from None
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(schema_closed(schema),
-                                                             defaults=OPTIONS)
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            schema_closed(schema), defaults=OPTIONS
+        )
     except (ValueError, TypeError) as exc:
         raise _refused(str(exc)) from None
 
@@ -112,8 +139,12 @@ def schema_closed(schema, *, is_open: bool = False):
     for key in SCHEMA_LISTS:
         if isinstance(out.get(key), list):
             out[key] = [schema_closed(sub, is_open=key == "allOf") for sub in out[key]]
-    if ("properties" in out and "additionalProperties" not in out and not is_open
-            and "allOf" not in out):
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not is_open
+        and "allOf" not in out
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -153,13 +184,14 @@ def guide_masks(guides: list[Guide], num_columns: int) -> torch.Tensor:
     num_tokens = guides[0].vocabulary.num_tokens
     bits = np.zeros((len(guides), (num_tokens + 31) // 32), dtype=np.int32)
     if len(guides) > 1 and num_tokens >= PARALLEL_MIN_TOKENS:
-        fill_next_token_bitmask_par(_executor(), [(g.matcher, i) for i, g in enumerate(guides)],
-                                    bits)
+        fill_next_token_bitmask_par(
+            _executor(), [(g.matcher, i) for i, g in enumerate(guides)], bits
+        )
     else:
         for i, guide in enumerate(guides):
             fill_next_token_bitmask(guide.matcher, bits, i)
     masks = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
-    masks = masks[:, :min(num_tokens, num_columns)]
+    masks = masks[:, : min(num_tokens, num_columns)]
     if masks.shape[1] < num_columns:
         masks = np.pad(masks, ((0, 0), (0, num_columns - masks.shape[1])))
     return torch.from_numpy(masks.view(bool))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from workers.engine.errors import InvalidRequest
@@ -11,11 +12,12 @@ MAX_LOGPROBS = 20
 GUIDES = (None, "json_object", "json_schema")
 MAX_STOP_STRINGS = 16
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+GREEDY_BELOW = 1e-5  # a temperature below this is greedy (vLLM's _SAMPLING_EPS)
 
 
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
-    """How to pick tokens for one request. ``temperature=0`` is greedy.
+    """How to pick tokens for one request. ``temperature=0`` (below 1e-5) is greedy.
 
     ``top_k=0`` and ``top_p=1`` disable those filters. ``logprobs=None`` returns none, ``0`` the
     chosen token's log-probability, ``n`` also the ``n`` most likely tokens. Log-probabilities
@@ -30,11 +32,13 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     # OpenAI/vLLM penalties: presence and frequency count output tokens; repetition (like
-    # transformers') divides positive / multiplies negative logits of tokens seen in prompt or output.
+    # transformers') divides positive / multiplies negative logits of tokens seen in prompt or
+    # output.
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    # Added to a token's logit before sampling (OpenAI's logit_bias): {token_id: bias in [-100, 100]}.
+    # Added to a token's logit before sampling (OpenAI's logit_bias): {token_id: bias in [-100,
+    # 100]}.
     logit_bias: tuple[tuple[int, float], ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
@@ -67,7 +71,9 @@ class SamplingParams:
             if not _is_number(value) or not -2.0 <= value <= 2.0:
                 raise InvalidRequest(f"{name} must be a number in [-2, 2]", param=name)
         if not _is_number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 2.0:
-            raise InvalidRequest("repetition_penalty must be a number in (0, 2]", param="repetition_penalty")
+            raise InvalidRequest(
+                "repetition_penalty must be a number in (0, 2]", param="repetition_penalty"
+            )
         if self.seed is not None:
             _check_int(self.seed, "seed", low=MIN_SEED, high=MAX_SEED)
         if self.logprobs is not None:
@@ -84,12 +90,17 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below vLLM's epsilon, dividing the logits by the temperature overflows float32.
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:
-        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.repetition_penalty != 1.0 or bool(self.logit_bias))
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or bool(self.logit_bias)
+        )
 
 
 def _is_number(value: object) -> bool:
@@ -116,14 +127,19 @@ def _as_tuple(value: object, param: str) -> tuple:
 
 def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
     items = value.items() if isinstance(value, dict) else value
+    not_a_map = "logit_bias must map token ids to numbers"
+    if not isinstance(items, Iterable):
+        raise InvalidRequest(not_a_map, param="logit_bias")
     try:
         pairs = tuple((token, bias) for token, bias in items)
     except (TypeError, ValueError):
-        raise InvalidRequest("logit_bias must map token ids to numbers", param="logit_bias") from None
+        raise InvalidRequest(not_a_map, param="logit_bias") from None
     for token, bias in pairs:
         _check_int(token, "logit_bias", low=0)
         if not _is_number(bias) or not -100.0 <= bias <= 100.0:
-            raise InvalidRequest("logit_bias values must be numbers in [-100, 100]", param="logit_bias")
+            raise InvalidRequest(
+                "logit_bias values must be numbers in [-100, 100]", param="logit_bias"
+            )
     return pairs
 
 

@@ -30,13 +30,16 @@ class FairSharePolicy:
     then goes after them all). Without lanes every request shares one.
     """
 
-    def __init__(self, *, lanes: Iterable[str] = (), tenant_weights: dict[str, float] | None = None) -> None:
+    def __init__(
+        self, *, lanes: Iterable[str] = (), tenant_weights: dict[str, float] | None = None
+    ) -> None:
         self.lanes = {lane: rank for rank, lane in enumerate(lanes)}
         self.tenant_weights = dict(tenant_weights or {})
         self.virtual_tokens: dict[str, float] = {}
 
     def key(self, seq: Sequence) -> tuple[int, float, int]:
-        lane_rank = self.lanes.get(seq.lane, len(self.lanes))
+        last = len(self.lanes)  # no lane, or one not named: after them all
+        lane_rank = last if seq.lane is None else self.lanes.get(seq.lane, last)
         return lane_rank, self.virtual_tokens.get(seq.tenant, 0.0), seq.arrival_order
 
     def on_added(self, seq: Sequence, active_tenants: set[str]) -> None:
@@ -49,7 +52,9 @@ class FairSharePolicy:
 
     def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:
         weight = self.tenant_weights.get(seq.tenant, 1.0)
-        self.virtual_tokens[seq.tenant] = self.virtual_tokens.get(seq.tenant, 0.0) + num_tokens / weight
+        self.virtual_tokens[seq.tenant] = (
+            self.virtual_tokens.get(seq.tenant, 0.0) + num_tokens / weight
+        )
 
 
 class KeyPolicy:

@@ -110,7 +110,9 @@ def ensure_preset(name: str, root: str | Path = "var/models", *, seed: int = 0) 
     return _create(name, path, seed=seed, overrides={}, is_existing_kept=True)
 
 
-def _create(name: str, path: Path, *, seed: int, overrides: dict[str, Any], is_existing_kept: bool) -> Path:
+def _create(
+    name: str, path: Path, *, seed: int, overrides: dict[str, Any], is_existing_kept: bool
+) -> Path:
     config = preset_config(name, **overrides)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
@@ -163,7 +165,11 @@ def _random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor
     """
     g = torch.Generator().manual_seed(seed)
     hidden, inter = config["hidden_size"], config["intermediate_size"]
-    heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    heads, kv_heads, head_dim = (
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+    )
     num_layers = config["num_hidden_layers"]
     has_qkv_bias = config["model_type"] == "qwen2" or config.get("attention_bias", False)
 
@@ -179,11 +185,17 @@ def _random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor
         p = f"model.layers.{i}."
         weights[p + "input_layernorm.weight"] = norm_weight()
         weights[p + "post_attention_layernorm.weight"] = norm_weight()
-        for name, rows in (("q_proj", heads * head_dim), ("k_proj", kv_heads * head_dim), ("v_proj", kv_heads * head_dim)):
+        for name, rows in (
+            ("q_proj", heads * head_dim),
+            ("k_proj", kv_heads * head_dim),
+            ("v_proj", kv_heads * head_dim),
+        ):
             weights[p + f"self_attn.{name}.weight"] = normal(rows, hidden, std=hidden**-0.5)
             if has_qkv_bias:
                 weights[p + f"self_attn.{name}.bias"] = normal(rows, std=0.1)
-        weights[p + "self_attn.o_proj.weight"] = normal(hidden, heads * head_dim, std=(heads * head_dim) ** -0.5 * residual_std)
+        weights[p + "self_attn.o_proj.weight"] = normal(
+            hidden, heads * head_dim, std=(heads * head_dim) ** -0.5 * residual_std
+        )
         weights[p + "mlp.gate_proj.weight"] = normal(inter, hidden, std=hidden**-0.5)
         weights[p + "mlp.up_proj.weight"] = normal(inter, hidden, std=hidden**-0.5)
         weights[p + "mlp.down_proj.weight"] = normal(hidden, inter, std=inter**-0.5 * residual_std)

@@ -1,4 +1,5 @@
-"""Checks a request at the engine's edge: everything a caller can get wrong raises InvalidRequest."""
+"""Checks a request at the engine's edge: everything a caller can get wrong raises
+InvalidRequest."""
 
 from __future__ import annotations
 
@@ -19,8 +20,12 @@ def prompt_token_ids(prompt: object, tokenizer: Tokenizer | None, *, vocab_size:
         ids = tokenizer.encode(prompt) if prompt else []
     elif isinstance(prompt, SequenceABC) and not isinstance(prompt, (bytes, bytearray)):
         ids = list(prompt)
-        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size for t in ids):
-            raise InvalidRequest(f"prompt token ids must be integers in [0, {vocab_size})", param="prompt")
+        if any(
+            not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size for t in ids
+        ):
+            raise InvalidRequest(
+                f"prompt token ids must be integers in [0, {vocab_size})", param="prompt"
+            )
     else:
         raise InvalidRequest("prompt must be a string or a list of token ids", param="prompt")
     if not ids:
@@ -47,14 +52,20 @@ def request_check(
         )
     if len(ids) + num_output > max_model_len:
         raise ContextLengthExceeded(
-            f"this model's context is {max_model_len} tokens; the request asks for {len(ids) + num_output}"
+            f"this model's context is {max_model_len} tokens; the request asks for"
+            f" {len(ids) + num_output}"
             f" ({len(ids)} prompt + {num_output} max_tokens)",
             param="max_tokens",
         )
     if params is not None and any(t >= vocab_size for t in params.stop_token_ids):
-        raise InvalidRequest(f"stop_token_ids must be below the vocabulary size {vocab_size}", param="stop_token_ids")
+        raise InvalidRequest(
+            f"stop_token_ids must be below the vocabulary size {vocab_size}", param="stop_token_ids"
+        )
     if params is not None and any(t >= vocab_size for t, _ in params.logit_bias):
-        raise InvalidRequest(f"logit_bias token ids must be below the vocabulary size {vocab_size}", param="logit_bias")
+        raise InvalidRequest(
+            f"logit_bias token ids must be below the vocabulary size {vocab_size}",
+            param="logit_bias",
+        )
     if not isinstance(tenant, str) or not tenant:
         raise InvalidRequest("tenant must be a non-empty string", param="tenant")
     if lane is not None and not isinstance(lane, str):

@@ -10,7 +10,7 @@ import torch
 from workers.engine.config import EngineConfig, ModelConfig
 from workers.engine.metadata import MetadataBuilder, batch_order
 from workers.engine.model.llama import LlamaModel
-from workers.engine.sampler import SampleResult, Sampler
+from workers.engine.sampler import Sampler, SampleResult
 from workers.engine.scheduler import ScheduledBatch
 from workers.engine.sequence import Sequence
 
@@ -29,19 +29,36 @@ class StepResult:
 class ModelRunner:
     """Owns the model, the KV cache tensors and the sampler."""
 
-    def __init__(self, model: LlamaModel, config: EngineConfig, num_blocks: int, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        config: EngineConfig,
+        num_blocks: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         mc: ModelConfig = model.config
         self.model = model
         self.config = config
         self.device = device
-        shape = (mc.num_hidden_layers, 2, mc.num_key_value_heads, num_blocks, config.block_size, mc.head_dim)
+        shape = (
+            mc.num_hidden_layers,
+            2,
+            mc.num_key_value_heads,
+            num_blocks,
+            config.block_size,
+            mc.head_dim,
+        )
         self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
         self.sampler = Sampler(config.seed)
         self.metadata = MetadataBuilder(
-            block_size=config.block_size, num_queries_per_kv=mc.num_queries_per_kv,
+            block_size=config.block_size,
+            num_queries_per_kv=mc.num_queries_per_kv,
             kv_bytes_per_block=self.kv_cache[0, :, :, 0].numel() * self.kv_cache.element_size(),
-            max_group_padding=config.max_group_padding, device=device, dtype=dtype,
+            max_group_padding=config.max_group_padding,
+            device=device,
+            dtype=dtype,
         )
         self.eos_token_ids = mc.eos_token_ids
 
@@ -54,7 +71,7 @@ class ModelRunner:
         self._pool_embeddings(seqs, num_new, hidden)
         starts = [0, *itertools.accumulate(num_new)]
         sampled, spec, rows = [], [], []
-        for i, (seq, n) in enumerate(zip(seqs, num_new)):
+        for i, (seq, n) in enumerate(zip(seqs, num_new, strict=False)):
             if seq.is_embedding:
                 continue
             if seq.spec_token_ids:  # a speculative step: every position's logits
@@ -62,26 +79,40 @@ class ModelRunner:
             elif seq.num_computed_tokens + n == seq.num_tokens:
                 sampled.append(seq)
                 rows.append(starts[i + 1] - 1)
-        rows += [r for i, s in enumerate(seqs) if s.spec_token_ids and not s.is_embedding for r in range(starts[i], starts[i + 1])]
+        rows += [
+            r
+            for i, s in enumerate(seqs)
+            if s.spec_token_ids and not s.is_embedding
+            for r in range(starts[i], starts[i + 1])
+        ]
         if not rows:
             return StepResult([], None, None)
         last = hidden[rows]
         logits = self.model.compute_logits(last)
         num_sampled = len(sampled)
-        result = self.sampler(logits[:num_sampled], sampled, self.eos_token_ids) if sampled else None
+        result = (
+            self.sampler(logits[:num_sampled], sampled, self.eos_token_ids) if sampled else None
+        )
         wants_hidden = any(s.is_hidden_states_returned for s in sampled)
         wants_spec_hidden = any(s.is_hidden_states_returned for s in spec)
         return StepResult(
-            sampled, result, last[:num_sampled].float().cpu() if wants_hidden else None,
-            spec, logits[num_sampled:] if spec else None,
+            sampled,
+            result,
+            last[:num_sampled].float().cpu() if wants_hidden else None,
+            spec,
+            logits[num_sampled:] if spec else None,
             last[num_sampled:].float().cpu() if wants_spec_hidden else None,
         )
 
-    def _pool_embeddings(self, seqs: list[Sequence], num_new: list[int], hidden: torch.Tensor) -> None:
+    def _pool_embeddings(
+        self, seqs: list[Sequence], num_new: list[int], hidden: torch.Tensor
+    ) -> None:
         row = 0
-        for seq, n in zip(seqs, num_new):
+        for seq, n in zip(seqs, num_new, strict=False):
             if seq.is_embedding:
                 chunk = hidden[row : row + n].float()
-                seq.hidden_sum = chunk.sum(0) if seq.hidden_sum is None else seq.hidden_sum + chunk.sum(0)
+                seq.hidden_sum = (
+                    chunk.sum(0) if seq.hidden_sum is None else seq.hidden_sum + chunk.sum(0)
+                )
                 seq.hidden_last = chunk[-1]
             row += n

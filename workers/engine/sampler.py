@@ -32,7 +32,9 @@ class Sampler:
         # What guided decoding costs: time spent masking, over the steps that had guided rows.
         self.guide_seconds, self.num_guided_steps = 0.0, 0
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...]) -> SampleResult:
+    def __call__(
+        self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...]
+    ) -> SampleResult:
         logits = logits.float().cpu()  # [num_seqs, vocab]
         raw = logits
         logits = _penalize(logits, seqs)
@@ -52,14 +54,19 @@ class Sampler:
         return SampleResult(token_ids.tolist(), *self._logprobs(raw, token_ids, seqs))
 
     @staticmethod
-    def _suppress_stops(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...]) -> torch.Tensor:
+    def _suppress_stops(
+        logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...]
+    ) -> torch.Tensor:
         """Before min_tokens, EOS and stop tokens cannot be chosen."""
         rows = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
         if not rows:
             return logits
         logits = logits.clone()
         for i in rows:
-            stops = [*seqs[i].params.stop_token_ids, *([] if seqs[i].params.ignore_eos else eos_token_ids)]
+            stops = [
+                *seqs[i].params.stop_token_ids,
+                *([] if seqs[i].params.ignore_eos else eos_token_ids),
+            ]
             logits[i, stops] = float("-inf")
         return logits
 
@@ -77,7 +84,11 @@ class Sampler:
         u = self._uniforms(seqs) * cdf[:, -1]
         picked = torch.searchsorted(cdf, u.unsqueeze(1), right=True).squeeze(1)
         # A draw landing on the float rounding at the very top takes the last token still allowed.
-        last_allowed = (probs > 0).sum(dim=-1) - 1 if is_filtered else torch.full_like(picked, probs.shape[1] - 1)
+        last_allowed = (
+            (probs > 0).sum(dim=-1) - 1
+            if is_filtered
+            else torch.full_like(picked, probs.shape[1] - 1)
+        )
         picked = torch.minimum(picked, last_allowed)
         return order.gather(1, picked.unsqueeze(1)).squeeze(1) if is_filtered else picked
 
@@ -90,7 +101,8 @@ class Sampler:
 
     @staticmethod
     def logprobs_of(raw: torch.Tensor, token_ids: list[int], num_top: int | None):
-        """Logprobs of ``token_ids[i]`` under row i of ``raw`` [n, vocab], and the ``num_top`` best."""
+        """Logprobs of ``token_ids[i]`` under row i of ``raw`` [n, vocab], and the ``num_top``
+        best."""
         if num_top is None:
             return None, None
         logprobs = torch.log_softmax(raw.float(), dim=-1)
@@ -98,7 +110,10 @@ class Sampler:
         if not num_top:
             return chosen, None
         values, indices = logprobs.topk(num_top, dim=-1)
-        return chosen, [dict(zip(i.tolist(), v.tolist())) for i, v in zip(indices, values)]
+        return chosen, [
+            dict(zip(i.tolist(), v.tolist(), strict=False))
+            for i, v in zip(indices, values, strict=False)
+        ]
 
     @staticmethod
     def _logprobs(raw: torch.Tensor, token_ids: torch.Tensor, seqs: list[Sequence]):
@@ -113,7 +128,11 @@ class Sampler:
         values, indices = logprobs.topk(num_top, dim=-1)
         top: list[dict[int, float] | None] = []
         for row, n in enumerate(wanted):
-            top.append(dict(zip(indices[row, :n].tolist(), values[row, :n].tolist())) if n else None)
+            top.append(
+                dict(zip(indices[row, :n].tolist(), values[row, :n].tolist(), strict=False))
+                if n
+                else None
+            )
         return chosen, top
 
 
@@ -126,7 +145,7 @@ def _guide(logits: torch.Tensor, unsuppressed: torch.Tensor, seqs: list[Sequence
         return logits
     keep = guide_masks([guide for _, guide in guides], logits.shape[1])  # [len(guides), vocab]
     is_guided = [guide.is_active for _, guide in guides]
-    rows = [i for (i, _), ok in zip(guides, is_guided) if ok]
+    rows = [i for (i, _), ok in zip(guides, is_guided, strict=False) if ok]
     if len(rows) < len(guides):
         keep = keep[torch.tensor(is_guided)]
     if len(rows) == len(seqs):
@@ -140,7 +159,8 @@ def _guide(logits: torch.Tensor, unsuppressed: torch.Tensor, seqs: list[Sequence
 
 
 def _penalize(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Presence/frequency penalties over output tokens, logit bias, repetition penalty over all tokens."""
+    """Presence/frequency penalties over output tokens, logit bias, repetition penalty over all
+    tokens."""
     rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
     if not rows:
         return logits
@@ -149,15 +169,19 @@ def _penalize(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     for i in rows:
         params, seq = seqs[i].params, seqs[i]
         if params.presence_penalty or params.frequency_penalty:
-            counts = torch.bincount(torch.tensor(seq.output_token_ids, dtype=torch.long), minlength=vocab)[:vocab]
+            counts = torch.bincount(
+                torch.tensor(seq.output_token_ids, dtype=torch.long), minlength=vocab
+            )[:vocab]
             logits[i] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
         if params.logit_bias:
-            tokens, biases = zip(*params.logit_bias)
+            tokens, biases = zip(*params.logit_bias, strict=False)
             logits[i, list(tokens)] += torch.tensor(biases, dtype=logits.dtype)
         if params.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long)
             values = logits[i, seen]
-            logits[i, seen] = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+            logits[i, seen] = torch.where(
+                values > 0, values / params.repetition_penalty, values * params.repetition_penalty
+            )
     return logits
 
 
@@ -169,9 +193,10 @@ def _filter_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -
     logits = logits.masked_fill(ranks >= k, float("-inf"))
     p = torch.tensor(top_p).unsqueeze(1)
     probs = torch.softmax(logits, dim=-1)
-    # Drop a token when the tokens ranked before it already reach top_p; the first always stays.
+    # Drop a token when the tokens ranked before it already reach top_p; the first always stays
+    # (also when top_p is so small that it is 0 as a float32).
     mass_before = probs.cumsum(dim=-1) - probs
-    return logits.masked_fill(mass_before >= p, float("-inf"))
+    return logits.masked_fill((mass_before >= p) & (ranks > 0), float("-inf"))
 
 
 def processed_probs(logits: torch.Tensor, params: list) -> torch.Tensor:
@@ -187,9 +212,12 @@ def processed_probs(logits: torch.Tensor, params: list) -> torch.Tensor:
 
 
 def inverse_cdf(probs: torch.Tensor, u: float) -> int:
-    """The token at ``u`` (in [0, 1)) of an unnormalised distribution [vocab]; never a zero-probability one."""
+    """The token at ``u`` (in [0, 1)) of an unnormalised distribution [vocab]; never a
+    zero-probability one."""
     cdf = probs.double().cumsum(0)
-    picked = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
+    picked = int(
+        torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True)
+    )
     last_allowed = int(probs.nonzero()[-1])
     return min(picked, last_allowed)
 

@@ -11,7 +11,6 @@ from workers.engine.config import EngineConfig
 from workers.engine.policy import SchedulingPolicy
 from workers.engine.sequence import FinishReason, Sequence, SequenceStatus
 
-
 Lookahead = Callable[[Sequence, int], int]  # (sequence, sequences running) -> draft slots
 
 
@@ -35,13 +34,19 @@ class Scheduler:
 
     Each step: running sequences first, in policy order, growing their block tables (a prefill
     chunk never takes the budget the decodes behind it need); when the pool runs dry the
-    lowest-priority running sequence is preempted (its blocks freed, its tokens recomputed later). Then, if nothing was preempted,
+    lowest-priority running sequence is preempted (its blocks freed, its tokens recomputed
+    later). Then, if nothing was preempted,
     waiting sequences are admitted in policy order while the budget, ``max_num_seqs`` and the
     pool (minus a watermark) allow, each starting from its longest cached prefix.
     """
 
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, policy: SchedulingPolicy,
-                 lookahead: Lookahead | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        block_manager: BlockManager,
+        policy: SchedulingPolicy,
+        lookahead: Lookahead | None = None,
+    ) -> None:
         self.config = config
         # Speculative decoding: draft slots a decoding sequence wants (k of k + 1 this step).
         self.lookahead = lookahead
@@ -80,7 +85,11 @@ class Scheduler:
             if seq.is_prefilling:
                 # Shrink the chunk to the room there is before preempting anyone for it.
                 room = self._room(seq) if self.config.is_chunked_prefill_enabled else seq.num_tokens
-                num_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget - num_decodes_left, max(room, 1))
+                num_tokens = min(
+                    seq.num_tokens - seq.num_computed_tokens,
+                    budget - num_decodes_left,
+                    max(room, 1),
+                )
                 if num_tokens <= 0:
                     i += 1
                     continue
@@ -114,7 +123,11 @@ class Scheduler:
     def _room(self, seq: Sequence) -> int:
         """New tokens the sequence can take without anyone being preempted."""
         bm = self.block_manager
-        return len(seq.block_table) * bm.block_size - seq.num_computed_tokens + bm.num_free_blocks * bm.block_size
+        return (
+            len(seq.block_table) * bm.block_size
+            - seq.num_computed_tokens
+            + bm.num_free_blocks * bm.block_size
+        )
 
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         """Admit waiting sequences in policy order. Keys only grow within a step (tenants are
@@ -148,7 +161,9 @@ class Scheduler:
             if in_flight is not None:
                 in_flight.update(self.block_manager.in_flight(seq))
 
-    def _admission_chunk(self, seq: Sequence, hits: list[int], budget: int, *, is_alone: bool) -> int:
+    def _admission_chunk(
+        self, seq: Sequence, hits: list[int], budget: int, *, is_alone: bool
+    ) -> int:
         """Tokens a waiting sequence may start with (0: not now), given budget and free blocks.
 
         The watermark keeps room for running sequences to grow; with nothing running it is
@@ -183,7 +198,9 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.spec_token_ids, seq.draft_num_computed = [], 0
-        seq.hidden_sum = seq.hidden_last = None  # an embedding restarts its pooling with its prefill
+        seq.hidden_sum = seq.hidden_last = (
+            None  # an embedding restarts its pooling with its prefill
+        )
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1

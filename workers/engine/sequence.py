@@ -7,6 +7,8 @@ import itertools
 
 import torch
 
+from workers.engine.detokenizer import IncrementalDetokenizer
+from workers.engine.guide import Guide
 from workers.engine.params import SamplingParams
 
 _arrival_counter = itertools.count()
@@ -18,7 +20,7 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
@@ -32,13 +34,42 @@ class Sequence:
     """
 
     __slots__ = (
-        "request_id", "token_ids", "num_prompt_tokens", "params", "tenant", "lane", "salt",
-        "arrival_time", "arrival_order", "status", "finish_reason", "stop_reason",
-        "num_computed_tokens", "block_table", "block_hashes", "num_committed_blocks",
-        "num_cached_tokens", "num_preemptions", "generator", "is_embedding", "pooling",
-        "is_hidden_states_returned", "hidden_sum", "hidden_last", "first_token_time",
-        "finish_time", "detokenizer", "text", "num_text_emitted", "logprobs", "top_logprobs",
-        "spec_token_ids", "spec_draft_probs", "draft_num_computed", "spec_acceptance", "spec_paused_until",
+        "request_id",
+        "token_ids",
+        "num_prompt_tokens",
+        "params",
+        "tenant",
+        "lane",
+        "salt",
+        "arrival_time",
+        "arrival_order",
+        "status",
+        "finish_reason",
+        "stop_reason",
+        "num_computed_tokens",
+        "block_table",
+        "block_hashes",
+        "num_committed_blocks",
+        "num_cached_tokens",
+        "num_preemptions",
+        "generator",
+        "is_embedding",
+        "pooling",
+        "is_hidden_states_returned",
+        "hidden_sum",
+        "hidden_last",
+        "first_token_time",
+        "finish_time",
+        "detokenizer",
+        "text",
+        "num_text_emitted",
+        "logprobs",
+        "top_logprobs",
+        "spec_token_ids",
+        "spec_draft_probs",
+        "draft_num_computed",
+        "spec_acceptance",
+        "spec_paused_until",
         "guide",
     )
 
@@ -74,7 +105,9 @@ class Sequence:
         self.num_committed_blocks = 0  # blocks of block_table registered in the prefix cache
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
         self.num_preemptions = 0
-        self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        self.generator = (
+            torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        )
         self.is_embedding = is_embedding
         self.pooling = pooling
         self.is_hidden_states_returned = is_hidden_states_returned
@@ -82,7 +115,7 @@ class Sequence:
         self.hidden_last: torch.Tensor | None = None
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
-        self.detokenizer = None
+        self.detokenizer: IncrementalDetokenizer | None = None
         self.text = ""
         self.num_text_emitted = 0
         self.logprobs: list[float] = []
@@ -95,7 +128,7 @@ class Sequence:
         self.draft_num_computed = 0
         self.spec_acceptance = 1.0
         self.spec_paused_until = 0
-        self.guide = None  # JSON mode, schemas, tool calls: a guide.Guide, set by the engine
+        self.guide: Guide | None = None  # JSON mode, schemas, tool calls; set by the engine
 
     @property
     def num_tokens(self) -> int:
@@ -119,4 +152,7 @@ class Sequence:
         return self.num_tokens - self.num_computed_tokens > 1
 
     def __repr__(self) -> str:
-        return f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, computed={self.num_computed_tokens})"
+        return (
+            f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens},"
+            f" computed={self.num_computed_tokens})"
+        )

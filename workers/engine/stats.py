@@ -22,7 +22,14 @@ class EngineStats:
         self.kv_reserved_slots = 0  # summed over steps
         self.kv_wasted_slots = 0
 
-    def record_step(self, batch: ScheduledBatch, num_generated: int, scheduler: Scheduler, *, num_spec_tokens: int = 0) -> None:
+    def record_step(
+        self,
+        batch: ScheduledBatch,
+        num_generated: int,
+        scheduler: Scheduler,
+        *,
+        num_spec_tokens: int = 0,
+    ) -> None:
         """``num_spec_tokens``: tokens of speculative sequences (their last token and drafts)."""
         if not batch.seqs:
             return
@@ -34,7 +41,9 @@ class EngineStats:
         bm = scheduler.block_manager
         reserved = (bm.num_blocks - bm.num_free_blocks) * bm.block_size
         # Only a sequence's own tail block can be part-empty: shared blocks are always full.
-        wasted = sum(len(s.block_table) * bm.block_size - s.num_computed_tokens for s in scheduler.running)
+        wasted = sum(
+            len(s.block_table) * bm.block_size - s.num_computed_tokens for s in scheduler.running
+        )
         self.kv_reserved_slots += reserved
         self.kv_wasted_slots += wasted
 
@@ -47,10 +56,14 @@ class EngineStats:
             "kv_blocks_free": bm.num_free_blocks,
             "kv_blocks_cached_free": bm.num_cached_free_blocks,
             "kv_block_size": bm.block_size,
-            "kv_waste": self.kv_wasted_slots / self.kv_reserved_slots if self.kv_reserved_slots else 0.0,
+            "kv_waste": self.kv_wasted_slots / self.kv_reserved_slots
+            if self.kv_reserved_slots
+            else 0.0,
             "prefix_query_tokens": bm.num_prefix_query_tokens,
             "prefix_hit_tokens": bm.num_prefix_hit_tokens,
-            "prefix_hit_rate": bm.num_prefix_hit_tokens / bm.num_prefix_query_tokens if bm.num_prefix_query_tokens else 0.0,
+            "prefix_hit_rate": bm.num_prefix_hit_tokens / bm.num_prefix_query_tokens
+            if bm.num_prefix_query_tokens
+            else 0.0,
             "num_preemptions": scheduler.num_preemptions,
             "num_running": len(scheduler.running),
             "num_waiting": len(scheduler.waiting),

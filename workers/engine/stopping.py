@@ -5,7 +5,9 @@ from __future__ import annotations
 from workers.engine.sequence import FinishReason, Sequence
 
 
-def stop_check(seq: Sequence, token_id: int, eos_token_ids: tuple[int, ...], max_model_len: int) -> FinishReason | None:
+def stop_check(
+    seq: Sequence, token_id: int, eos_token_ids: tuple[int, ...], max_model_len: int
+) -> FinishReason | None:
     """Token-level checks, right after ``token_id`` was appended."""
     params = seq.params
     if seq.num_output_tokens >= params.min_tokens:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+import jinja2
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
 
 # Special tokens of the byte-level preset tokenizer, then the 256 byte symbols.
 PRESET_SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>")
@@ -46,7 +48,9 @@ def byte_tokenizer_write(path: Path, *, model_max_length: int) -> None:
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte-to-symbol map: printable bytes stand for themselves, the rest for 256 + n."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    )
     chars = printable[:]
     extra = 0
     for b in range(256):
@@ -54,7 +58,7 @@ def _bytes_to_unicode() -> dict[int, str]:
             printable.append(b)
             chars.append(256 + extra)
             extra += 1
-    return dict(zip(printable, map(chr, chars)))
+    return dict(zip(printable, map(chr, chars), strict=False))
 
 
 class Tokenizer:
@@ -64,13 +68,15 @@ class Tokenizer:
         path = Path(path)
         self._tokenizer = HFTokenizer.from_file(str(path / "tokenizer.json"))
         config_path = path / "tokenizer_config.json"
-        self.config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.exists() else {}
+        self.config: dict[str, Any] = (
+            json.loads(config_path.read_text()) if config_path.exists() else {}
+        )
         self.chat_template: str | None = self.config.get("chat_template")
         self.bos_token_id = self._token_id(self.config.get("bos_token"))
         self.eos_token_id = self._token_id(self.config.get("eos_token"))
         self.is_bos_added = bool(self.config.get("add_bos_token", False))
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
-        self._bytes_table: list[bytes] | None | bool = False  # False: not built yet
+        self._bytes_table: list[bytes] | None | Literal[False] = False  # False: not built yet
 
     def _token_id(self, token: Any) -> int | None:
         if isinstance(token, dict):  # {"content": "<s>", ...} in older configs
@@ -79,9 +85,13 @@ class Tokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         ids = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-        if add_special_tokens and self.is_bos_added and self.bos_token_id is not None:
-            if not ids or ids[0] != self.bos_token_id:
-                ids = [self.bos_token_id, *ids]
+        if (
+            add_special_tokens
+            and self.is_bos_added
+            and self.bos_token_id is not None
+            and (not ids or ids[0] != self.bos_token_id)
+        ):
+            ids = [self.bos_token_id, *ids]
         return ids
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
@@ -104,16 +114,19 @@ class Tokenizer:
     @property
     def template_has_tools(self) -> bool:
         """Whether the chat template renders tools itself (Hugging Face's `tools` variable)."""
-        return bool(self.chat_template) and "tools" in self.chat_template
+        return bool(self.chat_template and "tools" in self.chat_template)
 
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+    ) -> str:
         """Render chat messages with the checkpoint's Jinja template (Jinja2 ships with torch),
         with `tools` (OpenAI's function definitions) for templates that render them."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template")
-        import jinja2
-
         env = jinja2.Environment(undefined=jinja2.StrictUndefined)
         return env.from_string(self.chat_template).render(
             messages=messages,

@@ -20,13 +20,23 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from tenants.models import Lane
 
-_SCRIPTS = {name: (Path(__file__).parent / f"{name}.lua").read_text()
-            for name in ("enqueue", "dequeue", "charge", "ack", "renew")}
+
+def _script(name: str) -> str:
+    return (Path(__file__).parent / f"{name}.lua").read_text()
+
+
+# The rule that lifts a tenant coming back from idle to the floor is written once
+# (activate.lua) and shared by the two scripts that need it.
+_SCRIPTS = {
+    name: (_script("activate") if name in ("enqueue", "dequeue") else "") + _script(name)
+    for name in ("enqueue", "dequeue", "charge", "ack", "renew")
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,39 +58,62 @@ def _now_ms() -> int:
 class FairQueue:
     """One model's queue. `prefix` namespaces it (one queue per model, or per test)."""
 
-    def __init__(self, client: redis.Redis, name: str, *, claim_seconds: float = 10.0,
-                 min_share_standard: float = 0.10, min_share_bulk: float = 0.05,
-                 decay: float = 0.99) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        name: str,
+        *,
+        claim_seconds: float = 10.0,
+        min_share_standard: float = 0.10,
+        min_share_bulk: float = 0.05,
+        decay: float = 0.99,
+    ) -> None:
         self.client = client
         self.prefix = f"{{fq:{name}}}:"
         self.claim_ms = int(claim_seconds * 1000)
-        shares = {Lane.STANDARD: min_share_standard, Lane.BULK: min_share_bulk}
+        shares: dict[str, float] = {Lane.STANDARD: min_share_standard, Lane.BULK: min_share_bulk}
         self._lanes = [arg for lane in Lane.values for arg in (lane, shares.get(lane, 0.0))]
         self.decay = decay
         self._scripts = {name: client.register_script(src) for name, src in _SCRIPTS.items()}
 
-    def _run(self, name: str, *args) -> object:
+    def _run(self, name: str, *args: str | int | float) -> Any:  # a script's reply
         return self._scripts[name](keys=[self.prefix], args=list(args))
 
-    def enqueue(self, *, id: str, tenant: str, lane: str, weight: float, cost: int,
-                payload: dict) -> int:
+    def enqueue(
+        self, *, id: str, tenant: str, lane: str, weight: float, cost: int, payload: dict
+    ) -> int:
         """Queue a request; `cost` is its input tokens. Returns the lane's depth."""
         if lane not in Lane.values:
             raise ValueError(f"unknown lane {lane!r}")
-        return int(self._run("enqueue", id, tenant, lane, weight, cost, json.dumps(payload),
-                             _now_ms()))
+        return int(
+            self._run("enqueue", id, tenant, lane, weight, cost, json.dumps(payload), _now_ms())
+        )
 
     def dequeue(self, *, worker: str, realtime_only: bool = False) -> Taken | None:
         """The next request by lane, then fairness, claimed by `worker`; None if none waits.
         `realtime_only` takes only realtime requests (a worker's reserved last slots)."""
-        reply = self._run("dequeue", worker, self.claim_ms, _now_ms(), self.decay,
-                          1 if realtime_only else len(Lane), *self._lanes)
+        reply = self._run(
+            "dequeue",
+            worker,
+            self.claim_ms,
+            _now_ms(),
+            self.decay,
+            1 if realtime_only else len(Lane),
+            *self._lanes,
+        )
         if not reply:
             return None
         id_, payload, tenant, lane, waited, position = (
-            v.decode() if isinstance(v, bytes) else v for v in reply)
-        return Taken(id=id_, payload=json.loads(payload), tenant=tenant, lane=lane,
-                     waited_ms=int(float(waited)), position=int(position))
+            v.decode() if isinstance(v, bytes) else v for v in reply
+        )
+        return Taken(
+            id=id_,
+            payload=json.loads(payload),
+            tenant=tenant,
+            lane=lane,
+            waited_ms=int(float(waited)),
+            position=int(position),
+        )
 
     def charge(self, *, tenant: str, lane: str, tokens: int) -> float:
         """Charge generated tokens to the tenant's counter."""
@@ -108,15 +141,17 @@ class FairQueue:
             return int(self.client.hget(self.prefix + "depth", lane) or 0)
         return sum(int(v) for v in self.client.hvals(self.prefix + "depth"))
 
-    def drain_rate(self, seconds: int = 30) -> float:
+    def dispatch_rate(self, seconds: int = 30) -> float:
         """Requests taken per second over the last `seconds` seconds."""
         now = int(time.time())
-        keys = [self.prefix + f"drained:{t}" for t in range(now - seconds + 1, now + 1)]
+        keys = [self.prefix + f"dispatched:{t}" for t in range(now - seconds + 1, now + 1)]
         return sum(int(v) for v in self.client.mget(keys) if v) / seconds
 
     def counters(self, lane: str) -> dict[str, float]:
-        return {k.decode(): float(v) for k, v in
-                self.client.hgetall(self.prefix + f"vtc:{lane}").items()}
+        return {
+            k.decode(): float(v)
+            for k, v in self.client.hgetall(self.prefix + f"vtc:{lane}").items()
+        }
 
     def claimed(self) -> int:
         """Requests taken by a worker and not finished."""
@@ -124,7 +159,10 @@ class FairQueue:
 
     def clear(self) -> None:
         """Delete every key of this queue (tests, benchmarks)."""
-        keys = list(self.client.scan_iter(match=self.prefix.replace("{", "\\{").replace(
-            "}", "\\}") + "*", count=1000))
+        keys = list(
+            self.client.scan_iter(
+                match=self.prefix.replace("{", "\\{").replace("}", "\\}") + "*", count=1000
+            )
+        )
         if keys:
             self.client.delete(*keys)

@@ -14,18 +14,6 @@ for i = 6, #ARGV, 2 do
   min_share[#min_share + 1] = tonumber(ARGV[i + 1])
 end
 
-local function activate(lane, tenant)
-  if not redis.call('ZSCORE', p .. 'active:' .. lane, tenant) then
-    local counter = tonumber(redis.call('HGET', p .. 'vtc:' .. lane, tenant) or '0')
-    local low = redis.call('ZRANGE', p .. 'active:' .. lane, 0, 0, 'WITHSCORES')
-    local floor = tonumber(redis.call('HGET', p .. 'vtime', lane) or '0')
-    if #low > 0 then floor = tonumber(low[2]) end
-    if floor > counter then counter = floor end
-    redis.call('HSET', p .. 'vtc:' .. lane, tenant, counter)
-    redis.call('ZADD', p .. 'active:' .. lane, counter, tenant)
-  end
-end
-
 -- 'leases' is the name the claims had before they were renamed: a worker of that version may
 -- still hold requests there during a rolling upgrade, and they too come back when they expire.
 for _, claims in ipairs({p .. 'claims', p .. 'leases'}) do
@@ -40,7 +28,7 @@ for _, claims in ipairs({p .. 'claims', p .. 'leases'}) do
       redis.call('HINCRBY', p .. 'depth', meta[2], 1)
       redis.call('HINCRBY', p .. 'tdepth:' .. meta[2], meta[1], 1)
       redis.call('HINCRBY', p .. 'requeued', 'total', 1)
-      activate(meta[2], meta[1])
+      activate(p, meta[2], meta[1])
     end
   end
 end
@@ -96,7 +84,7 @@ for _ = 1, 16 do
       if i == chosen then value = value + 1 end
       redis.call('HSET', p .. 'served', name, value)
     end
-    local second = p .. 'drained:' .. math.floor(now / 1000)
+    local second = p .. 'dispatched:' .. math.floor(now / 1000)
     redis.call('INCR', second)
     redis.call('EXPIRE', second, 120)
     local enq = tonumber(redis.call('HGET', p .. 'meta:' .. id, 'enq') or now)

@@ -34,15 +34,18 @@ class LocalQueue:
 
     def depth(self, *, model: str, lane: str | None = None, tenant: str | None = None) -> int:
         with self._lock:
-            return sum(n for (m, la, t), n in self._waiting.items() if m == model
-                       and (lane is None or la == lane) and (tenant is None or t == tenant))
+            return sum(
+                n
+                for (m, la, t), n in self._waiting.items()
+                if m == model and (lane is None or la == lane) and (tenant is None or t == tenant)
+            )
 
     def waiting(self) -> dict[tuple[str, str, str], int]:
         """(model, lane, tenant) -> requests waiting (the ops dashboard)."""
         with self._lock:
             return dict(self._waiting)
 
-    def drain_rate(self, *, model: str, seconds: int = WINDOW_SECONDS) -> float:
+    def dispatch_rate(self, *, model: str, seconds: int = WINDOW_SECONDS) -> float:
         """Requests started per second over the last `seconds` seconds."""
         cutoff = time.monotonic() - seconds
         with self._lock:
@@ -50,6 +53,3 @@ class LocalQueue:
             while started and started[0] < cutoff:
                 started.popleft()
             return len(started) / seconds
-
-
-local_queue = LocalQueue()

@@ -1,6 +1,6 @@
 """A model hosted on vLLM, behind our engine's interface (`submit` with a sink, `abort`,
 `stats`, `is_running`, `shutdown`): the worker's generation, settlement, cancellation and fair
-queue treat it as any engine (workers/generation.py, workers/pulling.py).
+queue treat it as any engine (workers/run_loops.py, workers/pulling.py).
 
 Each choice of a request is one streamed `POST /v1/completions` to the model's `vllm serve`
 child (workers/vllm/server.py) with the prompt as the token ids our tokenizer made (so the
@@ -46,8 +46,9 @@ class VllmCrashed(EngineStopped):
 class VllmEngine:
     def __init__(self, *, model: str, path: Path, max_model_len: int, max_num_seqs: int) -> None:
         self.model, self.max_model_len, self.max_num_seqs = model, max_model_len, max_num_seqs
-        self.server = VllmServer(model=model, path=path, max_model_len=max_model_len,
-                                 max_num_seqs=max_num_seqs)
+        self.server = VllmServer(
+            model=model, path=path, max_model_len=max_model_len, max_num_seqs=max_num_seqs
+        )
         self.crash: VllmCrashed | None = None
         self.figures: dict = {}  # the child's last /metrics
         self._healthy = False
@@ -79,8 +80,9 @@ class VllmEngine:
         """The child's parent thread for its whole life (PR_SET_PDEATHSIG is per thread)."""
         try:
             self.server.start()
-            self.server.wait_healthy(timeout=settings.FAIRLANE_VLLM_START_TIMEOUT_SECONDS,
-                                     stop=self._stopping)
+            self.server.wait_healthy(
+                timeout=settings.FAIRLANE_VLLM_START_TIMEOUT_SECONDS, stop=self._stopping
+            )
             made = asyncio.run_coroutine_threadsafe(self._client_make(), self._loop)
             self._client = made.result()
             self.figures = self.server.figures()
@@ -91,8 +93,9 @@ class VllmEngine:
             return
         self._healthy = True
         self._started.set()
-        logger.info("vLLM for %s is up at %s (pid %s)", self.model, self.server.url,
-                    self.server.pid)
+        logger.info(
+            "vLLM for %s is up at %s (pid %s)", self.model, self.server.url, self.server.pid
+        )
         self.crash = self._watch()
         self._healthy = False
         if self.crash is not None:
@@ -120,9 +123,11 @@ class VllmEngine:
 
     async def _client_make(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(
-            base_url=self.server.url, headers={"Authorization": f"Bearer {self.server.api_key}"},
+            base_url=self.server.url,
+            headers={"Authorization": f"Bearer {self.server.api_key}"},
             timeout=httpx.Timeout(10.0, read=float(settings.FAIRLANE_STREAM_IDLE_TIMEOUT_SECONDS)),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
 
     @property
     def is_running(self) -> bool:
@@ -149,14 +154,27 @@ class VllmEngine:
 
     # Requests -----------------------------------------------------------------------------
 
-    def submit(self, prompt: list[int], params: SamplingParams | None, sink, *, request_id: str,
-               tenant: str, lane: str | None = None, salt: str | None = None,
-               is_embedding: bool = False, **_: object) -> str:
+    def submit(
+        self,
+        prompt: list[int],
+        params: SamplingParams | None,
+        sink,
+        *,
+        request_id: str,
+        tenant: str,
+        lane: str | None = None,
+        salt: str | None = None,
+        is_embedding: bool = False,
+        **_: object,
+    ) -> str:
         """Start one sequence on the child; `sink` receives its outputs (RequestOutput deltas,
         then the finished one) or one exception."""
         if is_embedding:
-            raise InvalidRequest(f"The model '{self.model}' runs on vLLM here, which serves no "
-                                 "embeddings; use another model.", param="model")
+            raise InvalidRequest(
+                f"The model '{self.model}' runs on vLLM here, which serves no "
+                "embeddings; use another model.",
+                param="model",
+            )
         if not self.is_running:
             raise EngineStopped("the model's vLLM server is not running")
         # Our engine's salt is "<tenant>:<client's salt>" (or the tenant alone): vLLM gets the
@@ -193,8 +211,12 @@ class VllmEngine:
 
     async def _stream(self, body: dict, progress: Progress, sink) -> RequestOutput:
         """The sequence's deltas to `sink`; returns its finished output."""
-        async with self._client.stream("POST", "/v1/completions", json=body,
-                                       headers={"X-Request-Id": progress.request_id}) as response:
+        client = self._client
+        if client is None:
+            raise EngineStopped("The vLLM engine is not started.")
+        async with client.stream(
+            "POST", "/v1/completions", json=body, headers={"X-Request-Id": progress.request_id}
+        ) as response:
             if response.status_code != 200:
                 raise refusal(response.status_code, await response.aread())
             async for line in response.aiter_lines():
@@ -219,8 +241,9 @@ class VllmEngine:
         elif isinstance(exc, EngineError):
             sink(exc)
         else:
-            logger.warning("vLLM stream of %s failed: %s: %s", progress.request_id,
-                           type(exc).__name__, exc)
+            logger.warning(
+                "vLLM stream of %s failed: %s: %s", progress.request_id, type(exc).__name__, exc
+            )
             sink(EngineStopped("The model's vLLM server failed while running this request."))
 
     # Load ---------------------------------------------------------------------------------
@@ -238,7 +261,15 @@ class VllmEngine:
 
     def stats(self) -> dict:
         """vLLM's own figures (its /metrics) and what it can do, for the heartbeat."""
-        return {**self.figures, "runtime": "vllm", "in_flight": self.in_flight(),
-                "pid": self.server.pid, "max_model_len": self.max_model_len,
-                "max_num_seqs": self.max_num_seqs, "paged_kv": True,
-                "continuous_batching": True, "prefix_caching": True, "hidden_states": False}
+        return {
+            **self.figures,
+            "runtime": "vllm",
+            "in_flight": self.in_flight(),
+            "pid": self.server.pid,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "paged_kv": True,
+            "continuous_batching": True,
+            "prefix_caching": True,
+            "hidden_states": False,
+        }

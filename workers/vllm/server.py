@@ -33,8 +33,14 @@ from prometheus_client.parser import text_string_to_metric_families
 logger = logging.getLogger(__name__)
 
 # Environment variables the child must not see: the platform's secrets and connections.
-_WITHHELD = {"SECRET_KEY", "DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL",
-             "CELERY_RESULT_BACKEND", "EMAIL_HOST_PASSWORD"}
+_WITHHELD = {
+    "SECRET_KEY",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "CELERY_BROKER_URL",
+    "CELERY_RESULT_BACKEND",
+    "EMAIL_HOST_PASSWORD",
+}
 _WITHHELD_SUFFIXES = ("_API_KEY", "_TOKEN", "_PASSWORD", "_SECRET")
 PR_SET_PDEATHSIG = 1
 
@@ -50,17 +56,27 @@ def _free_port() -> int:
 
 
 def child_environment() -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items()
-           if name not in _WITHHELD and not name.startswith("FAIRLANE_")
-           and not name.endswith(_WITHHELD_SUFFIXES)}
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in _WITHHELD
+        and not name.startswith("FAIRLANE_")
+        and not name.endswith(_WITHHELD_SUFFIXES)
+    }
     # vLLM's own advice where its host process has threads (ours does): spawn, never fork.
-    env.update(VLLM_WORKER_MULTIPROC_METHOD="spawn", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-               DO_NOT_TRACK="1", PYTHONUNBUFFERED="1")
+    env.update(
+        VLLM_WORKER_MULTIPROC_METHOD="spawn",
+        HF_HUB_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        PYTHONUNBUFFERED="1",
+    )
     return env
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    _prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
@@ -79,32 +95,57 @@ class VllmServer:
         self.tail: collections.deque[str] = collections.deque(maxlen=40)  # its last lines
 
     def command(self) -> list[str]:
-        return [*shlex.split(settings.FAIRLANE_VLLM_COMMAND), str(self.path),
-                "--host", "127.0.0.1", "--port", str(self.port),
-                "--served-model-name", self.model,
-                "--max-model-len", str(self.max_model_len),
-                "--max-num-seqs", str(self.max_num_seqs),
-                "--api-key", self.api_key,
-                "--load-format", "safetensors",  # never a pickle (the check refuses them too)
-                "--enable-prompt-tokens-details",  # cached prompt tokens in its usage
-                *shlex.split(settings.FAIRLANE_VLLM_ARGS)]
+        return [
+            *shlex.split(settings.FAIRLANE_VLLM_COMMAND),
+            str(self.path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            self.model,
+            "--max-model-len",
+            str(self.max_model_len),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            "--api-key",
+            self.api_key,
+            "--load-format",
+            "safetensors",  # never a pickle (the check refuses them too)
+            "--enable-prompt-tokens-details",  # cached prompt tokens in its usage
+            *shlex.split(settings.FAIRLANE_VLLM_ARGS),
+        ]
 
     def start(self) -> None:
         """Spawn the child. Call from the thread that lives as long as the child should."""
         command = self.command()
         if shutil.which(command[0]) is None:
-            raise VllmStartFailed(f"FAIRLANE_VLLM_COMMAND: {command[0]!r} was not found (on a GPU "
-                                  "worker: pip install -r requirements-gpu.txt)")
-        logger.info("starting vLLM for %s on port %d: %s", self.model, self.port,
-                    shlex.join(command).replace(self.api_key, "***"))
+            raise VllmStartFailed(
+                f"FAIRLANE_VLLM_COMMAND: {command[0]!r} was not found (on a GPU "
+                "worker: pip install -r requirements-gpu.txt)"
+            )
+        logger.info(
+            "starting vLLM for %s on port %d: %s",
+            self.model,
+            self.port,
+            shlex.join(command).replace(self.api_key, "***"),
+        )
         self.proc = subprocess.Popen(
-            command, env=child_environment(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True,  # a SIGTERM to the worker's group
-            preexec_fn=_die_with_parent if _prctl else None)  # is its drain, not the child's
-        threading.Thread(target=self._log_output, name=f"vllm-log-{self.model}",
-                         daemon=True).start()
+            command,
+            env=child_environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a SIGTERM to the worker's group
+            preexec_fn=_die_with_parent if _prctl else None,
+        )  # is its drain, not the child's
+        threading.Thread(
+            target=self._log_output, name=f"vllm-log-{self.model}", daemon=True
+        ).start()
 
     def _log_output(self) -> None:
+        if self.proc is None or self.proc.stdout is None:
+            return
         for raw in self.proc.stdout:
             line = raw.decode(errors="replace").rstrip()
             self.tail.append(line)
@@ -122,13 +163,17 @@ class VllmServer:
         while not stop.is_set():
             if (code := self.exit_code()) is not None:
                 time.sleep(0.2)  # its last lines
-                raise VllmStartFailed(f"vLLM exited with code {code} while starting: "
-                                      + " | ".join(list(self.tail)[-5:]))
+                raise VllmStartFailed(
+                    f"vLLM exited with code {code} while starting: "
+                    + " | ".join(list(self.tail)[-5:])
+                )
             if self.is_healthy(timeout=2.0):
                 return
             if time.monotonic() > deadline:
-                raise VllmStartFailed(f"vLLM did not answer /health within {timeout:.0f} s "
-                                      "(FAIRLANE_VLLM_START_TIMEOUT_SECONDS)")
+                raise VllmStartFailed(
+                    f"vLLM did not answer /health within {timeout:.0f} s "
+                    "(FAIRLANE_VLLM_START_TIMEOUT_SECONDS)"
+                )
             stop.wait(0.25)
         raise VllmStartFailed("the worker is stopping")
 
@@ -166,7 +211,7 @@ def _get(url: str, *, timeout: float) -> str:
 
 def metrics_parse(text: str, *, model: str) -> dict:
     """vLLM's figures for one served model, added up over its engines (data parallel)."""
-    sums: collections.Counter[str] = collections.Counter()
+    sums: collections.defaultdict[str, float] = collections.defaultdict(float)
     kv_usage = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -177,9 +222,11 @@ def metrics_parse(text: str, *, model: str) -> dict:
             else:
                 sums[sample.name] += sample.value
     queries = sums["vllm:prefix_cache_queries_total"]
-    return {"num_running": int(sums["vllm:num_requests_running"]),
-            "num_waiting": int(sums["vllm:num_requests_waiting"]),
-            "kv_cache_usage": round(kv_usage, 4),
-            "num_generated_tokens": int(sums["vllm:generation_tokens_total"]),
-            "num_preemptions": int(sums["vllm:num_preemptions_total"]),
-            "prefix_hit_rate": sums["vllm:prefix_cache_hits_total"] / queries if queries else 0.0}
+    return {
+        "num_running": int(sums["vllm:num_requests_running"]),
+        "num_waiting": int(sums["vllm:num_requests_waiting"]),
+        "kv_cache_usage": round(kv_usage, 4),
+        "num_generated_tokens": int(sums["vllm:generation_tokens_total"]),
+        "num_preemptions": int(sums["vllm:num_preemptions_total"]),
+        "prefix_hit_rate": sums["vllm:prefix_cache_hits_total"] / queries if queries else 0.0,
+    }

@@ -9,18 +9,28 @@ import json
 from workers.engine import EngineError, EngineStopped, InvalidRequest, RequestOutput, SamplingParams
 
 
-def request_body(model: str, prompt: list[int], params: SamplingParams | None, *,
-                 salt: str) -> dict:
+def request_body(
+    model: str, prompt: list[int], params: SamplingParams | None, *, salt: str
+) -> dict:
     """vLLM's /v1/completions body for one sequence."""
     p = params or SamplingParams()
     body: dict = {
-        "model": model, "prompt": list(prompt), "max_tokens": p.max_tokens,
-        "temperature": p.temperature, "top_p": p.top_p,
-        "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
-        "repetition_penalty": p.repetition_penalty, "ignore_eos": p.ignore_eos,
-        "min_tokens": p.min_tokens, "include_stop_str_in_output": p.include_stop_str_in_output,
-        "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
-        "cache_salt": salt}
+        "model": model,
+        "prompt": list(prompt),
+        "max_tokens": p.max_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "repetition_penalty": p.repetition_penalty,
+        "ignore_eos": p.ignore_eos,
+        "min_tokens": p.min_tokens,
+        "include_stop_str_in_output": p.include_stop_str_in_output,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+        "cache_salt": salt,
+    }
     if p.top_k > 0:
         body["top_k"] = p.top_k
     if p.seed is not None:
@@ -75,11 +85,17 @@ class Progress:
                 self.num_output_tokens += len(token_ids)
                 tops = logprobs.get("top_logprobs")
                 out = RequestOutput(
-                    self.request_id, list(token_ids), text,
+                    self.request_id,
+                    list(token_ids),
+                    text,
                     new_logprobs=list(logprobs["token_logprobs"]) if logprobs else None,
-                    new_top_logprobs=[{_token_id(t): lp for t, lp in (top or {}).items()}
-                                      for top in tops] if tops else None,
-                    num_output_tokens=self.num_output_tokens)
+                    new_top_logprobs=[
+                        {_token_id(t): lp for t, lp in (top or {}).items()} for top in tops
+                    ]
+                    if tops
+                    else None,
+                    num_output_tokens=self.num_output_tokens,
+                )
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
         return out
@@ -89,9 +105,12 @@ class Progress:
         tokens received (a stream we cut)."""
         usage = self.usage
         details = usage.get("prompt_tokens_details") or {}
-        return RequestOutput(self.request_id, [], finished=True,
-                             finish_reason=reason or self.finish_reason,
-                             num_prompt_tokens=usage.get("prompt_tokens", 0),
-                             num_output_tokens=usage.get("completion_tokens",
-                                                         self.num_output_tokens),
-                             num_cached_tokens=details.get("cached_tokens") or 0)
+        return RequestOutput(
+            self.request_id,
+            [],
+            finished=True,
+            finish_reason=reason or self.finish_reason,
+            num_prompt_tokens=usage.get("prompt_tokens", 0),
+            num_output_tokens=usage.get("completion_tokens", self.num_output_tokens),
+            num_cached_tokens=details.get("cached_tokens") or 0,
+        )

@@ -14,25 +14,27 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from routing.models import BackendKind
 from routing.backend_store import backend_model_set, backend_register
+from routing.models import BackendKind
 from tenants.errors import InvalidRequest
 
 
 def _model(value: str) -> dict:
     name, _, prices = value.partition(":")
     name, _, upstream = name.partition("=")
-    row = {"model": name, "upstream_name": upstream}
+    row: dict[str, str | int] = {"model": name, "upstream_name": upstream}
     if prices:
         parts = [int(p) for p in prices.split(",")]
         keys = ["price_input_per_mtok", "price_output_per_mtok", "price_cached_per_mtok"]
-        row.update(zip(keys, parts))
+        row.update(zip(keys, parts, strict=False))
     return row
 
 
 class Command(BaseCommand):
-    help = ("Add or change a backend (local, fairlane, openai_compatible, openrouter, openai, "
-            "anthropic).")
+    help = (
+        "Add or change a backend (local, fairlane, openai_compatible, openrouter, openai, "
+        "anthropic)."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("name")
@@ -54,12 +56,28 @@ class Command(BaseCommand):
             parser.add_argument(f"--supports-{feature}", action=argparse.BooleanOptionalAction)
 
     def handle(self, *args, name, kind, credential_stdin, model, **options):
-        fields = {k: v for k, v in options.items()
-                  if k in {"base_url", "credential_ref", "context_length", "max_concurrency",
-                           "lease_seconds", "queue_depth", "zone", "energy_mj_per_token",
-                           "carbon_g_per_kwh", "hidden_states", "timeout_seconds",
-                           "supports_tools", "supports_json_schema", "supports_vision"}
-                  and v not in (None, "")}
+        fields = {
+            k: v
+            for k, v in options.items()
+            if k
+            in {
+                "base_url",
+                "credential_ref",
+                "context_length",
+                "max_concurrency",
+                "lease_seconds",
+                "queue_depth",
+                "zone",
+                "energy_mj_per_token",
+                "carbon_g_per_kwh",
+                "hidden_states",
+                "timeout_seconds",
+                "supports_tools",
+                "supports_json_schema",
+                "supports_vision",
+            }
+            and v not in (None, "")
+        }
         credential = sys.stdin.readline().strip() if credential_stdin else None
         try:
             backend = backend_register(name=name, kind=kind, credential=credential, **fields)
@@ -67,5 +85,7 @@ class Command(BaseCommand):
                 backend_model_set(backend=backend, **row)
         except InvalidRequest as exc:
             raise CommandError(exc.message) from None
-        self.stdout.write(f"backend {backend.name} ({backend.kind}) serves "
-                          f"{sorted(backend.models.values_list('model', flat=True))}")
+        self.stdout.write(
+            f"backend {backend.name} ({backend.kind}) serves "
+            f"{sorted(backend.models.values_list('model', flat=True))}"
+        )

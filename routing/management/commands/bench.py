@@ -9,6 +9,8 @@ same run and print ratios and absolute figures, the last line one JSON object.
            from the database each time (routing/bench/decisions.py)
   hops     our functions one chat completion passes through, counted by a profile hook
            (routing/bench/hops.py)
+  batches  a 2,000-line batch on the bulk lane beside an interactive streaming client: its
+           p95 alone and under the batch, the batch's lines/s (routing/bench/batches.py)
   gateway  Fairlane's distributed gateway under 1/16/64 closed-loop clients against the
            upstream alone and LiteLLM's proxy (--litellm VENV) (routing/bench/gateway.py)
 
@@ -16,6 +18,8 @@ Benchmarks are development tools: a bench whose baseline needs a test extra (eng
 Face transformers) says so in one line in a runtime-only install.
 """
 
+import importlib
+import importlib.util
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
@@ -27,6 +31,7 @@ BENCHES = {
     "routing": "routing.bench.decisions",
     "gateway": "routing.bench.gateway",
     "hops": "routing.bench.hops",
+    "batches": "routing.bench.batches",
 }
 # Modules a bench needs beyond requirements.txt (its baseline), installed by `make test-venv`.
 EXTRAS = {"engine": ("transformers",)}
@@ -37,8 +42,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("name", choices=sorted(BENCHES))
-        parser.add_argument("options", nargs="*",
-                            help="passed to the benchmark; put them after --")
+        parser.add_argument("options", nargs="*", help="passed to the benchmark; put them after --")
 
     def run_from_argv(self, argv):
         # Everything after the bench's name belongs to the bench's own parser.
@@ -55,13 +59,12 @@ class Command(BaseCommand):
         self._bench(name, options)
 
     def _bench(self, name: str, argv: list[str]) -> None:
-        import importlib
-        import importlib.util
-
         if name not in BENCHES:
             raise CommandError(f"unknown bench {name!r}; choose from {sorted(BENCHES)}")
         missing = [m for m in EXTRAS.get(name, ()) if importlib.util.find_spec(m) is None]
         if missing:
-            raise CommandError(f"bench {name} needs the test extras ({', '.join(missing)}): "
-                               "run `make test-venv` or `pip install -r requirements-test.txt`")
+            raise CommandError(
+                f"bench {name} needs the test extras ({', '.join(missing)}): "
+                "run `make test-venv` or `pip install -r requirements-test.txt`"
+            )
         importlib.import_module(BENCHES[name]).run(argv)

@@ -12,6 +12,7 @@ import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -26,9 +27,12 @@ from tenants.services.keys import api_key_create
 from tenants.services.tenancy import agent_create, tenant_create
 
 MODELS = ["tiny", "small", "llama-8b", "qwen-7b", "gpt-4o-mini", "claude"]
-PAGES = {"overview": "", "usage 24h by model": "usage/",
-         "usage 30d by day, by key": "usage/?range=30d&bucket=day&split=key",
-         "usage 7d by hour, by agent": "usage/?range=7d&bucket=hour&split=agent"}
+PAGES = {
+    "overview": "",
+    "usage 24h by model": "usage/",
+    "usage 30d by day, by key": "usage/?range=30d&bucket=day&split=key",
+    "usage 7d by hour, by agent": "usage/?range=7d&bucket=hour&split=agent",
+}
 
 
 class Command(BaseCommand):
@@ -37,8 +41,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--rows", type=int, default=100_000)
         parser.add_argument("--repeat", type=int, default=30)
-        parser.add_argument("--json-out", type=Path,
-                            default=Path(settings.BASE_DIR) / "bench-results" / "portal.json")
+        parser.add_argument(
+            "--json-out",
+            type=Path,
+            default=Path(settings.BASE_DIR) / "bench-results" / "portal.json",
+        )
 
     def handle(self, *args, rows: int, repeat: int, json_out: Path, **options):
         slug = f"bench-{uuid.uuid4().hex[:8]}"
@@ -50,10 +57,17 @@ class Command(BaseCommand):
             if connection.vendor == "postgresql":  # what autovacuum does after a bulk insert
                 with connection.cursor() as cursor:
                     cursor.execute("ANALYZE tenants_usagerecord")
-            self.stdout.write(f"seeded {rows} ledger rows in {time.perf_counter() - started:.1f} s "
-                              f"({connection.vendor})")
-            result = {"bench": "portal", "rows": rows, "repeat": repeat,
-                      "database": connection.vendor, "pages": {}}
+            self.stdout.write(
+                f"seeded {rows} ledger rows in {time.perf_counter() - started:.1f} s "
+                f"({connection.vendor})"
+            )
+            result: dict[str, Any] = {
+                "bench": "portal",
+                "rows": rows,
+                "repeat": repeat,
+                "database": connection.vendor,
+                "pages": {},
+            }
             client = Client(HTTP_HOST="127.0.0.1")  # an allowed host, as a browser sends
             client.force_login(user)
             for name, path in PAGES.items():
@@ -63,10 +77,13 @@ class Command(BaseCommand):
             self._print("baseline: 30d series in Python", result["baseline_python_series"])
             ours = result["pages"]["usage 30d by day, by key"]["p50_ms"]
             result["ratio_baseline_over_ours_p50"] = round(
-                result["baseline_python_series"]["p50_ms"] / ours, 2)
-            self.stdout.write(f"the 30-day usage page (whole page, p50) is "
-                              f"{result['ratio_baseline_over_ours_p50']}x faster than the "
-                              f"baseline's aggregation alone")
+                result["baseline_python_series"]["p50_ms"] / ours, 2
+            )
+            self.stdout.write(
+                f"the 30-day usage page (whole page, p50) is "
+                f"{result['ratio_baseline_over_ours_p50']}x faster than the "
+                f"baseline's aggregation alone"
+            )
         finally:
             self._clean(tenant, user)
         json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -85,14 +102,22 @@ class Command(BaseCommand):
         for n in range(rows):
             key = rng.choice(keys)
             prompt, completion = rng.randint(10, 2000), rng.randint(1, 800)
-            batch.append(UsageRecord(
-                request_id=f"{tenant.slug}-{n}", tenant=tenant, agent_id=key.agent_id,
-                api_key=key, backend="local", model=rng.choice(MODELS),
-                prompt_tokens=prompt, completion_tokens=completion,
-                cost_microcents=prompt * 10 + completion * 40,
-                latency_ms=rng.randint(20, 4000),
-                status="ok" if rng.random() > 0.03 else "error",
-                created_at=now - timedelta(seconds=rng.uniform(0, 30 * 86400))))
+            batch.append(
+                UsageRecord(
+                    request_id=f"{tenant.slug}-{n}",
+                    tenant=tenant,
+                    agent_id=key.agent_id,
+                    api_key=key,
+                    backend="local",
+                    model=rng.choice(MODELS),
+                    prompt_tokens=prompt,
+                    completion_tokens=completion,
+                    cost_microcents=prompt * 10 + completion * 40,
+                    latency_ms=rng.randint(20, 4000),
+                    status="ok" if rng.random() > 0.03 else "error",
+                    created_at=now - timedelta(seconds=rng.uniform(0, 30 * 86400)),
+                )
+            )
             if len(batch) == 5000:
                 UsageRecord.objects.bulk_create(batch)
                 batch = []
@@ -115,16 +140,20 @@ class Command(BaseCommand):
         for _ in range(repeat):
             started = time.perf_counter()
             sums: dict = {}
-            for created_at, key_id, cost in UsageRecord.objects.filter(
-                    tenant=tenant, created_at__gte=since).values_list(
-                    "created_at", "api_key__key_id", "cost_microcents").iterator(2000):
+            for created_at, key_id, cost in (
+                UsageRecord.objects.filter(tenant=tenant, created_at__gte=since)
+                .values_list("created_at", "api_key__key_id", "cost_microcents")
+                .iterator(2000)
+            ):
                 bucket = created_at.date()
                 sums[(bucket, key_id)] = sums.get((bucket, key_id), 0) + cost
             samples.append((time.perf_counter() - started) * 1000)
         return _stats(samples)
 
     def _print(self, name: str, stats: dict) -> None:
-        self.stdout.write(f"{name:32s} p50 {stats['p50_ms']:8.1f} ms   p95 {stats['p95_ms']:8.1f} ms")
+        self.stdout.write(
+            f"{name:32s} p50 {stats['p50_ms']:8.1f} ms   p95 {stats['p95_ms']:8.1f} ms"
+        )
 
     def _clean(self, tenant: Tenant, user) -> None:
         UsageRecord.objects.filter(tenant=tenant).delete()
@@ -140,5 +169,9 @@ class Command(BaseCommand):
 def _stats(samples: list[float]) -> dict:
     ordered = sorted(samples)
     p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
-    return {"p50_ms": round(statistics.median(ordered), 1), "p95_ms": round(p95, 1),
-            "max_ms": round(ordered[-1], 1), "n": len(ordered)}
+    return {
+        "p50_ms": round(statistics.median(ordered), 1),
+        "p95_ms": round(p95, 1),
+        "max_ms": round(ordered[-1], 1),
+        "n": len(ordered),
+    }

@@ -13,28 +13,56 @@ from tenants.reports.spend import spend_overview
 from tenants.services import portal as portal_services
 from tenants.services import tenancy
 
-BUDGET_FIELDS = {"limit_microcents": "budget_limit_usd", "period": "budget_period",
-                 "agent": None}
+BUDGET_FIELDS = {
+    "limit_microcents": "budget_limit_usd",
+    "period": "budget_period",
+    "soft_limit_microcents": "budget_soft_limit_usd",
+    "soft_action": "budget_soft_action",
+    "soft_rpm": "budget_soft_rpm",
+    "agent": None,
+}
 
 
 @portal_page()
 def agent_list(request, portal):
     tenant_line, lines, _ = spend_overview(tenant=portal.tenant)
     inactive = selectors.agent_list(tenant=portal.tenant).filter(is_active=False)
-    return render_page(request, portal, "portal/agents/list.html",
-                       {"lines": lines, "inactive": inactive}, section="agents")
+    return render_page(
+        request,
+        portal,
+        "portal/agents/list.html",
+        {"lines": lines, "inactive": inactive},
+        section="agents",
+    )
 
 
 def _initial(agent) -> dict:
     budget = agent.budgets.first() if agent is not None else None
     if agent is None:
         return {}
-    return {"name": agent.name, "description": agent.description,
-            "allowed_models": ", ".join(agent.allowed_models), "lane": agent.lane,
-            "rpm_limit": agent.rpm_limit, "tpm_limit": agent.tpm_limit,
-            "concurrency_limit": agent.concurrency_limit,
-            "budget_period": budget.period if budget else "daily",
-            "budget_limit_usd": budget.limit_microcents / 100_000_000 if budget else None}
+    return {
+        "name": agent.name,
+        "description": agent.description,
+        "allowed_models": ", ".join(agent.allowed_models),
+        "lane": agent.lane,
+        "rpm_limit": agent.rpm_limit,
+        "tpm_limit": agent.tpm_limit,
+        "concurrency_limit": agent.concurrency_limit,
+        "budget_period": budget.period if budget else "daily",
+        "budget_limit_usd": budget.limit_microcents / 100_000_000 if budget else None,
+        **_soft_initial(budget),
+    }
+
+
+def _soft_initial(budget) -> dict:
+    if budget is None:
+        return {}
+    soft = budget.soft_limit_microcents
+    return {
+        "budget_soft_limit_usd": soft / 100_000_000 if soft is not None else None,
+        "budget_soft_action": budget.soft_action,
+        "budget_soft_rpm": budget.soft_rpm,
+    }
 
 
 def _agent_form_page(request, portal, agent=None):
@@ -44,18 +72,33 @@ def _agent_form_page(request, portal, agent=None):
         try:
             if agent is None:
                 agent = portal_services.agent_setup(
-                    tenant=portal.tenant, fields=form.agent_fields(), budget_period=period,
-                    budget_limit_microcents=limit)
+                    tenant=portal.tenant,
+                    fields=form.agent_fields(),
+                    budget_period=period,
+                    budget_limit_microcents=limit,
+                    budget_soft=form.budget_soft(),
+                )
             else:
                 portal_services.agent_change(
-                    tenant=portal.tenant, agent=agent, fields=form.agent_fields(),
-                    budget_period=period, budget_limit_microcents=limit)
+                    tenant=portal.tenant,
+                    agent=agent,
+                    fields=form.agent_fields(),
+                    budget_period=period,
+                    budget_limit_microcents=limit,
+                    budget_soft=form.budget_soft(),
+                )
             return redirect("portal:agents", slug=portal.tenant.slug)
         except InvalidRequest as exc:
             form_error_apply(form, exc, BUDGET_FIELDS)
     status = 400 if form.errors else 200
-    return render_page(request, portal, "portal/agents/form.html", {"form": form, "agent": agent},
-                       section="agents", status=status)
+    return render_page(
+        request,
+        portal,
+        "portal/agents/form.html",
+        {"form": form, "agent": agent},
+        section="agents",
+        status=status,
+    )
 
 
 @portal_page(Role.ADMIN, form=True)
@@ -79,16 +122,23 @@ def agent_deactivate(request, portal, agent_id):
 def budget_list(request, portal):
     tenant_line, lines, _ = spend_overview(tenant=portal.tenant)
     form = TenantBudgetForm(initial=_tenant_budget_initial(tenant_line))
-    return render_page(request, portal, "portal/budgets/list.html",
-                       {"tenant_line": tenant_line, "lines": lines, "form": form},
-                       section="budgets")
+    return render_page(
+        request,
+        portal,
+        "portal/budgets/list.html",
+        {"tenant_line": tenant_line, "lines": lines, "form": form},
+        section="budgets",
+    )
 
 
 def _tenant_budget_initial(line) -> dict:
     if line.budget is None:
         return {}
-    return {"budget_period": line.budget.period,
-            "budget_limit_usd": line.budget.limit_microcents / 100_000_000}
+    return {
+        "budget_period": line.budget.period,
+        "budget_limit_usd": line.budget.limit_microcents / 100_000_000,
+        **_soft_initial(line.budget),
+    }
 
 
 @portal_page(Role.ADMIN, write=True)
@@ -97,12 +147,22 @@ def tenant_budget_set(request, portal):
     if form.is_valid():
         period, limit = form.budget()
         try:
-            portal_services.agent_budget_set(tenant=portal.tenant, agent=None, period=period,
-                                             limit_microcents=limit)
+            portal_services.agent_budget_set(
+                tenant=portal.tenant,
+                agent=None,
+                period=period,
+                limit_microcents=limit,
+                soft=form.budget_soft(),
+            )
             return redirect("portal:budgets", slug=portal.tenant.slug)
         except InvalidRequest as exc:
             form_error_apply(form, exc, BUDGET_FIELDS)
     tenant_line, lines, _ = spend_overview(tenant=portal.tenant)
-    return render_page(request, portal, "portal/budgets/list.html",
-                       {"tenant_line": tenant_line, "lines": lines, "form": form},
-                       section="budgets", status=400)
+    return render_page(
+        request,
+        portal,
+        "portal/budgets/list.html",
+        {"tenant_line": tenant_line, "lines": lines, "form": form},
+        section="budgets",
+        status=400,
+    )

@@ -3,34 +3,16 @@ templates), failed sign-ins throttled; and the portal's home: the tenants you be
 
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.contrib.auth.forms import AuthenticationForm
-from django.core.exceptions import ValidationError
 from django.shortcuts import redirect, render
 from django.urls import reverse_lazy
 
 from tenants import selectors
-from tenants.portal.throttle import login_blocked, login_failed, login_succeeded
-
-THROTTLED = ("Too many failed sign-ins. Wait a few minutes and try again, or reset your "
-             "password.")
-
-
-class ThrottledAuthenticationForm(AuthenticationForm):
-    """Refuses to even check a password while the username or address is throttled, and
-    counts each failure."""
-
-    def clean(self):
-        username = self.data.get("username", "")
-        address = self.request.META.get("REMOTE_ADDR", "") if self.request else ""
-        if login_blocked(username=username, address=address):
-            raise ValidationError(THROTTLED, code="throttled")
-        try:
-            cleaned = super().clean()
-        except ValidationError:
-            login_failed(username=username, address=address)
-            raise
-        login_succeeded(username=username)
-        return cleaned
+from tenants.services.sso.providers import providers
+from tenants.signin import (
+    ThrottledAuthenticationForm,
+    ThrottledPasswordResetForm,
+    throttled_status,
+)
 
 
 class LoginView(auth_views.LoginView):
@@ -38,11 +20,11 @@ class LoginView(auth_views.LoginView):
     authentication_form = ThrottledAuthenticationForm
     redirect_authenticated_user = True
 
+    def get_context_data(self, **kwargs):
+        return {**super().get_context_data(**kwargs), "sso_providers": providers().values()}
+
     def form_invalid(self, form):
-        response = super().form_invalid(form)
-        if form.has_error("__all__", code="throttled"):
-            response.status_code = 429
-        return response
+        return throttled_status(super().form_invalid(form))
 
 
 class PasswordChangeView(auth_views.PasswordChangeView):
@@ -59,6 +41,13 @@ class PasswordResetView(auth_views.PasswordResetView):
     email_template_name = "portal/auth/password_reset_email.txt"
     subject_template_name = "portal/auth/password_reset_subject.txt"
     success_url = reverse_lazy("portal:password_reset_done")
+    form_class = ThrottledPasswordResetForm
+
+    def get_form_kwargs(self):
+        return {**super().get_form_kwargs(), "request": self.request}
+
+    def form_invalid(self, form):
+        return throttled_status(super().form_invalid(form))
 
 
 class PasswordResetDoneView(auth_views.PasswordResetDoneView):

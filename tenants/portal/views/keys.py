@@ -26,11 +26,18 @@ def _list(request, portal, form, status=200, error=""):
     now = timezone.now()
     all_keys = selectors.api_key_list(tenant=portal.tenant)
     rotated = set(all_keys.exclude(rotated_from=None).values_list("rotated_from_id", flat=True))
-    rows = [{"key": key, "state": _state(key, now, rotated)}
-            for key in all_keys.select_related("created_by")]
-    return render_page(request, portal, "portal/keys/list.html",
-                       {"rows": rows, "form": form, "rotate_form": RotateForm(),
-                        "error": error}, section="keys", status=status)
+    rows = [
+        {"key": key, "state": _state(key, now, rotated)}
+        for key in all_keys.select_related("created_by")
+    ]
+    return render_page(
+        request,
+        portal,
+        "portal/keys/list.html",
+        {"rows": rows, "form": form, "rotate_form": RotateForm(), "error": error},
+        section="keys",
+        status=status,
+    )
 
 
 def _state(key, now, rotated: set) -> str:
@@ -47,9 +54,14 @@ def key_list(request, portal):
 
 
 def _created(request, portal, key, plain, *, rotated_from=None):
-    response = render_page(request, portal, "portal/keys/created.html",
-                           {"key": key, "plain": plain, "rotated_from": rotated_from},
-                           section="keys", status=201)
+    response = render_page(
+        request,
+        portal,
+        "portal/keys/created.html",
+        {"key": key, "plain": plain, "rotated_from": rotated_from},
+        section="keys",
+        status=201,
+    )
     response["Cache-Control"] = "no-store"
     return response
 
@@ -62,10 +74,14 @@ def key_create(request, portal):
         days = form.cleaned_data["expires_in_days"]
         try:
             key, plain = keys.api_key_create(
-                tenant=portal.tenant, agent=form.cleaned_data["agent"],
-                name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"],
+                tenant=portal.tenant,
+                agent=form.cleaned_data["agent"],
+                name=form.cleaned_data["name"],
+                scopes=form.cleaned_data["scopes"],
                 expires_at=timezone.now() + timedelta(days=days) if days else None,
-                created_by=request.user, actor_role=portal.role)
+                created_by=request.user,
+                actor_role=portal.role,
+            )
             return _created(request, portal, key, plain)
         except InvalidRequest as exc:
             form_error_apply(form, exc)
@@ -80,9 +96,12 @@ def key_rotate(request, portal, key_id):
     if not form.is_valid():
         return redirect("portal:keys", slug=portal.tenant.slug)
     try:
-        key, plain = keys.api_key_rotate(key=old,
-                                         grace_seconds=form.cleaned_data["grace_seconds"],
-                                         created_by=request.user, actor_role=portal.role)
+        key, plain = keys.api_key_rotate(
+            key=old,
+            grace_seconds=form.cleaned_data["grace_seconds"],
+            created_by=request.user,
+            actor_role=portal.role,
+        )
     except InvalidRequest as exc:
         return _list(request, portal, _key_form(portal), status=400, error=exc.message)
     old.refresh_from_db()

@@ -17,9 +17,13 @@ from tenants.services.portal import playground_key_issue
 @portal_page()
 def playground(request, portal):
     agents = selectors.agent_list(tenant=portal.tenant).filter(is_active=True)
-    return render_page(request, portal, "portal/playground/index.html",
-                       {"agents": agents, "can_play": portal.can(Role.MEMBER)},
-                       section="playground")
+    return render_page(
+        request,
+        portal,
+        "portal/playground/index.html",
+        {"agents": agents, "can_play": portal.can(Role.MEMBER)},
+        section="playground",
+    )
 
 
 @never_cache
@@ -29,15 +33,18 @@ def playground_key(request, portal):
     try:
         agent = selectors.agent_get(tenant=portal.tenant, agent_id=request.POST.get("agent"))
     except (NotFound, ValidationError):  # a malformed id is as unknown as a missing one
-        return JsonResponse({"error": {"message": "No such agent.", "code": "not_found"}},
-                            status=404)
+        return JsonResponse(
+            {"error": {"message": "No such agent.", "code": "not_found"}}, status=404
+        )
     try:
-        key, plain = playground_key_issue(tenant=portal.tenant, agent=agent, user=request.user,
-                                          actor_role=portal.role)
+        key, plain = playground_key_issue(
+            tenant=portal.tenant, agent=agent, user=request.user, actor_role=portal.role
+        )
     except InvalidRequest as exc:
         return JsonResponse({"error": {"message": exc.message, "code": exc.code}}, status=400)
-    response = JsonResponse({"key": plain, "prefix": key.prefix,
-                             "expires_at": key.expires_at.isoformat()}, status=201)
+    response = JsonResponse(
+        {"key": plain, "prefix": key.prefix, "expires_at": key.expires_at.isoformat()}, status=201
+    )
     response["Cache-Control"] = "no-store"
     return response
 
@@ -45,5 +52,6 @@ def playground_key(request, portal):
 @portal_page()
 def agent_routing(request, portal, agent_id):
     agent = selectors.agent_get(tenant=portal.tenant, agent_id=agent_id)
-    return render_page(request, portal, "portal/routing/agent.html", {"agent": agent},
-                       section="agents")
+    return render_page(
+        request, portal, "portal/routing/agent.html", {"agent": agent}, section="agents"
+    )

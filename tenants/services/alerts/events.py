@@ -10,12 +10,21 @@ from zoneinfo import ZoneInfo
 
 from django.db import transaction
 from django.db.models import Q
+from django.dispatch import Signal
 
 from tenants.metrics import ALERTS, SEP
 from tenants.models import (
-    MICROCENTS_PER_USD, AlertDelivery, AlertDestination, AlertEvent, AlertEventName, BudgetWindow,
+    MICROCENTS_PER_USD,
+    AlertDelivery,
+    AlertDestination,
+    AlertEvent,
+    AlertEventName,
+    BudgetWindow,
 )
 from tenants.services.alerts.rules import Rule
+
+# Sent once new deliveries have committed (`ids`); the runtime's alert sender hears it.
+deliveries_created = Signal()
 
 
 def usd(microcents: int) -> str:
@@ -33,53 +42,87 @@ def _local(at: datetime, tz_name: str) -> str:
 def event_name(rule: Rule) -> str:
     if rule.is_forecast:
         return AlertEventName.PROJECTED_LIMIT_EXCEEDED
-    return AlertEventName.BUDGET_CROSSED if rule.percent >= 100 else \
-        AlertEventName.THRESHOLD_CROSSED
+    return (
+        AlertEventName.BUDGET_CROSSED
+        if (rule.percent or 0) >= 100
+        else AlertEventName.THRESHOLD_CROSSED
+    )
 
 
 def _message(*, window: BudgetWindow, rule: Rule, projected_at: datetime | None) -> str:
     budget = window.budget
     tz = budget.tenant.timezone
-    owner = f"Agent {budget.agent.name}'s" if budget.agent_id else "The tenant's"
+    owner = f"Agent {budget.agent.name}'s" if budget.agent is not None else "The tenant's"
     spent = f"{usd(window.spent_microcents)} of {usd(budget.limit_microcents)}"
     ends = _local(window.end, tz)
-    if rule.is_forecast:
-        return (f"{owner} {budget.period} budget is projected to run out at "
-                f"{_local(projected_at, tz)}, before its window ends at {ends} ({spent} "
-                f"spent).")
-    if rule.percent >= 100:
-        return (f"{owner} {budget.period} budget is spent ({spent}): its requests are refused "
-                f"until the window resets at {ends}.")
+    if rule.is_forecast and projected_at is not None:
+        return (
+            f"{owner} {budget.period} budget is projected to run out at "
+            f"{_local(projected_at, tz)}, before its window ends at {ends} ({spent} "
+            f"spent)."
+        )
+    if (rule.percent or 0) >= 100:
+        if window.reserved_microcents:  # refused while requests in flight hold the rest
+            spent = (
+                f"{usd(window.spent_microcents)} spent and {usd(window.reserved_microcents)} "
+                f"held by requests in flight, of {usd(budget.limit_microcents)}"
+            )
+        return (
+            f"{owner} {budget.period} budget is spent ({spent}): its requests are refused "
+            f"until the window resets at {ends}."
+        )
     return f"{owner} {budget.period} budget reached {rule.percent} % ({spent}; resets at {ends})."
 
 
-def alert_event_create(*, window: BudgetWindow, rule: Rule, now: datetime,
-                       projected_at: datetime | None = None,
-                       projected_spend: int | None = None) -> AlertEvent:
-    """Record the alert and its deliveries (in the caller's transaction); they are sent once
-    it commits."""
-    from tenants.services.alerts.deliver import deliveries_kick
-
+def alert_event_create(
+    *,
+    window: BudgetWindow,
+    rule: Rule,
+    now: datetime,
+    projected_at: datetime | None = None,
+    projected_spend: int | None = None,
+) -> AlertEvent:
+    """Record the alert and its deliveries (in the caller's transaction); once it commits,
+    `deliveries_created` tells the runtime's sender."""
     budget = window.budget
     event = AlertEvent.objects.create(
-        tenant_id=budget.tenant_id, budget=budget, agent_id=budget.agent_id,
-        event=event_name(rule), rule=rule.key, period=budget.period, window_start=window.start,
-        window_end=window.end, spent_microcents=window.spent_microcents,
-        limit_microcents=budget.limit_microcents, projected_at=projected_at,
+        tenant_id=budget.tenant_id,
+        budget=budget,
+        agent_id=budget.agent_id,
+        event=event_name(rule),
+        rule=rule.key,
+        period=budget.period,
+        window_start=window.start,
+        window_end=window.end,
+        spent_microcents=window.spent_microcents,
+        limit_microcents=budget.limit_microcents,
+        projected_at=projected_at,
         projected_spend_microcents=projected_spend,
         message=_message(window=window, rule=rule, projected_at=projected_at)[:300],
-        created_at=now)
+        created_at=now,
+    )
     destinations = AlertDestination.objects.filter(
-        Q(tenant_id=budget.tenant_id) | Q(tenant__isnull=True), is_enabled=True)
-    deliveries = AlertDelivery.objects.bulk_create([
-        AlertDelivery(tenant_id=budget.tenant_id, event=event, destination=d, kind=d.kind,
-                      target=d.target, next_attempt_at=now) for d in destinations])
+        Q(tenant_id=budget.tenant_id) | Q(tenant__isnull=True), is_enabled=True
+    )
+    deliveries = AlertDelivery.objects.bulk_create(
+        [
+            AlertDelivery(
+                tenant_id=budget.tenant_id,
+                event=event,
+                destination=d,
+                kind=d.kind,
+                target=d.target,
+                next_attempt_at=now,
+            )
+            for d in destinations
+        ]
+    )
     ids = [str(d.pk) for d in deliveries]
     slug = budget.tenant.slug
 
     def committed() -> None:
         ALERTS.add(f"{slug}{SEP}{event.event}")
-        deliveries_kick(ids)
+        deliveries_created.send(sender=None, ids=ids)
 
     transaction.on_commit(committed)
     return event
@@ -89,7 +132,7 @@ def event_payload(event: AlertEvent) -> dict:
     """What a webhook receives: LiteLLM's budget alert fields (spend and max_budget in USD,
     event, event_group, event_message; team_id is the tenant, key_alias the agent) and
     Fairlane's own, in integer micro-cents."""
-    agent = event.agent.name if event.agent_id else None
+    agent = event.agent.name if event.agent is not None else None
     projected = event.projected_spend_microcents
     return {
         "event": event.event,
@@ -99,12 +142,19 @@ def event_payload(event: AlertEvent) -> dict:
         "max_budget": event.limit_microcents / MICROCENTS_PER_USD,
         "projected_exceeded_date": event.projected_at.isoformat() if event.projected_at else None,
         "projected_spend": projected / MICROCENTS_PER_USD if projected is not None else None,
-        "token": None, "user_id": None, "user_email": None, "customer_id": None,
-        "team_id": event.tenant.slug, "key_alias": agent,
+        "token": None,
+        "user_id": None,
+        "user_email": None,
+        "customer_id": None,
+        "team_id": event.tenant.slug,
+        "key_alias": agent,
         "fairlane": {
-            "id": str(event.pk), "tenant": event.tenant.slug, "agent": agent,
+            "id": str(event.pk),
+            "tenant": event.tenant.slug,
+            "agent": agent,
             "budget_id": str(event.budget_id) if event.budget_id else None,
-            "rule": event.rule, "period": event.period,
+            "rule": event.rule,
+            "period": event.period,
             "window_start": event.window_start.isoformat(),
             "window_end": event.window_end.isoformat(),
             "spend_microcents": event.spent_microcents,

@@ -10,6 +10,7 @@ from django.db import transaction
 
 from tenants.errors import InvalidRequest
 from tenants.models import DEFAULT_THRESHOLDS, FORECAST, AlertRule, Budget, Tenant, threshold_rule
+from tenants.services.audit import audit_record
 
 MAX_THRESHOLDS = 10
 
@@ -24,8 +25,9 @@ class Rule:
         return self.percent is None
 
 
-DEFAULT_RULES = tuple([Rule(threshold_rule(p), p) for p in DEFAULT_THRESHOLDS]
-                      + [Rule(FORECAST, None)])
+DEFAULT_RULES = tuple(
+    [Rule(threshold_rule(p), p) for p in DEFAULT_THRESHOLDS] + [Rule(FORECAST, None)]
+)
 
 
 def budget_rules(budget: Budget) -> tuple[Rule, ...]:
@@ -33,10 +35,11 @@ def budget_rules(budget: Budget) -> tuple[Rule, ...]:
     rows = list(budget.alert_rules.all())
     if not rows:
         return DEFAULT_RULES
-    return tuple(Rule(row.key, None if row.kind == AlertRule.Kind.FORECAST else row.percent)
-                 for row in sorted(rows, key=lambda r: (r.kind == AlertRule.Kind.FORECAST,
-                                                        r.percent or 0))
-                 if row.kind != AlertRule.Kind.OFF)
+    return tuple(
+        Rule(row.key, None if row.kind == AlertRule.Kind.FORECAST else row.percent)
+        for row in sorted(rows, key=lambda r: (r.kind == AlertRule.Kind.FORECAST, r.percent or 0))
+        if row.kind != AlertRule.Kind.OFF
+    )
 
 
 RULES_CACHE_SECONDS = 10.0
@@ -62,31 +65,55 @@ def rules_cached_clear() -> None:
 
 def _thresholds_clean(thresholds) -> list[int]:
     if not isinstance(thresholds, list | tuple) or len(thresholds) > MAX_THRESHOLDS:
-        raise InvalidRequest(f"thresholds must be a list of at most {MAX_THRESHOLDS} percentages.",
-                             param="thresholds")
+        raise InvalidRequest(
+            f"thresholds must be a list of at most {MAX_THRESHOLDS} percentages.",
+            param="thresholds",
+        )
     for value in thresholds:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
-            raise InvalidRequest("Each threshold is a whole percentage from 1 to 1000.",
-                                 param="thresholds")
+            raise InvalidRequest(
+                "Each threshold is a whole percentage from 1 to 1000.", param="thresholds"
+            )
     return sorted(set(thresholds))
 
 
-def alert_rules_set(*, tenant: Tenant, budget: Budget, thresholds: list[int],
-                    forecast: bool) -> tuple[Rule, ...]:
+def alert_rules_set(
+    *, tenant: Tenant, budget: Budget, thresholds: list[int], forecast: bool
+) -> tuple[Rule, ...]:
     """Replace a budget's rules. The defaults are stored as no rows (so they follow the
     platform's defaults); no thresholds and no forecast silences the budget."""
     if budget.tenant_id != tenant.id:
         raise InvalidRequest("budget does not belong to this tenant.", param="budget")
     percents = _thresholds_clean(thresholds)
     forecast = bool(forecast)
+    before = _rules_view(budget_rules(budget))
     with transaction.atomic():
         AlertRule.objects.filter(budget=budget).delete()
         if percents != sorted(DEFAULT_THRESHOLDS) or not forecast:
-            rows = [AlertRule(budget=budget, kind=AlertRule.Kind.THRESHOLD, percent=p)
-                    for p in percents]
+            rows = [
+                AlertRule(budget=budget, kind=AlertRule.Kind.THRESHOLD, percent=p) for p in percents
+            ]
             if forecast:
                 rows.append(AlertRule(budget=budget, kind=AlertRule.Kind.FORECAST))
-            AlertRule.objects.bulk_create(rows or [AlertRule(budget=budget,
-                                                             kind=AlertRule.Kind.OFF)])
+            AlertRule.objects.bulk_create(
+                rows or [AlertRule(budget=budget, kind=AlertRule.Kind.OFF)]
+            )
+        rules = budget_rules(Budget.objects.prefetch_related("alert_rules").get(pk=budget.pk))
+        audit_record(
+            action="alert_rules.set",
+            object_type="budget",
+            object_id=budget.pk,
+            object_repr=str(budget),
+            tenant=tenant,
+            before=before,
+            after=_rules_view(rules),
+        )
     _cache.pop(str(budget.pk), None)
-    return budget_rules(Budget.objects.prefetch_related("alert_rules").get(pk=budget.pk))
+    return rules
+
+
+def _rules_view(rules: tuple[Rule, ...]) -> dict:
+    return {
+        "thresholds": [r.percent for r in rules if not r.is_forecast],
+        "forecast": any(r.is_forecast for r in rules),
+    }

@@ -1,10 +1,11 @@
 """Webhooks: where they may point, how they are signed, and how one is sent.
 
-- Only http(s) URLs, and no address that is not public (loopback, private, link-local,
-  carrier-grade NAT, multicast, reserved...) unless FAIRLANE_ALERT_WEBHOOK_ALLOW_PRIVATE:
-  the name is resolved and every address it has is checked, when the URL is saved and again
-  at each delivery, and the request goes to the address that was checked (so a name that
-  resolves elsewhere a moment later cannot redirect it). Redirects are not followed.
+- Only http(s) URLs, and no address that is not public (tenants/addresses.py: loopback,
+  private, link-local, carrier-grade NAT, multicast, reserved, and IPv4 inside IPv6) unless
+  FAIRLANE_ALERT_WEBHOOK_ALLOW_PRIVATE: the name is resolved and every address it has is
+  checked, when the URL is saved and again at each delivery; the request goes to an address
+  that was checked (so a name that resolves elsewhere a moment later cannot redirect it), and
+  the address its connection reached is checked once more. Redirects are not followed.
 - Signed like Standard Webhooks (https://www.standardwebhooks.com): headers `webhook-id`
   (the delivery's id, the same on every retry), `webhook-timestamp` (Unix seconds) and
   `webhook-signature: v1,<base64 HMAC-SHA256 over "<id>.<timestamp>.<body>">`, keyed by the
@@ -16,7 +17,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import ipaddress
 import secrets
 import socket
 from dataclasses import dataclass
@@ -26,9 +26,14 @@ import httpx
 from cryptography.fernet import Fernet
 from django.conf import settings
 
+from tenants.addresses import address_public, peer_address
 from tenants.errors import InvalidRequest
 
 SECRET_PREFIX = "whsec_"
+NOT_PUBLIC = (
+    "The webhook host {host!r} is not on a public address; operators can allow "
+    "private addresses with FAIRLANE_ALERT_WEBHOOK_ALLOW_PRIVATE."
+)
 USER_AGENT = "Fairlane-Webhooks/1"
 
 
@@ -43,38 +48,34 @@ class Target:
     addresses: tuple[str, ...]
 
 
-def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if address.version == 6 and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_global and not address.is_multicast
-
-
 def webhook_target(url: str) -> Target:
     """The URL's parts and addresses; InvalidRequest (param `target`) when it may not be used."""
     if not isinstance(url, str) or len(url) > 2000:
-        raise InvalidRequest("The webhook URL must be a string of at most 2000 characters.",
-                             param="target")
+        raise InvalidRequest(
+            "The webhook URL must be a string of at most 2000 characters.", param="target"
+        )
     parts = urlsplit(url.strip())
     if parts.scheme not in {"http", "https"} or not parts.hostname:
-        raise InvalidRequest("The webhook URL must start with http:// or https:// and name a "
-                             "host.", param="target")
+        raise InvalidRequest(
+            "The webhook URL must start with http:// or https:// and name a host.", param="target"
+        )
     if parts.username or parts.password:
-        raise InvalidRequest("Put no credentials in the webhook URL; requests are signed.",
-                             param="target")
+        raise InvalidRequest(
+            "Put no credentials in the webhook URL; requests are signed.", param="target"
+        )
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
     except (ValueError, OSError):
-        raise InvalidRequest(f"The webhook host {parts.hostname!r} could not be resolved.",
-                             param="target") from None
-    addresses = tuple(dict.fromkeys(info[4][0] for info in infos))
-    if not settings.FAIRLANE_ALERT_WEBHOOK_ALLOW_PRIVATE:
-        for address in addresses:
-            if not _public(ipaddress.ip_address(address.split("%", 1)[0])):
-                raise InvalidRequest(
-                    f"The webhook host {parts.hostname!r} resolves to {address}, which is not a "
-                    "public address; operators can allow private addresses with "
-                    "FAIRLANE_ALERT_WEBHOOK_ALLOW_PRIVATE.", param="target")
+        raise InvalidRequest(
+            f"The webhook host {parts.hostname!r} could not be resolved.", param="target"
+        ) from None
+    addresses = tuple(dict.fromkeys(str(info[4][0]) for info in infos))
+    if not settings.FAIRLANE_ALERT_WEBHOOK_ALLOW_PRIVATE and not all(
+        map(address_public, addresses)
+    ):
+        # Which address is not said: the answer would map our network for the asker.
+        raise InvalidRequest(NOT_PUBLIC.format(host=parts.hostname), param="target")
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return Target(parts.scheme, parts.hostname, port, path, addresses)
 
@@ -102,26 +103,45 @@ def signature(*, secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(mac).decode()
 
 
-def webhook_post(*, url: str, body: bytes, secret: str, msg_id: str, timestamp: int,
-                 timeout: float) -> int:
+def webhook_post(
+    *, url: str, body: bytes, secret: str, msg_id: str, timestamp: int, timeout: float
+) -> int:
     """POST the body to the first address of the URL that answers; its HTTP status.
     Raises InvalidRequest (refused target) or httpx.HTTPError (no answer)."""
     target = webhook_target(url)  # checked again: the name may resolve elsewhere now
     default_port = {"http": 80, "https": 443}[target.scheme]
     host_header = target.host if target.port == default_port else f"{target.host}:{target.port}"
-    headers = {"content-type": "application/json", "user-agent": USER_AGENT,
-               "host": host_header, "webhook-id": msg_id, "webhook-timestamp": str(timestamp),
-               "webhook-signature": signature(secret=secret, msg_id=msg_id, timestamp=timestamp,
-                                              body=body)}
+    headers = {
+        "content-type": "application/json",
+        "user-agent": USER_AGENT,
+        "host": host_header,
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": signature(
+            secret=secret, msg_id=msg_id, timestamp=timestamp, body=body
+        ),
+    }
     error: httpx.HTTPError | None = None
     with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
         for address in target.addresses:
             literal = f"[{address}]" if ":" in address else address
             try:
-                response = client.post(f"{target.scheme}://{literal}:{target.port}{target.path}",
-                                       content=body, headers=headers,
-                                       extensions={"sni_hostname": target.host})
-                return response.status_code
+                with client.stream(
+                    "POST",
+                    f"{target.scheme}://{literal}:{target.port}{target.path}",
+                    content=body,
+                    headers=headers,
+                    extensions={"sni_hostname": target.host},
+                ) as response:
+                    peer = peer_address(response)  # what was actually connected to
+                    if not (
+                        settings.FAIRLANE_ALERT_WEBHOOK_ALLOW_PRIVATE
+                        or peer is None
+                        or address_public(peer)
+                    ):
+                        raise InvalidRequest(NOT_PUBLIC.format(host=target.host), param="target")
+                    response.read()
+                    return response.status_code
             except httpx.HTTPError as exc:
                 error = exc
     raise error or httpx.ConnectError("no address")

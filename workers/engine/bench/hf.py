@@ -43,7 +43,13 @@ def hf_one_at_a_time(model, requests: list[Request]) -> RunResult:
         first = _FirstToken()
         _generate(model, [r.prompt], r.num_output_tokens, first)
         ttft.append(first.time - start)
-    return RunResult("hf_one_at_a_time", time.perf_counter() - start, _useful(requests), ttft, time.process_time() - cpu_start)
+    return RunResult(
+        "hf_one_at_a_time",
+        time.perf_counter() - start,
+        _useful(requests),
+        ttft,
+        time.process_time() - cpu_start,
+    )
 
 
 def hf_static_batches(model, requests: list[Request], batch_size: int) -> RunResult:
@@ -56,17 +62,36 @@ def hf_static_batches(model, requests: list[Request], batch_size: int) -> RunRes
         first = _FirstToken()
         _generate(model, [r.prompt for r in batch], max(r.num_output_tokens for r in batch), first)
         ttft.extend([first.time - start] * len(batch))
-    return RunResult(f"hf_static_batch_{batch_size}", time.perf_counter() - start, _useful(requests), ttft, time.process_time() - cpu_start)
+    return RunResult(
+        f"hf_static_batch_{batch_size}",
+        time.perf_counter() - start,
+        _useful(requests),
+        ttft,
+        time.process_time() - cpu_start,
+    )
 
 
-def hf_continuous_batching(model, requests: list[Request], *, max_batch_tokens: int, num_blocks: int) -> RunResult:
-    """transformers' continuous batching manager (what ``generate_batch`` uses), per-request lengths."""
+def hf_continuous_batching(
+    model, requests: list[Request], *, max_batch_tokens: int, num_blocks: int
+) -> RunResult:
+    """transformers' continuous batching manager (what ``generate_batch`` uses), per-request
+    lengths."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    gen = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=PAD_ID, max_new_tokens=max(r.num_output_tokens for r in requests))
-    cb = ContinuousBatchingConfig(page_size=256, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
-                                  max_requests_per_batch=len(requests), use_cuda_graph=False)
+    gen = GenerationConfig(
+        do_sample=False,
+        eos_token_id=-1,
+        pad_token_id=PAD_ID,
+        max_new_tokens=max(r.num_output_tokens for r in requests),
+    )
+    cb = ContinuousBatchingConfig(
+        page_size=256,
+        num_blocks=num_blocks,
+        max_batch_tokens=max_batch_tokens,
+        max_requests_per_batch=len(requests),
+        use_cuda_graph=False,
+    )
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
     manager.start()
     try:
@@ -82,7 +107,10 @@ def hf_continuous_batching(model, requests: list[Request], *, max_batch_tokens: 
 
 
 def _cb_collect(manager, requests: list[Request]) -> list:
-    ids = [manager.add_request(r.prompt, max_new_tokens=r.num_output_tokens, record_timestamps=True) for r in requests]
+    ids = [
+        manager.add_request(r.prompt, max_new_tokens=r.num_output_tokens, record_timestamps=True)
+        for r in requests
+    ]
     done = {}
     while len(done) < len(ids):
         result = manager.get_result(timeout=1)
@@ -95,13 +123,21 @@ def _cb_collect(manager, requests: list[Request]) -> list:
     return [done[i] for i in ids]
 
 
-def _generate(model, prompts: list[list[int]], max_new_tokens: int, first: _FirstToken) -> torch.Tensor:
+def _generate(
+    model, prompts: list[list[int]], max_new_tokens: int, first: _FirstToken
+) -> torch.Tensor:
     longest = max(len(p) for p in prompts)
     ids = torch.tensor([[PAD_ID] * (longest - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
     with torch.inference_mode():
-        return model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                              do_sample=False, logits_processor=[first])
+        return model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+            logits_processor=[first],
+        )
 
 
 def _warm_up(model) -> None:

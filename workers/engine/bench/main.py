@@ -8,8 +8,8 @@ import os
 import platform
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,31 +22,74 @@ from workers.engine.presets import ensure_preset
 
 BASELINES = ("one_at_a_time", "static_8", "static_16", "continuous")
 SECTIONS = ("mixed", "spec", "quant", "guide")
-FULL = {"num_requests": 64, "prompt_range": (16, 512), "output_range": (16, 256), "shared_requests": 64, "shared_output": 32}
-QUICK = {"num_requests": 16, "prompt_range": (16, 128), "output_range": (16, 64), "shared_requests": 32, "shared_output": 8}
+FULL = {
+    "num_requests": 64,
+    "prompt_range": (16, 512),
+    "output_range": (16, 256),
+    "shared_requests": 64,
+    "shared_output": 32,
+}
+QUICK = {
+    "num_requests": 16,
+    "prompt_range": (16, 128),
+    "output_range": (16, 64),
+    "shared_requests": 32,
+    "shared_output": 8,
+}
 SYSTEM_PROMPT_TOKENS = 256
 USER_TURN_RANGE = (16, 48)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m workers.engine.bench", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="small workload, finishes in under a minute")
+    p.add_argument(
+        "--quick", action="store_true", help="small workload, finishes in under a minute"
+    )
     p.add_argument("--seed", type=int, default=0, help="workload seed (weights always use seed 0)")
-    p.add_argument("--num-requests", type=int, default=None, help="requests in the mixed workload (default 64, quick 16)")
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="requests in the mixed workload (default 64, quick 16)",
+    )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--json-out", type=Path, default=None, help="also write the result JSON here")
     p.add_argument("--preset", default="small", help="model preset (default small)")
-    p.add_argument("--models-dir", type=Path, default=Path("var/models"), help="where presets are generated")
-    p.add_argument("--skip", default="", help=f"comma-separated baselines to leave out: {','.join(BASELINES)}")
-    p.add_argument("--repeat", type=int, default=1, help="run every system this many times, interleaved; keep the fastest")
-    p.add_argument("--max-num-batched-tokens", type=int, default=1024, help="our step token budget (HF CB gets the same)")
-    p.add_argument("--sections", default=",".join(s for s in SECTIONS if s != "guide"),
-                   help=f"comma-separated: {', '.join(SECTIONS)} (mixed: against Hugging Face; spec: speculative"
-                        " decoding on the trained pair, trained first if missing; quant: int8/int4;"
-                        " guide: constrained decoding's cost at batch 8, not run by default)")
-    p.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128], help="int4 group size (quant)")
-    p.add_argument("--no-prepack", action="store_true",
-                   help="our engine without oneDNN weight prepacking (torch's default linear path), to compare")
+    p.add_argument(
+        "--models-dir", type=Path, default=Path("var/models"), help="where presets are generated"
+    )
+    p.add_argument(
+        "--skip", default="", help=f"comma-separated baselines to leave out: {','.join(BASELINES)}"
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every system this many times, interleaved; keep the fastest",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=1024,
+        help="our step token budget (HF CB gets the same)",
+    )
+    p.add_argument(
+        "--sections",
+        default=",".join(s for s in SECTIONS if s != "guide"),
+        help=f"comma-separated: {', '.join(SECTIONS)} (mixed: against Hugging Face;"
+        " spec: speculative decoding on the trained pair, trained first if missing;"
+        " quant: int8/int4;"
+        " guide: constrained decoding's cost at batch 8, not run by default)",
+    )
+    p.add_argument(
+        "--group-size", type=int, default=128, choices=[32, 64, 128], help="int4 group size (quant)"
+    )
+    p.add_argument(
+        "--no-prepack",
+        action="store_true",
+        help="our engine without oneDNN weight prepacking (torch's default linear path),"
+        " to compare",
+    )
     return p.parse_args(argv)
 
 
@@ -59,9 +102,15 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     if set(sections) - set(SECTIONS):
         raise SystemExit(f"--sections takes {', '.join(SECTIONS)}")
     started, load_before = time.perf_counter(), os.getloadavg()[0]
-    result: dict[str, Any] = {"benchmark": "engine", "quick": args.quick, "seed": args.seed, "threads": args.threads,
-                              "repeat": args.repeat, "sections": sections,
-                              "machine": f"{platform.machine()} {platform.processor() or ''}".strip()}
+    result: dict[str, Any] = {
+        "benchmark": "engine",
+        "quick": args.quick,
+        "seed": args.seed,
+        "threads": args.threads,
+        "repeat": args.repeat,
+        "sections": sections,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+    }
     if "mixed" in sections:
         result.update(_mixed(args))
     if "spec" in sections or "quant" in sections:
@@ -69,13 +118,27 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     if "guide" in sections:
         from workers.engine.bench import guide
 
-        result["guide"] = guide.run(["--preset", args.preset, "--models-dir", str(args.models_dir),
-                                     "--requests", "8", "--repeat", str(max(args.repeat, 3)),
-                                     "--threads", str(args.threads)])
+        result["guide"] = guide.run(
+            [
+                "--preset",
+                args.preset,
+                "--models-dir",
+                str(args.models_dir),
+                "--requests",
+                "8",
+                "--repeat",
+                str(max(args.repeat, 3)),
+                "--threads",
+                str(args.threads),
+            ]
+        )
     result["wall_s"] = round(time.perf_counter() - started, 1)
     # 1-minute load average before and after: other processes on the box skew every figure.
     result["load_avg"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-    print(f"wall time {result['wall_s']} s; load average {result['load_avg'][0]} before, {result['load_avg'][1]} after")
+    print(
+        f"wall time {result['wall_s']} s; load average {result['load_avg'][0]} before,"
+        f" {result['load_avg'][1]} after"
+    )
     if args.json_out is not None:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(result, indent=2))
@@ -90,18 +153,34 @@ def _second_half(args: argparse.Namespace, sections: list[str]) -> dict[str, Any
     from workers.engine.bench.spec import spec_print, spec_section
     from workers.engine.training import corpus_load, train_pair
 
-    pair = train_pair(args.models_dir, log=lambda line: print(f"[train] {line}", file=sys.stderr, flush=True))
+    pair = train_pair(
+        args.models_dir, log=lambda line: print(f"[train] {line}", file=sys.stderr, flush=True)
+    )
     target, draft = Path(pair["small"]["path"]), Path(pair["draft"]["path"])
     corpus = corpus_load()
-    out: dict[str, Any] = {"trained_pair": {p: {k: v for k, v in m.items() if k != "recipe"} for p, m in pair.items()}}
+    out: dict[str, Any] = {
+        "trained_pair": {p: {k: v for k, v in m.items() if k != "recipe"} for p, m in pair.items()}
+    }
     if "spec" in sections:
-        out["speculation"] = spec_section(target, draft, corpus.heldout_files, quick=args.quick, repeat=args.repeat)
+        out["speculation"] = spec_section(
+            target, draft, corpus.heldout_files, quick=args.quick, repeat=args.repeat
+        )
         spec_print(out["speculation"])
     if "quant" in sections:
-        windows = corpus.windows("heldout", num=8 if args.quick else 24, length=256, seed=7).tolist()
-        speed_models = [target] + ([] if args.quick else [ensure_preset("medium", args.models_dir, seed=0)])
-        out["quantization"] = quant_section(speed_models, target, windows, group_size=args.group_size,
-                                            repeat=args.repeat, quick=args.quick)
+        windows = corpus.windows(
+            "heldout", num=8 if args.quick else 24, length=256, seed=7
+        ).tolist()
+        speed_models = [target] + (
+            [] if args.quick else [ensure_preset("medium", args.models_dir, seed=0)]
+        )
+        out["quantization"] = quant_section(
+            speed_models,
+            target,
+            windows,
+            group_size=args.group_size,
+            repeat=args.repeat,
+            quick=args.quick,
+        )
         quant_print(out["quantization"])
     return out
 
@@ -111,28 +190,56 @@ def _mixed(args: argparse.Namespace) -> dict[str, Any]:
     shape = dict(QUICK if args.quick else FULL)
     if args.num_requests is not None:
         shape["num_requests"] = args.num_requests
-    requests = mixed_workload(seed=args.seed, num_requests=shape["num_requests"], prompt_range=shape["prompt_range"], output_range=shape["output_range"])
-    shared = shared_prefix_workload(seed=args.seed, num_requests=shape["shared_requests"], system_tokens=SYSTEM_PROMPT_TOKENS,
-                                    turn_range=USER_TURN_RANGE, num_output_tokens=shape["shared_output"])
+    requests = mixed_workload(
+        seed=args.seed,
+        num_requests=shape["num_requests"],
+        prompt_range=shape["prompt_range"],
+        output_range=shape["output_range"],
+    )
+    shared = shared_prefix_workload(
+        seed=args.seed,
+        num_requests=shape["shared_requests"],
+        system_tokens=SYSTEM_PROMPT_TOKENS,
+        turn_range=USER_TURN_RANGE,
+        num_output_tokens=shape["shared_output"],
+    )
     best = _run_systems(_systems(args, shape, requests, shared), args.repeat)
-    ours, cached, uncached = best.pop("ours"), best.pop("prefix_cache_on"), best.pop("prefix_cache_off")
+    ours, cached, uncached = (
+        best.pop("ours"),
+        best.pop("prefix_cache_on"),
+        best.pop("prefix_cache_off"),
+    )
     result = {
         "preset": args.preset,
-        "workload": {"num_requests": len(requests), "prompt_tokens": sum(len(r.prompt) for r in requests),
-                     "output_tokens": sum(r.num_output_tokens for r in requests),
-                     "prompt_range": shape["prompt_range"], "output_range": shape["output_range"]},
+        "workload": {
+            "num_requests": len(requests),
+            "prompt_tokens": sum(len(r.prompt) for r in requests),
+            "output_tokens": sum(r.num_output_tokens for r in requests),
+            "prompt_range": shape["prompt_range"],
+            "output_range": shape["output_range"],
+        },
         "ours": ours.summary(),
         "baselines": {name: r.summary() for name, r in best.items()},
         "ratios": _ratios(ours, best),
         "shared_prefix": _shared_summary(cached, uncached, shared),
         "kv_waste": ours.extra["kv_waste"],
     }
-    report_print({**result, "threads": args.threads, "seed": args.seed, "quick": args.quick, "repeat": args.repeat,
-                  "machine": f"{platform.machine()} {platform.processor() or ''}".strip()})
+    report_print(
+        {
+            **result,
+            "threads": args.threads,
+            "seed": args.seed,
+            "quick": args.quick,
+            "repeat": args.repeat,
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        }
+    )
     return result
 
 
-def _systems(args: argparse.Namespace, shape: dict, requests, shared) -> dict[str, Callable[[], RunResult]]:
+def _systems(
+    args: argparse.Namespace, shape: dict, requests, shared
+) -> dict[str, Callable[[], RunResult]]:
     """Every system, as a callable; the model directory is ensured again before each run
     (var/ may be cleaned meanwhile; regenerating is deterministic)."""
     from workers.engine.bench import hf
@@ -140,8 +247,11 @@ def _systems(args: argparse.Namespace, shape: dict, requests, shared) -> dict[st
     def model_dir() -> Path:
         return ensure_preset(args.preset, args.models_dir, seed=0)
 
-    config = {"max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": max(64, shape["num_requests"]),
-              "is_weight_prepacking_enabled": not args.no_prepack}
+    config = {
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_num_seqs": max(64, shape["num_requests"]),
+        "is_weight_prepacking_enabled": not args.no_prepack,
+    }
     hf_model: list = []
 
     def hf_run(fn: Callable, *fn_args: Any, **fn_kwargs: Any) -> Callable[[], RunResult]:
@@ -149,6 +259,7 @@ def _systems(args: argparse.Namespace, shape: dict, requests, shared) -> dict[st
             if not hf_model:
                 hf_model.append(hf.hf_model_load(model_dir()))
             return fn(hf_model[0], *fn_args, **fn_kwargs)
+
         return go
 
     systems: dict[str, Callable[[], RunResult]] = {
@@ -156,11 +267,21 @@ def _systems(args: argparse.Namespace, shape: dict, requests, shared) -> dict[st
         "one_at_a_time": hf_run(hf.hf_one_at_a_time, requests),
         "static_8": hf_run(hf.hf_static_batches, requests, 8),
         "static_16": hf_run(hf.hf_static_batches, requests, 16),
-        "continuous": hf_run(hf.hf_continuous_batching, requests, max_batch_tokens=args.max_num_batched_tokens,
-                             num_blocks=_cb_blocks(requests)),
-        "prefix_cache_on": lambda: engine_run(model_dir(), shared, name="ours_prefix_cache_on", **config),
-        "prefix_cache_off": lambda: engine_run(model_dir(), shared, name="ours_prefix_cache_off",
-                                               **{**config, "is_prefix_caching_enabled": False}),
+        "continuous": hf_run(
+            hf.hf_continuous_batching,
+            requests,
+            max_batch_tokens=args.max_num_batched_tokens,
+            num_blocks=_cb_blocks(requests),
+        ),
+        "prefix_cache_on": lambda: engine_run(
+            model_dir(), shared, name="ours_prefix_cache_on", **config
+        ),
+        "prefix_cache_off": lambda: engine_run(
+            model_dir(),
+            shared,
+            name="ours_prefix_cache_off",
+            **{**config, "is_prefix_caching_enabled": False},
+        ),
     }
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if skip - set(BASELINES):
@@ -178,21 +299,31 @@ def _run_systems(systems: dict[str, Callable[[], RunResult]], repeat: int) -> di
             except Exception as exc:  # a baseline that cannot run here is reported, not fatal
                 if name not in BASELINES:
                     raise
-                result = RunResult(f"hf_{name}", 0.0, 0, [], note=f"did not run: {type(exc).__name__}: {exc}")
+                result = RunResult(
+                    f"hf_{name}", 0.0, 0, [], note=f"did not run: {type(exc).__name__}: {exc}"
+                )
             _progress(result)
-            if name not in best or (result.makespan_s and result.makespan_s < best[name].makespan_s):
+            if name not in best or (
+                result.makespan_s and result.makespan_s < best[name].makespan_s
+            ):
                 best[name] = result
     return best
 
 
 def _progress(result: RunResult) -> RunResult:
     """One line per finished run on stderr, so a long run shows where it is."""
-    print(f"[bench] {result.name}: {result.output_tok_s:.1f} tok/s, makespan {result.makespan_s:.1f} s", file=sys.stderr, flush=True)
+    print(
+        f"[bench] {result.name}: {result.output_tok_s:.1f} tok/s, makespan {result.makespan_s:.1f}"
+        " s",
+        file=sys.stderr,
+        flush=True,
+    )
     return result
 
 
 def _cb_blocks(requests) -> int:
-    """Enough 256-token pages for every request at once, like our pool: no preemption either side."""
+    """Enough 256-token pages for every request at once, like our pool: no preemption either
+    side."""
     return sum(-(-(len(r.prompt) + r.num_output_tokens) // 256) for r in requests) + 8
 
 
@@ -200,7 +331,12 @@ def _ratios(ours: RunResult, baselines: dict[str, RunResult]) -> dict[str, dict[
     ratios = {}
     for name, base in baselines.items():
         if not base.makespan_s:
-            ratios[name] = {"throughput": None, "cpu_time": None, "ttft_p50": None, "ttft_p99": None}
+            ratios[name] = {
+                "throughput": None,
+                "cpu_time": None,
+                "ttft_p50": None,
+                "ttft_p99": None,
+            }
             continue
         ratios[name] = {
             "throughput": round(ours.output_tok_s / base.output_tok_s, 2),

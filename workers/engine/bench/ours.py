@@ -10,12 +10,18 @@ from workers.engine.bench.results import RunResult
 from workers.engine.bench.workload import Request
 
 
-def engine_run(model_dir: Path, requests: list[Request], *, name: str = "ours", **config) -> RunResult:
+def engine_run(
+    model_dir: Path, requests: list[Request], *, name: str = "ours", **config
+) -> RunResult:
     engine = LLMEngine(EngineConfig(model=str(model_dir), **config))
     _warm_up(engine)
     start, cpu_start = time.perf_counter(), time.process_time()
     ids = [
-        engine.add_request(r.prompt, SamplingParams(max_tokens=r.num_output_tokens, temperature=0.0, ignore_eos=True), arrival_time=start)
+        engine.add_request(
+            r.prompt,
+            SamplingParams(max_tokens=r.num_output_tokens, temperature=0.0, ignore_eos=True),
+            arrival_time=start,
+        )
         for r in requests
     ]
     first: dict[str, float] = {}
@@ -35,7 +41,9 @@ def engine_run(model_dir: Path, requests: list[Request], *, name: str = "ours", 
         "batch_seqs_mean": round(stats["batch_seqs_mean"], 2),
         "num_steps": stats["num_steps"],
     }
-    return RunResult(name, makespan, num_tokens, [first[i] for i in ids], time.process_time() - cpu_start, extra)
+    return RunResult(
+        name, makespan, num_tokens, [first[i] for i in ids], time.process_time() - cpu_start, extra
+    )
 
 
 def _warm_up(engine: LLMEngine) -> None:

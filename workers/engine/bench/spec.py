@@ -21,8 +21,10 @@ from workers.engine.training.data import encode_bytes
 EDIT_INSTRUCTION = b"\n\n# The same code again, with comments removed:\n\n"
 
 
-def spec_workloads(heldout_files: list[Path], *, num: int, prompt_bytes: int) -> dict[str, list[list[int]]]:
-    files = [f for f in heldout_files if f.stat().st_size > 3 * prompt_bytes][: num]
+def spec_workloads(
+    heldout_files: list[Path], *, num: int, prompt_bytes: int
+) -> dict[str, list[list[int]]]:
+    files = [f for f in heldout_files if f.stat().st_size > 3 * prompt_bytes][:num]
     code = [encode_bytes(f.read_bytes()[:prompt_bytes]) for f in files]
     edit = []
     for f in files:
@@ -59,14 +61,22 @@ def _run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: in
     return sum(map(len, outputs)) / elapsed, outputs, cpu, (drafts, drafted, accepted)
 
 
-def spec_section(target: Path, draft: Path, heldout_files: list[Path], *, quick: bool, repeat: int, k: int = 4) -> dict[str, Any]:
+def spec_section(
+    target: Path, draft: Path, heldout_files: list[Path], *, quick: bool, repeat: int, k: int = 4
+) -> dict[str, Any]:
     num = 4 if quick else 16
     workloads = spec_workloads(heldout_files, num=num, prompt_bytes=192)
     max_tokens = 32 if quick else 128
     configs = _configs(target, draft, k)
-    engines = {name: LLMEngine(EngineConfig(model=str(target), speculative=spec, max_num_seqs=16)) for name, spec in configs.items()}
+    engines = {
+        name: LLMEngine(EngineConfig(model=str(target), speculative=spec, max_num_seqs=16))
+        for name, spec in configs.items()
+    }
     for engine in engines.values():  # one-time costs out of the timing
-        engine.generate([workloads["code"][0][:40]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+        engine.generate(
+            [workloads["code"][0][:40]],
+            SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+        )
     rows: dict[str, Any] = {}
     for workload, prompts in workloads.items():
         for batch in (1, min(8, num)):
@@ -77,8 +87,15 @@ def spec_section(target: Path, draft: Path, heldout_files: list[Path], *, quick:
                     if name not in best or run[0] > best[name][0]:
                         best[name] = run
             rows[f"{workload}_batch{batch}"] = _row(best)
-    return {"target": str(target), "draft": str(draft), "num_speculative_tokens": k, "num_prompts": num,
-            "max_tokens": max_tokens, "prompt_bytes": 192, "results": rows}
+    return {
+        "target": str(target),
+        "draft": str(draft),
+        "num_speculative_tokens": k,
+        "num_prompts": num,
+        "max_tokens": max_tokens,
+        "prompt_bytes": 192,
+        "results": rows,
+    }
 
 
 def _row(best: dict[str, tuple]) -> dict[str, Any]:
@@ -88,7 +105,9 @@ def _row(best: dict[str, tuple]) -> dict[str, Any]:
         if name == "none":
             continue
         row[name] = {
-            "tok_s": round(tok_s, 1), "ratio": round(tok_s / base_tok_s, 2), "cpu_s": round(cpu, 2),
+            "tok_s": round(tok_s, 1),
+            "ratio": round(tok_s / base_tok_s, 2),
+            "cpu_s": round(cpu, 2),
             "cpu_ratio": round(base_cpu / cpu, 2) if cpu else None,
             "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
             "mean_acceptance_length": round(1 + accepted / drafts, 2) if drafts else None,
@@ -98,9 +117,16 @@ def _row(best: dict[str, tuple]) -> dict[str, Any]:
 
 
 def spec_print(section: dict[str, Any]) -> None:
-    print(f"speculation: target {section['target']}, draft {section['draft']}, k={section['num_speculative_tokens']},"
-          f" {section['num_prompts']} prompts of {section['prompt_bytes']} bytes, {section['max_tokens']} tokens each, greedy")
-    header = f"  {'workload':<16}{'method':<16}{'tok/s':>9}{'x none':>8}{'CPU x':>8}{'accept':>8}{'mean len':>10}  identical"
+    print(
+        f"speculation: target {section['target']}, draft {section['draft']},"
+        f" k={section['num_speculative_tokens']},"
+        f" {section['num_prompts']} prompts of {section['prompt_bytes']} bytes,"
+        f" {section['max_tokens']} tokens each, greedy"
+    )
+    header = (
+        f"  {'workload':<16}{'method':<16}{'tok/s':>9}{'x none':>8}{'CPU x':>8}{'accept':>8}"
+        f"{'mean len':>10}  identical"
+    )
     print(header)
     for workload, row in section["results"].items():
         print(f"  {workload:<16}{'none':<16}{row['none']['tok_s']:>9.1f}")
@@ -108,5 +134,11 @@ def spec_print(section: dict[str, Any]) -> None:
             if name == "none":
                 continue
             accept = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
-            length = "-" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}"
-            print(f"  {'':<16}{name:<16}{r['tok_s']:>9.1f}{r['ratio']:>8.2f}{r['cpu_ratio'] or 0:>8.2f}{accept:>8}{length:>10}  {r['greedy_identical']}")
+            length = (
+                "-" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}"
+            )
+            print(
+                " "
+                f" {'':<16}{name:<16}{r['tok_s']:>9.1f}{r['ratio']:>8.2f}"
+                f"{r['cpu_ratio'] or 0:>8.2f}{accept:>8}{length:>10}  {r['greedy_identical']}"
+            )

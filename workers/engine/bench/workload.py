@@ -15,7 +15,9 @@ class Request:
     num_output_tokens: int
 
 
-def mixed_workload(*, seed: int, num_requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int]) -> list[Request]:
+def mixed_workload(
+    *, seed: int, num_requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int]
+) -> list[Request]:
     rng = random.Random(seed)
     return [
         Request(_tokens(rng, rng.randint(*prompt_range)), rng.randint(*output_range))
@@ -23,11 +25,21 @@ def mixed_workload(*, seed: int, num_requests: int, prompt_range: tuple[int, int
     ]
 
 
-def shared_prefix_workload(*, seed: int, num_requests: int, system_tokens: int, turn_range: tuple[int, int], num_output_tokens: int) -> list[Request]:
+def shared_prefix_workload(
+    *,
+    seed: int,
+    num_requests: int,
+    system_tokens: int,
+    turn_range: tuple[int, int],
+    num_output_tokens: int,
+) -> list[Request]:
     """One tenant's agents: the same system prompt, then a different user turn each."""
     rng = random.Random(seed + 1)
     system = _tokens(rng, system_tokens)
-    return [Request(system + _tokens(rng, rng.randint(*turn_range)), num_output_tokens) for _ in range(num_requests)]
+    return [
+        Request(system + _tokens(rng, rng.randint(*turn_range)), num_output_tokens)
+        for _ in range(num_requests)
+    ]
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:

@@ -28,7 +28,9 @@ class AttentionGroup:
     mask: torch.Tensor | None  # additive float [num_seqs, 1, rows, keys] (0 / -inf); None: all keys
     rows: slice | None = None  # the group's rows of the flattened batch, when they need no padding
     q_index: torch.Tensor | None = None  # else: [num_seqs * q_len] rows to read queries from
-    out_index: torch.Tensor | None = None  # [num_real] positions of real tokens in the padded layout
+    out_index: torch.Tensor | None = (
+        None  # [num_real] positions of real tokens in the padded layout
+    )
     out_rows: torch.Tensor | None = None  # [num_real] their rows in the flattened batch
 
 
@@ -56,8 +58,15 @@ class GatherWorkspace:
         return self._k[:numel].view(shape), self._v[:numel].view(shape)
 
 
-def kv_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-    """Store new keys/values. Caches: [kv_heads, num_blocks, block_size, head_dim]; k, v: [T, kv_heads, head_dim]."""
+def kv_write(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """Store new keys/values. Caches: [kv_heads, num_blocks, block_size, head_dim]; k, v: [T,
+    kv_heads, head_dim]."""
     kv_heads, _, _, head_dim = k_cache.shape
     k_cache.view(kv_heads, -1, head_dim).index_copy_(1, slots, k.transpose(0, 1))
     v_cache.view(kv_heads, -1, head_dim).index_copy_(1, slots, v.transpose(0, 1))
@@ -77,7 +86,11 @@ def paged_attention(
     kv_heads = k.shape[1]
     out = torch.empty_like(q)
     for group in meta.groups:
-        query = q[group.rows] if group.rows is not None else q.index_select(0, group.q_index)
+        if group.rows is not None:
+            query = q[group.rows]
+        else:
+            assert group.q_index is not None, "a padded group reads its queries by index"
+            query = q.index_select(0, group.q_index)
         if group.block_ids is None:
             o = _fresh_prefill(query, k[group.rows], v[group.rows], scale)
         else:
@@ -88,11 +101,16 @@ def paged_attention(
             keys = k_blocks.view(kv_heads, group.num_seqs, -1, head_dim).transpose(0, 1)
             values = v_blocks.view(kv_heads, group.num_seqs, -1, head_dim).transpose(0, 1)
             folded = _fold_gqa(query, group.num_seqs, group.q_len, kv_heads)
-            o = F.scaled_dot_product_attention(folded, keys, values, attn_mask=group.mask, scale=scale)
+            o = F.scaled_dot_product_attention(
+                folded, keys, values, attn_mask=group.mask, scale=scale
+            )
             o = _unfold_gqa(o, group.num_seqs, group.q_len, num_heads)
         if group.rows is not None:
             out[group.rows] = o
         else:
+            assert group.out_rows is not None and group.out_index is not None, (
+                "a padded group writes its real rows back by index"
+            )
             out.index_copy_(0, group.out_rows, o.index_select(0, group.out_index))
     return out
 
@@ -100,8 +118,12 @@ def paged_attention(
 def _fresh_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """A chunk with no cached context attends causally to itself: no gather needed."""
     o = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        is_causal=True, scale=scale, enable_gqa=True,
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        is_causal=True,
+        scale=scale,
+        enable_gqa=True,
     )  # [1, num_heads, q_len, head_dim]
     return o[0].transpose(0, 1)
 

@@ -29,6 +29,9 @@ class RMSNorm(nn.Module):
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for every position, computed once the way transformers computes them."""
 
+    cos: torch.Tensor  # buffers (nn.Module types those as Tensor | Module)
+    signed_sin: torch.Tensor
+
     def __init__(self, config: ModelConfig, max_positions: int) -> None:
         super().__init__()
         inv_freq = rope_inv_freq(config)
@@ -42,14 +45,20 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("signed_sin", signed_sin, persistent=False)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         # [num_tokens, 1, head_dim], broadcast over heads
-        return self.cos[positions].to(dtype)[:, None, :], self.signed_sin[positions].to(dtype)[:, None, :]
+        return self.cos[positions].to(dtype)[:, None, :], self.signed_sin[positions].to(dtype)[
+            :, None, :
+        ]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    inv_freq = 1.0 / (
+        config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    )
     scaling = dict(config.rope_scaling)
     if config.rope_type == "linear":
         return inv_freq / scaling["factor"]

@@ -6,7 +6,12 @@ import torch
 from torch import nn
 
 from workers.engine.config import ModelConfig
-from workers.engine.model.attention import AttentionMetadata, GatherWorkspace, kv_write, paged_attention
+from workers.engine.model.attention import (
+    AttentionMetadata,
+    GatherWorkspace,
+    kv_write,
+    paged_attention,
+)
 from workers.engine.model.layers import MLP, RMSNorm, RotaryEmbedding, apply_rope
 
 
@@ -19,7 +24,9 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=has_qkv_bias)
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=has_qkv_bias
+        )
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if has_qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if has_qk_norm else None
@@ -30,8 +37,10 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         # Queries and keys are rotated together: [T, num_heads + kv_heads, head_dim]
         qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim)
-        if self.q_norm is not None:
-            qk = torch.cat((self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), dim=1)
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither
+            qk = torch.cat(
+                (self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), dim=1
+            )
         qk = apply_rope(qk, cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         k_cache, v_cache = kv_cache
@@ -56,7 +65,14 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Token ids in, final-norm hidden states out; logits only for the rows that sample."""
 
-    def __init__(self, config: ModelConfig, *, max_positions: int, has_qkv_bias: bool = False, has_qk_norm: bool = False) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        max_positions: int,
+        has_qkv_bias: bool = False,
+        has_qk_norm: bool = False,
+    ) -> None:
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -81,7 +97,7 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary(positions, x.dtype)
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=False):
             x = layer(x, cos, sin, kv_cache, meta, self.workspace)
         return self.norm(x)
 

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from workers.engine.model.llama import LlamaModel
+
 logger = logging.getLogger(__name__)
 # oneDNN picks its weight layout for this many rows; measured best for 2-16 rows, fine above.
 PACK_BATCH_HINT = 16
@@ -25,6 +27,8 @@ PACKED_MODULES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", 
 
 
 class PackedLinear(nn.Module):
+    weight_packed: torch.Tensor  # a buffer (nn.Module types those as Tensor | Module)
+
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -44,14 +48,22 @@ def is_prepacking_available() -> bool:
         linear = nn.Linear(64, 48, bias=True)
         x = torch.randn(3, 64, generator=g)
         with torch.no_grad():
-            return bool(torch.allclose(PackedLinear(linear)(x), F.linear(x, linear.weight, linear.bias), atol=1e-4, rtol=1e-4))
+            return bool(
+                torch.allclose(
+                    PackedLinear(linear)(x),
+                    F.linear(x, linear.weight, linear.bias),
+                    atol=1e-4,
+                    rtol=1e-4,
+                )
+            )
     except (RuntimeError, AttributeError, NotImplementedError) as exc:
         logger.info("oneDNN weight prepacking unavailable: %s", exc)
         return False
 
 
-def prepack_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype) -> int:
-    """Swap the decoder's plain linear layers for prepacked ones (CPU, float32); returns how many."""
+def prepack_linears(model: LlamaModel, *, device: torch.device, dtype: torch.dtype) -> int:
+    """Swap the decoder's plain linear layers for prepacked ones (CPU, float32); returns how
+    many."""
     if device.type != "cpu" or dtype != torch.float32 or not is_prepacking_available():
         return 0
     count = 0

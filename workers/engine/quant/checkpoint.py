@@ -1,17 +1,11 @@
-"""Quantized checkpoints: the source directory's files, with the decoder's linear layers stored
-as codes and scales (safetensors, engine tensor names) and ``quantization_config`` in config.json."""
+"""How a quantized checkpoint says so: ``quantization_config`` in its config.json (written by
+``workers.engine.quantize.save``)."""
 
 from __future__ import annotations
 
-import json
-import shutil
-from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import save_file
-
-from workers.engine.quant.modules import BITS, quantize_model
+from workers.engine.errors import UnsupportedModel
 
 QUANT_METHOD = "fairlane-weight-only"
 
@@ -22,28 +16,7 @@ def quantization_config_read(raw_config: dict[str, Any]) -> tuple[str, int] | No
     if not qc:
         return None
     if qc.get("quant_method") != QUANT_METHOD:
-        from workers.engine.errors import UnsupportedModel
-
-        raise UnsupportedModel(f"quantization {qc.get('quant_method')!r} is not supported (only {QUANT_METHOD!r})")
+        raise UnsupportedModel(
+            f"quantization {qc.get('quant_method')!r} is not supported (only {QUANT_METHOD!r})"
+        )
     return qc["method"], int(qc.get("group_size", 128))
-
-
-def quantized_save(source: str | Path, target: str | Path, method: str, *, group_size: int = 128) -> Path:
-    """Quantize the checkpoint at ``source`` on the CPU and write it to ``target``."""
-    from workers.engine.model.loader import model_load
-
-    source, target = Path(source), Path(target)
-    raw = json.loads((source / "config.json").read_text())
-    model = model_load(source, device=torch.device("cpu"), dtype=torch.float32,
-                       max_positions=raw.get("max_position_embeddings", 2048))
-    quantize_model(model, method, group_size=group_size, is_prepared=False)
-    state = {name: t.contiguous() for name, t in model.state_dict().items()}
-    target.mkdir(parents=True, exist_ok=True)
-    for path in source.iterdir():
-        if path.is_file() and path.suffix != ".safetensors":
-            shutil.copy2(path, target / path.name)
-    raw["quantization_config"] = {"quant_method": QUANT_METHOD, "method": method, "bits": BITS[method],
-                                  "group_size": group_size}
-    (target / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True))
-    save_file(state, str(target / "model.safetensors"), metadata={"format": "pt", "fairlane_names": "engine"})
-    return target

@@ -31,8 +31,11 @@ def padded_columns(cols: int, group: int) -> int:
     return -(-cols // group) * group
 
 
-def int4_quantize(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[N, K] -> (codes uint8 [N, K'] in 0..15, scale float32 [N, K' / group], zero float32 [N, K' / group]),
+def int4_quantize(
+    weight: torch.Tensor, group: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[N, K] -> (codes uint8 [N, K'] in 0..15, scale float32 [N, K' / group], zero float32 [N, K' /
+    group]),
     K' = K padded with zero columns to a multiple of ``group``."""
     rows, cols = weight.shape
     weight = torch.nn.functional.pad(weight.float(), (0, padded_columns(cols, group) - cols))
@@ -44,7 +47,9 @@ def int4_quantize(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch
     return codes.view(rows, cols), scale, low + 8 * scale
 
 
-def int4_dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
+def int4_dequantize(
+    codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int
+) -> torch.Tensor:
     rows, cols = codes.shape
     grouped = codes.view(rows, cols // group, group).float()
     return ((grouped - 8) * scale.float()[..., None] + zero.float()[..., None]).view(rows, cols)

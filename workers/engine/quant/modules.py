@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from torch import nn
 
+from workers.engine.model.llama import LlamaModel
 from workers.engine.model.packed import PackedLinear
 from workers.engine.quant.linear import QuantLinear
 
@@ -11,7 +14,7 @@ QUANTIZED_MODULES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj
 BITS = {"int8": 8, "int4": 4}
 
 
-def _targets(model: nn.Module):
+def _targets(model: LlamaModel) -> Iterator[tuple[str, nn.Module, str]]:
     for i, layer in enumerate(model.layers):
         for path in QUANTIZED_MODULES:
             parent_name, child = path.split(".")
@@ -19,7 +22,9 @@ def _targets(model: nn.Module):
             yield f"layers.{i}.{path}", parent, child
 
 
-def quantize_model(model: nn.Module, method: str, *, group_size: int, is_prepared: bool = True) -> dict[str, str]:
+def quantize_model(
+    model: LlamaModel, method: str, *, group_size: int, is_prepared: bool = True
+) -> dict[str, str]:
     """Quantize the decoder's linear layers in place; returns each layer's kernel.
 
     ``is_prepared=False`` keeps the portable form only (to save it), without probing kernels."""
@@ -28,27 +33,39 @@ def quantize_model(model: nn.Module, method: str, *, group_size: int, is_prepare
         layer = getattr(parent, child)
         if isinstance(layer, QuantLinear):
             raise ValueError(f"{name} is already quantized")
-        quantized = QuantLinear.from_linear(layer, bits=BITS[method], group_size=group_size, is_prepared=is_prepared)
+        quantized = QuantLinear.from_linear(
+            layer, bits=BITS[method], group_size=group_size, is_prepared=is_prepared
+        )
         setattr(parent, child, quantized)
         kernels[name] = quantized.kernel
     return kernels
 
 
-def quantized_shells(model: nn.Module, method: str, *, group_size: int) -> None:
-    """Replace the (meta) linear layers by empty QuantLinear ones, for a quantized checkpoint to fill."""
+def quantized_shells(model: LlamaModel, method: str, *, group_size: int) -> None:
+    """Replace the (meta) linear layers by empty QuantLinear ones, for a quantized checkpoint to
+    fill."""
     for _, parent, child in _targets(model):
         layer = getattr(parent, child)
-        setattr(parent, child, QuantLinear(layer.in_features, layer.out_features, bits=BITS[method],
-                                           group_size=group_size, has_bias=layer.bias is not None))
+        setattr(
+            parent,
+            child,
+            QuantLinear(
+                layer.in_features,
+                layer.out_features,
+                bits=BITS[method],
+                group_size=group_size,
+                has_bias=layer.bias is not None,
+            ),
+        )
 
 
-def quantized_prepare(model: nn.Module) -> None:
+def quantized_prepare(model: LlamaModel) -> None:
     """After loading onto the device: probe each layer's kernel."""
     for _, parent, child in _targets(model):
         getattr(parent, child).prepare()
 
 
-def model_weight_bytes(model: nn.Module) -> dict[str, int]:
+def model_weight_bytes(model: LlamaModel) -> dict[str, int]:
     """Bytes of the quantizable linear layers, and of every weight the model holds."""
     linear = other = 0
     seen: set[int] = set()
@@ -61,8 +78,11 @@ def model_weight_bytes(model: nn.Module) -> dict[str, int]:
             if module.bias is not None:
                 other += module.bias.numel() * module.bias.element_size()
                 seen.add(id(module.bias))
-    targets = {id(getattr(parent, child).weight) for _, parent, child in _targets(model)
-               if isinstance(getattr(parent, child), nn.Linear)}
+    targets = {
+        id(getattr(parent, child).weight)
+        for _, parent, child in _targets(model)
+        if isinstance(getattr(parent, child), nn.Linear)
+    }
     for p in model.parameters():
         if id(p) in seen:
             continue

@@ -17,8 +17,8 @@ import torch
 
 from workers.engine.config import EngineConfig, ModelConfig
 from workers.engine.errors import UnsupportedModel
+from workers.engine.loader import model_load
 from workers.engine.metadata import MetadataBuilder, batch_order
-from workers.engine.model.loader import model_load
 from workers.engine.model.packed import prepack_linears
 from workers.engine.sampler import inverse_cdf, processed_probs
 from workers.engine.sequence import Sequence
@@ -45,21 +45,44 @@ def draft_kv_bytes_per_block(model_dir: str | Path, block_size: int, dtype: torc
 
 
 class DraftProposer:
-    def __init__(self, model_dir: str, *, config: EngineConfig, target: ModelConfig, num_blocks: int,
-                 max_model_len: int, device: torch.device, dtype: torch.dtype, uniform: Uniform) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        config: EngineConfig,
+        target: ModelConfig,
+        num_blocks: int,
+        max_model_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        uniform: Uniform,
+    ) -> None:
         mc = ModelConfig.from_dir(model_dir)
         if mc.vocab_size != target.vocab_size:
-            raise UnsupportedModel(f"the draft's vocabulary ({mc.vocab_size}) is not the target's ({target.vocab_size})")
+            raise UnsupportedModel(
+                f"the draft's vocabulary ({mc.vocab_size}) is not the target's"
+                f" ({target.vocab_size})"
+            )
         self.model = model_load(model_dir, device=device, dtype=dtype, max_positions=max_model_len)
         if config.is_weight_prepacking_enabled:
             prepack_linears(self.model, device=device, dtype=dtype)
-        shape = (mc.num_hidden_layers, 2, mc.num_key_value_heads, num_blocks, config.block_size, mc.head_dim)
+        shape = (
+            mc.num_hidden_layers,
+            2,
+            mc.num_key_value_heads,
+            num_blocks,
+            config.block_size,
+            mc.head_dim,
+        )
         self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
         self.metadata = MetadataBuilder(
-            block_size=config.block_size, num_queries_per_kv=mc.num_queries_per_kv,
+            block_size=config.block_size,
+            num_queries_per_kv=mc.num_queries_per_kv,
             kv_bytes_per_block=draft_kv_bytes_per_block(model_dir, config.block_size, dtype),
-            max_group_padding=config.max_group_padding, device=device, dtype=dtype,
+            max_group_padding=config.max_group_padding,
+            device=device,
+            dtype=dtype,
         )
         self.uniform = uniform
 
@@ -79,10 +102,11 @@ class DraftProposer:
             for row, i in enumerate(active):
                 seqs[i].draft_num_computed += num_new[row]
                 drafts[i].append(tokens[row])
-                if qs[row] is not None:
-                    probs[i].append(qs[row])
+                q = qs[row]
+                if q is not None:
+                    probs[i].append(q)
             active = [i for i in active if len(drafts[i]) < ks[i]]
-        for seq, tokens, rows in zip(seqs, drafts, probs):
+        for seq, tokens, rows in zip(seqs, drafts, probs, strict=False):
             seq.spec_token_ids = tokens
             seq.spec_draft_probs = torch.stack(rows) if rows else None
 
@@ -99,7 +123,9 @@ class DraftProposer:
         back[torch.tensor(order)] = torch.arange(len(order))
         return logits[back]
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[int], list[torch.Tensor | None]]:
+    def _sample(
+        self, seqs: list[Sequence], logits: torch.Tensor
+    ) -> tuple[list[int], list[torch.Tensor | None]]:
         """Each row's draft token: argmax for greedy requests, else drawn from q (returned too)."""
         tokens = logits.argmax(dim=-1).tolist()
         qs: list[torch.Tensor | None] = [None] * len(seqs)

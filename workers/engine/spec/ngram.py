@@ -39,7 +39,7 @@ class NgramProposer:
         return len(seq.spec_token_ids)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
-        for seq, k in zip(seqs, ks):
+        for seq, k in zip(seqs, ks, strict=False):
             seq.spec_token_ids = seq.spec_token_ids[:k]
             seq.spec_draft_probs = None
 

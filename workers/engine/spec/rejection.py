@@ -28,7 +28,9 @@ def verify(seqs: list[Sequence], logits: torch.Tensor, shared: torch.Generator) 
     probs: dict[int, torch.Tensor] = {}
     if sampled:  # every sampled row's distribution in one batched call
         rows = [r for i in sampled for r in range(starts[i], starts[i + 1])]
-        p = processed_probs(logits[rows], [seqs[i].params for i in sampled for _ in range(starts[i], starts[i + 1])])
+        p = processed_probs(
+            logits[rows], [seqs[i].params for i in sampled for _ in range(starts[i], starts[i + 1])]
+        )
         offsets = [0, *itertools.accumulate(starts[i + 1] - starts[i] for i in sampled)]
         probs = {i: p[offsets[j] : offsets[j + 1]] for j, i in enumerate(sampled)}
     emitted = []

@@ -7,9 +7,9 @@ from typing import Any, Protocol
 
 import torch
 
+from workers.engine.config import SpeculativeConfig
 from workers.engine.scheduler import ScheduledBatch
 from workers.engine.sequence import Sequence
-from workers.engine.config import SpeculativeConfig
 from workers.engine.spec.rejection import verify
 
 # How fast a request's acceptance rate follows its latest verifications (an exponential average).
@@ -46,13 +46,24 @@ class SpecStats:
             "spec_decode_num_draft_tokens": self.num_draft_tokens,
             "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
             "spec_decode_num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
-            "spec_decode_mean_acceptance_length": 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0,
-            "spec_decode_draft_acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0,
+            "spec_decode_mean_acceptance_length": 1 + self.num_accepted_tokens / self.num_drafts
+            if self.num_drafts
+            else 0.0,
+            "spec_decode_draft_acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens
+            if self.num_draft_tokens
+            else 0.0,
         }
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, proposer: Proposer, *, max_model_len: int, generator: torch.Generator) -> None:
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        proposer: Proposer,
+        *,
+        max_model_len: int,
+        generator: torch.Generator,
+    ) -> None:
         self.config = config
         self.proposer = proposer
         self.max_model_len = max_model_len
@@ -66,13 +77,22 @@ class Speculator:
         if not self._is_speculating(seq, num_running):
             return 0
         # Never draft past max_tokens (one more token always comes from the target) or the context.
-        k = min(self.config.num_speculative_tokens, seq.params.max_tokens - seq.num_output_tokens - 1,
-                self.max_model_len - seq.num_tokens)
+        k = min(
+            self.config.num_speculative_tokens,
+            seq.params.max_tokens - seq.num_output_tokens - 1,
+            self.max_model_len - seq.num_tokens,
+        )
         return self.proposer.lookahead(seq, k) if k > 0 else 0
 
     def _is_speculating(self, seq: Sequence, num_running: int) -> bool:
         params = seq.params
-        if not params.is_speculative or params.has_penalties or params.guide or seq.is_embedding or seq.num_output_tokens < params.min_tokens:
+        if (
+            not params.is_speculative
+            or params.has_penalties
+            or params.guide
+            or seq.is_embedding
+            or seq.num_output_tokens < params.min_tokens
+        ):
             return False
         if params.seed is not None and not params.is_greedy:
             # A seeded sampled request speculates or not by its model's config alone, never by
@@ -82,9 +102,10 @@ class Speculator:
         return (limit is None or num_running <= limit) and seq.spec_paused_until <= self.step_index
 
     def propose(self, batch: ScheduledBatch) -> int:
-        """Drafts for the batch's speculative sequences; returns their tokens this step (k + 1 each)."""
+        """Drafts for the batch's speculative sequences; returns their tokens this step (k + 1
+        each)."""
         seqs, ks = [], []
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=False):
             if n > 1 and seq.num_tokens - seq.num_computed_tokens == 1:
                 seqs.append(seq)
                 ks.append(n - 1)
@@ -92,13 +113,15 @@ class Speculator:
                 seq.spec_token_ids = []
         if seqs:
             self.proposer.propose(seqs, ks)
-        for seq, k in zip(seqs, ks):
-            assert len(seq.spec_token_ids) == k, f"{seq}: proposed {len(seq.spec_token_ids)} tokens for {k} slots"
+        for seq, k in zip(seqs, ks, strict=False):
+            assert len(seq.spec_token_ids) == k, (
+                f"{seq}: proposed {len(seq.spec_token_ids)} tokens for {k} slots"
+            )
         return sum(ks) + len(ks)
 
     def verify(self, seqs: list[Sequence], logits: torch.Tensor) -> list[list[int]]:
         emitted = verify(seqs, logits, self.generator)
-        for seq, tokens in zip(seqs, emitted):
+        for seq, tokens in zip(seqs, emitted, strict=False):
             self._record(seq, len(seq.spec_token_ids), len(tokens) - 1)
         return emitted
 

@@ -6,6 +6,22 @@ Python; a seeded split holds files out for perplexity. Plain PyTorch, no Django:
 """
 
 from workers.engine.training.data import Corpus, corpus_load
-from workers.engine.training.train import RECIPES, TrainRecipe, ensure_trained, trained_dir, train_pair, train_preset
+from workers.engine.training.train import (
+    RECIPES,
+    TrainRecipe,
+    ensure_trained,
+    train_pair,
+    train_preset,
+    trained_dir,
+)
 
-__all__ = ["RECIPES", "Corpus", "TrainRecipe", "corpus_load", "ensure_trained", "train_pair", "train_preset", "trained_dir"]
+__all__ = [
+    "RECIPES",
+    "Corpus",
+    "TrainRecipe",
+    "corpus_load",
+    "ensure_trained",
+    "train_pair",
+    "train_preset",
+    "trained_dir",
+]

@@ -20,7 +20,8 @@ HELDOUT_EVERY = 20
 
 @dataclass(slots=True)
 class Corpus:
-    """Token ids (int16) of every train file, and of every held-out file, each file ended by </s>."""
+    """Token ids (int16) of every train file, and of every held-out file, each file ended by
+    </s>."""
 
     train: torch.Tensor
     heldout: torch.Tensor
@@ -38,13 +39,20 @@ class Corpus:
 def stdlib_files(root: Path | None = None) -> list[Path]:
     """Every .py file of the standard library (site-packages excluded), in a stable order."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
-    files = [f for f in root.rglob("*.py")
-             if not {"site-packages", "dist-packages", "__pycache__"} & set(f.parts)]
+    files = [
+        f
+        for f in root.rglob("*.py")
+        if not {"site-packages", "dist-packages", "__pycache__"} & set(f.parts)
+    ]
     return sorted(files, key=lambda f: f.relative_to(root).as_posix())
 
 
 def is_heldout(relative: str) -> bool:
-    return int.from_bytes(hashlib.blake2b(relative.encode(), digest_size=4).digest(), "little") % HELDOUT_EVERY == 0
+    return (
+        int.from_bytes(hashlib.blake2b(relative.encode(), digest_size=4).digest(), "little")
+        % HELDOUT_EVERY
+        == 0
+    )
 
 
 def encode_bytes(data: bytes) -> list[int]:
@@ -61,7 +69,10 @@ def corpus_load(root: Path | None = None) -> Corpus:
         relative = path.relative_to(root).as_posix()
         data = path.read_bytes()
         digest.update(f"{relative}:{len(data)}\n".encode())
-        ids = torch.frombuffer(bytearray(data + b"\0"), dtype=torch.uint8).to(torch.int16) + BYTE_OFFSET
+        ids = (
+            torch.frombuffer(bytearray(data + b"\0"), dtype=torch.uint8).to(torch.int16)
+            + BYTE_OFFSET
+        )
         ids[-1] = EOS_ID
         (heldout if is_heldout(relative) else train).append(ids)
         if is_heldout(relative):

@@ -40,16 +40,25 @@ def grow(small: TrainableLlama, big: TrainableLlama, *, generator: torch.Generat
     small_random(big.lm_head.weight)
     big.lm_head.weight[:, :h] = small.lm_head.weight
     placement = _placement(s.num_hidden_layers, b.num_hidden_layers)
-    for i, layer in enumerate(big.layers):
+    for i, layer in enumerate(big.blocks):
         _layer_init(layer, small_random, norm_scale)
         if i in placement:
-            _layer_copy(small.layers[placement[i]], layer, s, b, norm_scale)
+            _layer_copy(small.blocks[placement[i]], layer, s, b, norm_scale)
 
 
 def _check(s: ModelConfig, b: ModelConfig) -> None:
-    if (s.head_dim, s.num_key_value_heads, s.vocab_size, s.rope_theta) != (b.head_dim, b.num_key_value_heads, b.vocab_size, b.rope_theta):
+    if (s.head_dim, s.num_key_value_heads, s.vocab_size, s.rope_theta) != (
+        b.head_dim,
+        b.num_key_value_heads,
+        b.vocab_size,
+        b.rope_theta,
+    ):
         raise ValueError("growing needs the same head size, KV heads, vocabulary and RoPE")
-    if s.hidden_size > b.hidden_size or s.intermediate_size > b.intermediate_size or s.num_hidden_layers > b.num_hidden_layers:
+    if (
+        s.hidden_size > b.hidden_size
+        or s.intermediate_size > b.intermediate_size
+        or s.num_hidden_layers > b.num_hidden_layers
+    ):
         raise ValueError("the grown model must be at least as large in every dimension")
     if b.num_queries_per_kv < s.num_queries_per_kv:
         raise ValueError("the grown model needs at least as many query heads per KV head")
@@ -81,8 +90,12 @@ def _layer_copy(src: Block, dst: Block, s: ModelConfig, b: ModelConfig, norm_sca
     for head in range(s.num_attention_heads):  # keep each head with its KV group
         group, index = divmod(head, s.num_queries_per_kv)
         target = group * b.num_queries_per_kv + index
-        dst.qkv_proj.weight[target * d : (target + 1) * d, :h] = src.qkv_proj.weight[head * d : (head + 1) * d]
-        dst.o_proj.weight[:h, target * d : (target + 1) * d] = src.o_proj.weight[:, head * d : (head + 1) * d]
+        dst.qkv_proj.weight[target * d : (target + 1) * d, :h] = src.qkv_proj.weight[
+            head * d : (head + 1) * d
+        ]
+        dst.o_proj.weight[:h, target * d : (target + 1) * d] = src.o_proj.weight[
+            :, head * d : (head + 1) * d
+        ]
     dst.qkv_proj.weight[bq : bq + 2 * kv, :h] = src.qkv_proj.weight[sq : sq + 2 * kv]
     si, bi = s.intermediate_size, b.intermediate_size
     dst.mlp.gate_up_proj.weight[:si, :h] = src.mlp.gate_up_proj.weight[:si]

@@ -52,14 +52,26 @@ class TrainRecipe:
         if step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
         progress = (step - self.warmup_steps) / max(self.num_steps - self.warmup_steps, 1)
-        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+        return self.lr * (
+            self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        )
 
 
 # Sized for a shared 2-core machine: together well under 15 minutes (the README has figures).
 # The draft trains first, from scratch; the target starts as the grown draft.
 RECIPES: dict[str, TrainRecipe] = {
-    "draft": TrainRecipe("draft", num_steps=320, batch_size=8, seq_len=128, lr=4e-3, warmup_steps=20),
-    "small": TrainRecipe("small", num_steps=80, batch_size=4, seq_len=128, lr=1e-3, warmup_steps=8, grown_from="draft"),
+    "draft": TrainRecipe(
+        "draft", num_steps=320, batch_size=8, seq_len=128, lr=4e-3, warmup_steps=20
+    ),
+    "small": TrainRecipe(
+        "small",
+        num_steps=80,
+        batch_size=4,
+        seq_len=128,
+        lr=1e-3,
+        warmup_steps=8,
+        grown_from="draft",
+    ),
 }
 Log = Callable[[str], None]
 
@@ -68,28 +80,55 @@ def trained_dir(preset: str, root: str | Path, seed: int = 0) -> Path:
     return Path(root) / f"{preset}-py-seed{seed}"
 
 
-def ensure_trained(preset: str, root: str | Path, *, seed: int = 0, corpus: Corpus | None = None,
-                   log: Log = print, max_seconds: float | None = None) -> Path:
+def ensure_trained(
+    preset: str,
+    root: str | Path,
+    *,
+    seed: int = 0,
+    corpus: Corpus | None = None,
+    log: Log = print,
+    max_seconds: float | None = None,
+) -> Path:
     """The trained directory for ``preset``: reused when its marker matches, else trained now."""
     path = trained_dir(preset, root, seed)
     recipe = RECIPES[preset]
     marker = _marker_read(path)
-    if (marker and marker.get("recipe") == _recipe_key(preset) and marker.get("seed") == seed
-            and marker.get("version") == TRAINED_FORMAT_VERSION and not marker.get("is_truncated")):
+    if (
+        marker
+        and marker.get("recipe") == _recipe_key(preset)
+        and marker.get("seed") == seed
+        and marker.get("version") == TRAINED_FORMAT_VERSION
+        and not marker.get("is_truncated")
+    ):
         log(f"{preset}: cached at {path}")
         return path
     start = None
     if recipe.grown_from is not None:
-        base = ensure_trained(recipe.grown_from, root, seed=seed, corpus=corpus, log=log, max_seconds=max_seconds)
+        base = ensure_trained(
+            recipe.grown_from, root, seed=seed, corpus=corpus, log=log, max_seconds=max_seconds
+        )
         start = _trained_load(base, recipe.seq_len)
     corpus = corpus or corpus_load()
-    model, figures = train_preset(recipe, corpus, seed=seed, log=log, max_seconds=max_seconds, start=start)
-    _write(path, model, {"recipe": _recipe_key(preset), "seed": seed, "version": TRAINED_FORMAT_VERSION,
-                         "corpus": corpus.fingerprint, **figures})
+    model, figures = train_preset(
+        recipe, corpus, seed=seed, log=log, max_seconds=max_seconds, start=start
+    )
+    _write(
+        path,
+        model,
+        {
+            "recipe": _recipe_key(preset),
+            "seed": seed,
+            "version": TRAINED_FORMAT_VERSION,
+            "corpus": corpus.fingerprint,
+            **figures,
+        },
+    )
     return path
 
 
-def train_pair(root: str | Path, *, seed: int = 0, log: Log = print, max_seconds: float | None = None) -> dict[str, Any]:
+def train_pair(
+    root: str | Path, *, seed: int = 0, log: Log = print, max_seconds: float | None = None
+) -> dict[str, Any]:
     """Train (or reuse) the draft, then the target; returns each one's path and marker.
 
     ``max_seconds`` bounds the pair's training together; a model stopped by it is saved, marked
@@ -104,42 +143,81 @@ def train_pair(root: str | Path, *, seed: int = 0, log: Log = print, max_seconds
     return result
 
 
-def train_preset(recipe: TrainRecipe, corpus: Corpus, *, seed: int, log: Log = print,
-                 max_seconds: float | None = None, start: TrainableLlama | None = None) -> tuple[TrainableLlama, dict[str, Any]]:
+def train_preset(
+    recipe: TrainRecipe,
+    corpus: Corpus,
+    *,
+    seed: int,
+    log: Log = print,
+    max_seconds: float | None = None,
+    start: TrainableLlama | None = None,
+) -> tuple[TrainableLlama, dict[str, Any]]:
     """Train one preset; ``start`` is the trained model it is grown from (if its recipe says so)."""
     torch.manual_seed(seed)
     model = TrainableLlama(preset_config(recipe.preset), max_positions=recipe.seq_len)
     if start is not None:
         grow(start, model, generator=torch.Generator().manual_seed(seed))
-        log(f"{recipe.preset}: grown from {recipe.grown_from} (held-out loss {heldout_loss(model, corpus, recipe.seq_len):.4f} before training)")
+        log(
+            f"{recipe.preset}: grown from {recipe.grown_from} (held-out loss"
+            f" {heldout_loss(model, corpus, recipe.seq_len):.4f} before training)"
+        )
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": recipe.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=recipe.lr,
+        betas=(0.9, 0.95),
+    )
     num_params = sum(p.numel() for p in model.parameters())
-    log(f"{recipe.preset}: {num_params / 1e6:.2f} M parameters, {recipe.num_steps} steps of "
-        f"{recipe.batch_size}x{recipe.seq_len} tokens, {len(corpus.train) / 1e6:.1f} M train tokens")
+    log(
+        f"{recipe.preset}: {num_params / 1e6:.2f} M parameters, {recipe.num_steps} steps of "
+        f"{recipe.batch_size}x{recipe.seq_len} tokens, {len(corpus.train) / 1e6:.1f} M train tokens"
+    )
     started, cpu_started = time.perf_counter(), time.process_time()
-    losses = _train_loop(model, optimizer, recipe, corpus, seed=seed, log=log,
-                         deadline=None if max_seconds is None else started + max_seconds)
+    losses = _train_loop(
+        model,
+        optimizer,
+        recipe,
+        corpus,
+        seed=seed,
+        log=log,
+        deadline=None if max_seconds is None else started + max_seconds,
+    )
     step = len(losses)
     if step < recipe.num_steps:
         log(f"{recipe.preset}: stopped by the time limit after {step} steps")
     tail = losses[-max(len(losses) // 10, 1) :] or [float("nan")]  # (no step before the deadline)
     figures = {
-        "num_parameters": num_params, "num_steps_done": step, "is_truncated": step < recipe.num_steps,
+        "num_parameters": num_params,
+        "num_steps_done": step,
+        "is_truncated": step < recipe.num_steps,
         "train_seconds": round(time.perf_counter() - started, 1),
         "train_cpu_seconds": round(time.process_time() - cpu_started, 1),
-        "train_loss": round(sum(tail) / len(tail), 4), "heldout_loss": round(heldout_loss(model, corpus, recipe.seq_len), 4),
+        "train_loss": round(sum(tail) / len(tail), 4),
+        "heldout_loss": round(heldout_loss(model, corpus, recipe.seq_len), 4),
     }
     figures["heldout_ppl"] = round(math.exp(figures["heldout_loss"]), 3)
-    log(f"{recipe.preset}: train loss {figures['train_loss']}, held-out loss {figures['heldout_loss']}"
-        f" (perplexity {figures['heldout_ppl']} per byte) in {figures['train_seconds']} s")
+    log(
+        f"{recipe.preset}: train loss {figures['train_loss']}, held-out loss"
+        f" {figures['heldout_loss']}"
+        f" (perplexity {figures['heldout_ppl']} per byte) in {figures['train_seconds']} s"
+    )
     return model, figures
 
 
-def _train_loop(model: TrainableLlama, optimizer: torch.optim.Optimizer, recipe: TrainRecipe, corpus: Corpus, *,
-                seed: int, log: Log, deadline: float | None) -> list[float]:
+def _train_loop(
+    model: TrainableLlama,
+    optimizer: torch.optim.Optimizer,
+    recipe: TrainRecipe,
+    corpus: Corpus,
+    *,
+    seed: int,
+    log: Log,
+    deadline: float | None,
+) -> list[float]:
     """AdamW steps on seeded train windows until the recipe's steps or the deadline; the losses."""
     started, losses = time.perf_counter(), []
     model.train()
@@ -148,7 +226,9 @@ def _train_loop(model: TrainableLlama, optimizer: torch.optim.Optimizer, recipe:
             break
         for group in optimizer.param_groups:
             group["lr"] = recipe.lr_at(step)
-        batch = corpus.windows("train", num=recipe.batch_size, length=recipe.seq_len + 1, seed=seed * 1_000_003 + step)
+        batch = corpus.windows(
+            "train", num=recipe.batch_size, length=recipe.seq_len + 1, seed=seed * 1_000_003 + step
+        )
         loss = model.loss(batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -156,7 +236,10 @@ def _train_loop(model: TrainableLlama, optimizer: torch.optim.Optimizer, recipe:
         optimizer.step()
         losses.append(loss.item())
         if step % 25 == 0 or step == recipe.num_steps - 1:
-            log(f"{recipe.preset}: step {step} loss {loss.item():.3f} ({time.perf_counter() - started:.0f} s)")
+            log(
+                f"{recipe.preset}: step {step} loss {loss.item():.3f}"
+                f" ({time.perf_counter() - started:.0f} s)"
+            )
     return losses
 
 
@@ -170,13 +253,21 @@ def heldout_loss(model: TrainableLlama, corpus: Corpus, seq_len: int) -> float:
     return sum(losses) / len(losses)
 
 
-_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
 
 
 def _trained_load(path: Path, max_positions: int) -> TrainableLlama:
-    """A trained directory back as a trainable model (transformers' names, q/k/v and gate/up fused)."""
-    model = TrainableLlama(json.loads((path / "config.json").read_text()), max_positions=max_positions)
+    """A trained directory back as a trainable model (transformers' names, q/k/v and gate/up
+    fused)."""
+    model = TrainableLlama(
+        json.loads((path / "config.json").read_text()), max_positions=max_positions
+    )
     state: dict[str, torch.Tensor] = {}
     pieces: dict[str, dict[int, torch.Tensor]] = {}
     for name, tensor in load_file(str(path / "model.safetensors")).items():
@@ -187,7 +278,9 @@ def _trained_load(path: Path, max_positions: int) -> TrainableLlama:
             pieces.setdefault(f"{parent}.{fused}.{kind}", {})[index] = tensor
         else:
             state[f"{module}.{kind}"] = tensor
-    state.update({key: torch.cat([parts[i] for i in sorted(parts)]) for key, parts in pieces.items()})
+    state.update(
+        {key: torch.cat([parts[i] for i in sorted(parts)]) for key, parts in pieces.items()}
+    )
     model.load_state_dict(state)
     return model
 

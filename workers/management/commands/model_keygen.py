@@ -7,6 +7,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management.base import BaseCommand, CommandError
 
+from tenants.services.audit import audit_change
 from workers.artifacts.keys import key_id, private_write, public_text
 from workers.models import TrustedKey
 
@@ -30,6 +31,9 @@ class Command(BaseCommand):
             row = TrustedKey(name=trust, public_key=public_text(public))
             row.full_clean()
             row.save()
-        self.stdout.write(f"wrote {keyfile} (private: keep it secret) and {keyfile}.pub\n"
-                          f"key id {key_id(public)}\npublic key {public_text(public)}"
-                          + (f"\ntrusted here as {trust!r}" if trust else ""))
+            audit_change("trustedkey.add", row)
+        self.stdout.write(
+            f"wrote {keyfile} (private: keep it secret) and {keyfile}.pub\n"
+            f"key id {key_id(public)}\npublic key {public_text(public)}"
+            + (f"\ntrusted here as {trust!r}" if trust else "")
+        )

@@ -4,7 +4,7 @@ old primary is drained and unloaded by the workers hosting it (no restart)."""
 from django.core.management.base import BaseCommand, CommandError
 
 from tenants.errors import ApplicationError
-from workers.versions import version_promote
+from workers.serving.versions import version_promote
 
 
 class Command(BaseCommand):

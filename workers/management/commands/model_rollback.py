@@ -5,7 +5,7 @@ drain and unload what is retired (no restart)."""
 from django.core.management.base import BaseCommand, CommandError
 
 from tenants.errors import ApplicationError
-from workers.versions import version_rollback
+from workers.serving.versions import version_rollback
 
 
 class Command(BaseCommand):

@@ -4,6 +4,7 @@ other), list the trusted keys, or stop trusting one."""
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from tenants.services.audit import audit_change, snapshot
 from workers.artifacts.keys import KeyProblem, public_load, public_text
 from workers.artifacts.trust import trusted_keys
 from workers.models import TrustedKey
@@ -25,8 +26,12 @@ class Command(BaseCommand):
                 self.stdout.write(f"{kid}  {row.name if row else '(settings or dev key)'}")
             return
         if revoke:
-            if not TrustedKey.objects.filter(key_id=revoke).update(is_active=False):
+            row = TrustedKey.objects.filter(key_id=revoke).first()
+            if row is None or not TrustedKey.objects.filter(key_id=revoke).update(is_active=False):
                 raise CommandError(f"no registry key {revoke}")
+            audit_change(
+                "trustedkey.revoke", TrustedKey.objects.get(pk=row.pk), before=snapshot(row)
+            )
             self.stdout.write(f"no longer trusted: {revoke}")
             return
         if not (name and key):
@@ -36,10 +41,12 @@ class Command(BaseCommand):
         except KeyProblem as exc:
             raise CommandError(str(exc)) from None
         row = TrustedKey.objects.filter(public_key=text).first() or TrustedKey(public_key=text)
+        before = snapshot(row) if row.pk else None
         row.name, row.is_active = name, True
         try:
             row.full_clean()
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from None
         row.save()
+        audit_change("trustedkey.add", row, before=before)
         self.stdout.write(f"trusted: {row.key_id} ({name})")

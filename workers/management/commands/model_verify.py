@@ -15,21 +15,31 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("directory")
-        parser.add_argument("--policy", choices=["require", "warn"],
-                            help="default: FAIRLANE_MODEL_SIGNATURES")
+        parser.add_argument(
+            "--policy", choices=["require", "warn"], help="default: FAIRLANE_MODEL_SIGNATURES"
+        )
 
     def handle(self, *args, directory, policy, **options):
         policy = policy or settings.FAIRLANE_MODEL_SIGNATURES
-        result, refusals = artifact_check(path=Path(directory).resolve(), policy=policy,
-                                          exhaustive=True)
-        lines = [f"{directory}: {result.files} files; signature: {result.trust}"
-                 + (f" by {result.signer}" if result.signer else ""),
-                 f"  manifest {result.digest or '(none)'}"]
+        result, refusals = artifact_check(
+            path=Path(directory).resolve(), policy=policy, exhaustive=True
+        )
+        lines = [
+            f"{directory}: {result.files} files; signature: {result.trust}"
+            + (f" by {result.signer}" if result.signer else ""),
+            f"  manifest {result.digest or '(none)'}",
+        ]
         if result.predicate:
-            lines.append("  " + ", ".join(f"{k} {result.predicate.get(k)!r}" for k in
-                                          ("name", "version", "source", "license")))
+            lines.append(
+                "  "
+                + ", ".join(
+                    f"{k} {result.predicate.get(k)!r}"
+                    for k in ("name", "version", "source", "license")
+                )
+            )
         self.stdout.write("\n".join(lines))
         if refusals:
-            raise CommandError(f"refused under policy {policy!r}:\n  "
-                               + "\n  ".join(map(str, refusals)))
+            raise CommandError(
+                f"refused under policy {policy!r}:\n  " + "\n  ".join(map(str, refusals))
+            )
         self.stdout.write(f"OK under policy {policy!r}")

@@ -1,12 +1,12 @@
 """The weight quantization report (fp32 vs int8 vs int4) on held-out standard-library text:
 relative error per layer, weight bytes, perplexity, greedy top-1 agreement. Default models:
 the trained pair in FAIRLANE_MODEL_DIR (`manage.py preset_train`). Options after `--`:
-see `python -m workers.engine.quant --help`."""
+see `python -m workers.engine.quantize --help`."""
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from workers.engine.quant.__main__ import run
+from workers.engine.quantize.__main__ import run
 
 
 class Command(BaseCommand):
