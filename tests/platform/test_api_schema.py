@@ -44,6 +44,13 @@ phases.stateful.enabled = false
 [[operations]]
 include-path-regex = "/usage/"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404"]
+
+# A budget's soft limit must not exceed its limit (the stored one where a PATCH sends only one
+# of the two), and an owner (an agent, or the tenant) has one budget (409 for a second): rules
+# across fields and rows that the schema cannot state either.
+[[operations]]
+include-path-regex = "/budgets/"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409"]
 """
 
 
