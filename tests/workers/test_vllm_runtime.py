@@ -436,7 +436,8 @@ def test_warm_shutdown_drains_the_vllm_model_then_stops_its_child(pool, llama, t
             chunks += sse([line])
             if len(chunks) == 3 and line:
                 worker.proc.send_signal(signal.SIGTERM)  # warm shutdown
-    assert chunks[-1]["usage"]["completion_tokens"] == 150  # it ran to its end
+    # It ran to its end (the stream's tail in the message: CI once saw it end without usage).
+    assert (chunks[-1].get("usage") or {}).get("completion_tokens") == 150, chunks[-3:]
     assert worker.proc.wait(timeout=60) == 0
     record = UsageRecord.objects.get()
     assert record.status == UsageRecord.Status.OK and record.completion_tokens == 150
