@@ -156,11 +156,10 @@ def spend_since(*, since: datetime) -> dict:
     }
 
 
-def budgets_nearest(*, now: datetime | None = None, limit: int = 15) -> list[BudgetWindow]:
-    """The current windows of every budget, the most used first (spent and reserved against
-    the limit, in percent, at most 999)."""
-    now = now or timezone.now()
-    return list(
+def _current_windows(now: datetime):
+    """The budgets' current windows, each with `used` (spent and reserved against the limit,
+    in percent, at most 999)."""
+    return (
         BudgetWindow.objects.filter(start__lte=now, end__gt=now, budget__limit_microcents__gt=0)
         .select_related("budget__tenant", "budget__agent")
         .annotate(
@@ -171,8 +170,32 @@ def budgets_nearest(*, now: datetime | None = None, limit: int = 15) -> list[Bud
                 Value(999),
             )
         )
-        .order_by("-used", "budget__tenant__slug")[:limit]
     )
+
+
+def _with_soft(windows) -> list[BudgetWindow]:
+    """Each window with `soft`: the action its budget's soft level puts in force ("": none)."""
+    windows = list(windows)
+    for w in windows:
+        w.soft = w.budget.soft_crossed(w.spent_microcents + w.reserved_microcents)
+    return windows
+
+
+def budgets_nearest(*, now: datetime | None = None, limit: int = 15) -> list[BudgetWindow]:
+    """The current windows of every budget, the most used first."""
+    now = now or timezone.now()
+    return _with_soft(_current_windows(now).order_by("-used", "budget__tenant__slug")[:limit])
+
+
+def budgets_soft_crossed(*, now: datetime | None = None, limit: int = 50) -> list[BudgetWindow]:
+    """The current windows past their budget's soft level, whatever their share of the limit:
+    whose new requests are demoted to the bulk lane, throttled, or only alerted on."""
+    now = now or timezone.now()
+    crossed = _current_windows(now).filter(
+        budget__soft_limit_microcents__isnull=False,
+        budget__soft_limit_microcents__lte=F("spent_microcents") + F("reserved_microcents"),
+    )
+    return _with_soft(crossed.order_by("budget__tenant__slug", "-used")[:limit])
 
 
 def alerts_recent(*, limit: int = 30) -> list[AlertEvent]:

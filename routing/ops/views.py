@@ -59,6 +59,7 @@ def _spend(runtime: Runtime) -> dict:
         "day": day,
         "hour": selectors.spend_since(since=now - timedelta(hours=1)),
         "budgets": selectors.budgets_nearest(now=now),
+        "soft_crossed": selectors.budgets_soft_crossed(now=now),
         "chart_json": json.dumps(chart),
         "spend_poll_seconds": 3 * settings.FAIRLANE_OPS_POLL_SECONDS,
     }

@@ -82,6 +82,12 @@ class Budget(models.Model):
         owner = self.agent.name if self.agent else "tenant"
         return f"{self.tenant.slug}/{owner} {self.period}"
 
+    def soft_crossed(self, used_microcents: int) -> str:
+        """The soft action in force when a window has `used_microcents` spent and reserved:
+        "" below the soft level (or with none)."""
+        soft = self.soft_limit_microcents
+        return self.soft_action if soft is not None and used_microcents >= soft else ""
+
     def clean(self) -> None:
         errors = {}
         soft = self.soft_limit_microcents

@@ -70,6 +70,14 @@ class SpendLine:
         return "warning" if (self.used_ratio or 0.0) >= WARN_RATIO else "ok"
 
     @property
+    def soft(self) -> str:
+        """The soft action in force for this owner's new requests ("alert", "demote" or
+        "throttle"), or "" below its budget's soft level."""
+        if self.budget is None:
+            return ""
+        return self.budget.soft_crossed(self.spent_microcents + self.reserved_microcents)
+
+    @property
     def projected_exhaustion(self) -> datetime | None:
         """When the remaining budget runs out at the trailing hour's rate, if that is before
         the window resets; now when it already has."""

@@ -57,14 +57,14 @@ def budget_soft_check(*, tenant: Tenant, agent: Agent, now: datetime | None = No
     for budget in budgets:  # the agent's first: its header wins over the tenant's
         window = windows[budget.pk]
         spent = used.get(window.pk, 0)
-        soft = budget.soft_limit_microcents or 0
-        if spent < soft:
+        action = budget.soft_crossed(spent)
+        if not action:
             continue
         budget_soft_alert(window_id=window.pk, now=now)
-        if budget.soft_action == SoftAction.DEMOTE and not demoted:
+        if action == SoftAction.DEMOTE and not demoted:
             limit = budget.limit_microcents
             percent = spent * 100 // limit if limit > 0 else 100
             demoted = demoted_header(budget=budget, percent=percent)
-        elif budget.soft_action == SoftAction.THROTTLE and budget.soft_rpm:
+        elif action == SoftAction.THROTTLE and budget.soft_rpm:
             throttles.append((str(budget.pk), budget.soft_rpm))
     return SoftState(demoted=demoted, throttles=tuple(throttles))

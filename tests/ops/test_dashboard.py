@@ -272,3 +272,39 @@ def test_a_request_is_looked_up_by_its_id_or_its_trace_with_each_steps_duration(
     assert f'data-in-flight="{held}"' in page and "data-request=" not in page
     page = client.get(reverse("ops:requests"), {"q": "nope"}).content.decode()
     assert "No request or trace with that id." in page
+
+
+def test_the_spend_panel_lists_the_budgets_past_their_soft_level(
+    tenant, agent, other_tenant, other_agent, staff
+):
+    """Whoever is demoted or throttled now, across tenants, however little of its limit it
+    has used; a budget below its soft level is not listed."""
+    budget_create(
+        tenant=tenant,
+        agent=agent,
+        limit_microcents=100_000,
+        soft_limit_microcents=1_000,
+        soft_action="demote",
+    )
+    budget_create(
+        tenant=other_tenant,
+        agent=other_agent,
+        limit_microcents=100_000,
+        soft_limit_microcents=50_000,
+        soft_action="throttle",
+        soft_rpm=10,
+    )
+    spend(tenant, agent, 1_500)  # 1.5 % of its limit, past its soft level
+    spend(other_tenant, other_agent, 40_000)  # 40 %, below its soft level
+    html = signed_in(staff).get(reverse("ops:panel", kwargs={"name": "spend"})).content.decode()
+    crossed = html[html.index("Past their soft level") : html.index("Top spenders")]
+    assert 'data-soft-crossed="acme/support-bot"' in crossed
+    assert 'data-soft="demote"' in crossed and "demoted to the bulk lane" in crossed
+    assert "globex" not in crossed
+    nearest = html[html.index('data-budget="globex/support-bot"') :]
+    nearest = nearest[: nearest.index("</tr>")]
+    assert "throttle to 10/min" in nearest and "data-soft=" not in nearest
+    spend(other_tenant, other_agent, 10_000)  # now at its soft level
+    html = signed_in(staff).get(reverse("ops:panel", kwargs={"name": "spend"})).content.decode()
+    crossed = html[html.index("Past their soft level") : html.index("Top spenders")]
+    assert 'data-soft-crossed="globex/support-bot"' in crossed and 'data-soft="throttle"' in crossed
