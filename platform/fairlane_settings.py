@@ -125,6 +125,14 @@ FAIRLANE_ENGINE_DEVICE = os.environ.get("FAIRLANE_ENGINE_DEVICE", "cpu")
 FAIRLANE_ENGINE_KV_CACHE_MB = env_int("FAIRLANE_ENGINE_KV_CACHE_MB", 256)
 FAIRLANE_ENGINE_MAX_NUM_SEQS = env_int("FAIRLANE_ENGINE_MAX_NUM_SEQS", 64)
 FAIRLANE_ENGINE_THREADS = env_int("FAIRLANE_ENGINE_THREADS", 0) or None
+# While an interactive (realtime or standard lane) sequence runs or waits, at most this many
+# bulk-lane sequences (batches) run in each engine step; 0: no cap. On the CPU a step's cost
+# grows with its sequences, so the default there is 1; a GPU's decode step costs about the
+# same for 1 or 9 sequences, so there none.
+FAIRLANE_ENGINE_BULK_SEQS_BESIDE_INTERACTIVE = env_int(
+    "FAIRLANE_ENGINE_BULK_SEQS_BESIDE_INTERACTIVE",
+    1 if FAIRLANE_ENGINE_DEVICE == "cpu" else 0,
+)
 # Cap on any model's context (0: the checkpoint's own).
 FAIRLANE_MAX_MODEL_LEN = env_int("FAIRLANE_MAX_MODEL_LEN", 0) or None
 FAIRLANE_HEARTBEAT_SECONDS = env_int("FAIRLANE_HEARTBEAT_SECONDS", 2)

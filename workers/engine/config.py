@@ -191,6 +191,11 @@ class EngineConfig:
     is_chunked_prefill_enabled: bool = True
     # Fraction of the pool kept free when admitting new sequences, so running ones can grow.
     watermark: float = 0.01
+    # Lanes that give way (e.g. a batch's bulk lane): while a sequence of another lane runs or
+    # waits, at most yield_max_seqs of theirs run in a step (the rest keep their KV blocks and
+    # wait for the next step). Empty: every running sequence runs every step.
+    yield_lanes: tuple[str, ...] = ()
+    yield_max_seqs: int = 1
     seed: int = 0
     # torch intra-op threads; None leaves the process setting alone.
     num_threads: int | None = None
@@ -218,6 +223,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least 1")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError("watermark must be in [0, 1)")
+        if self.yield_max_seqs < 1:  # 0 could stall them behind a foreground that waits
+            raise ValueError("yield_max_seqs must be at least 1")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:

@@ -70,18 +70,47 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
-        budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
+        yielding = self._yield_room()
+        budget = self._schedule_running(batch, self.config.max_num_batched_tokens, yielding)
         if not batch.num_preempted:
-            self._schedule_waiting(batch, budget)
+            self._schedule_waiting(batch, budget, yielding)
         return batch
 
-    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
-        """Running sequences in policy order; prefill chunks leave room for every decode."""
+    def _yield_room(self) -> list[int] | None:
+        """Places left this step for sequences of the yielding lanes (one mutable count), or
+        None when they need not give way: no lane yields, or no other lane has a sequence."""
+        lanes = self.config.yield_lanes
+        if not lanes:
+            return None
+        for seq in (*self.running, *self.waiting):
+            if seq.lane not in lanes:
+                return [self.config.yield_max_seqs]
+        return None
+
+    def _gives_way(self, seq: Sequence, yielding: list[int] | None) -> bool:
+        """Whether `seq` sits this step out (its lane yields and their places are taken); if
+        not and its lane yields, it takes one of their places."""
+        if yielding is None or seq.lane not in self.config.yield_lanes:
+            return False
+        if yielding[0] <= 0:
+            return True
+        yielding[0] -= 1
+        return False
+
+    def _schedule_running(
+        self, batch: ScheduledBatch, budget: int, yielding: list[int] | None = None
+    ) -> int:
+        """Running sequences in policy order; prefill chunks leave room for every decode.
+        Those of a yielding lane beyond its places sit the step out."""
         self.running.sort(key=self.policy.key)
         num_decodes_left = sum(1 for s in self.running if not s.is_prefilling)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if self._gives_way(seq, yielding):
+                num_decodes_left -= 0 if seq.is_prefilling else 1
+                i += 1
+                continue
             if seq.is_prefilling:
                 # Shrink the chunk to the room there is before preempting anyone for it.
                 room = self._room(seq) if self.config.is_chunked_prefill_enabled else seq.num_tokens
@@ -129,10 +158,13 @@ class Scheduler:
             + bm.num_free_blocks * bm.block_size
         )
 
-    def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+    def _schedule_waiting(
+        self, batch: ScheduledBatch, budget: int, yielding: list[int] | None = None
+    ) -> None:
         """Admit waiting sequences in policy order. Keys only grow within a step (tenants are
         charged as they are scheduled), so a heap re-checks a popped key instead of sorting
-        every waiting sequence again after each admission."""
+        every waiting sequence again after each admission. One of a yielding lane beyond its
+        places waits for a later step."""
         in_flight: set[bytes] | None = None
         heap = [(self.policy.key(s), s.arrival_order, s) for s in self.waiting]
         heapq.heapify(heap)
@@ -142,6 +174,8 @@ class Scheduler:
             if id(seq) not in rekeyed and (fresh := self.policy.key(seq)) != key:
                 rekeyed.add(id(seq))
                 heapq.heappush(heap, (fresh, order, seq))
+                continue
+            if yielding is not None and seq.lane in self.config.yield_lanes and yielding[0] <= 0:
                 continue
             hits = self.block_manager.prefix_lookup(seq)
             if self.block_manager.is_prefix_caching_enabled and not seq.is_embedding:
@@ -154,6 +188,7 @@ class Scheduler:
             if num_tokens == 0:
                 return
             self.waiting.remove(seq)
+            self._gives_way(seq, yielding)  # takes one of its lane's places
             self._admit(seq, hits, num_tokens)
             batch.add(seq, num_tokens)
             self.policy.on_scheduled(seq, num_tokens)

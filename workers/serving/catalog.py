@@ -12,6 +12,7 @@ from typing import Any
 from django.conf import settings
 
 from tenants.errors import InvalidRequest
+from tenants.models import Lane
 from workers.artifacts.presets import preset_signed_dir
 from workers.engine import (
     EngineConfig,
@@ -205,7 +206,15 @@ def model_engine_config(info: ModelInfo) -> EngineConfig:
         max_model_len=settings.FAIRLANE_MAX_MODEL_LEN,
         num_threads=settings.FAIRLANE_ENGINE_THREADS,
         **model_engine_options(info),
+        **bulk_yield(),
     )
+
+
+def bulk_yield() -> dict[str, Any]:
+    """The bulk lane gives way to interactive sequences (see
+    FAIRLANE_ENGINE_BULK_SEQS_BESIDE_INTERACTIVE)."""
+    beside = settings.FAIRLANE_ENGINE_BULK_SEQS_BESIDE_INTERACTIVE
+    return {"yield_lanes": (Lane.BULK.value,), "yield_max_seqs": beside} if beside > 0 else {}
 
 
 # Writing a prompt to a provider's cache costs more than reading the prompt: Anthropic's price
