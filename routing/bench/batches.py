@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import openai
+from django.conf import settings
 
 from routing.batch_models import Batch
 from routing.bench.processes import AsgiServer
@@ -47,6 +48,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=16, help="tokens each answer (16)")
     p.add_argument("--in-flight", type=int, default=8, help="FAIRLANE_BATCH_IN_FLIGHT (8)")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the engine")
+    p.add_argument(
+        "--bulk-beside",
+        type=int,
+        default=None,
+        help="FAIRLANE_ENGINE_BULK_SEQS_BESIDE_INTERACTIVE for the server (default: its own; "
+        "0: no cap, as before the bulk lane gave way)",
+    )
     p.add_argument("--json-out", type=Path, default=ROOT / "bench-results" / "batches.json")
     return p.parse_args(argv)
 
@@ -154,6 +162,11 @@ def run(argv: list[str] | None = None) -> dict:
     ServedModel.objects.filter(name=MODEL).update(is_enabled=True)
     interactive, interactive_plain = _key("bench")
     batcher, batcher_plain = _key("bench-batch")
+    bulk_beside = (
+        {}
+        if args.bulk_beside is None
+        else {"FAIRLANE_ENGINE_BULK_SEQS_BESIDE_INTERACTIVE": str(args.bulk_beside)}
+    )
     with tempfile.TemporaryDirectory() as files:
         server = AsgiServer(
             {
@@ -166,6 +179,7 @@ def run(argv: list[str] | None = None) -> dict:
                 "FAIRLANE_BATCH_IN_FLIGHT": str(args.in_flight),
                 "FAIRLANE_BATCH_POLL_SECONDS": "0.2",
                 "LOG_LEVEL": "WARNING",
+                **bulk_beside,
             }
         )
         try:
@@ -182,9 +196,16 @@ def run(argv: list[str] | None = None) -> dict:
         "max_tokens": args.max_tokens,
         "in_flight": args.in_flight,
         "threads": args.threads,
+        "bulk_beside": bulk_beside.get(
+            "FAIRLANE_ENGINE_BULK_SEQS_BESIDE_INTERACTIVE",
+            str(settings.FAIRLANE_ENGINE_BULK_SEQS_BESIDE_INTERACTIVE),
+        ),
         **{k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()},
     }
-    print(f"batches bench: {args.lines} lines on tiny beside one interactive streaming client")
+    print(
+        f"batches bench: {args.lines} lines on tiny beside one interactive streaming client "
+        f"(bulk sequences beside interactive: {result['bulk_beside']}, 0: no cap)"
+    )
     print(
         f"  interactive p95 alone {result['alone_p95_ms']:.1f} ms, under the batch "
         f"{result['under_batch_p95_ms']:.1f} ms (x{result['p95_ratio_under_over_alone']:.2f})"
