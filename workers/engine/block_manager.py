@@ -252,7 +252,8 @@ class BlockManager:
         that the prefix cache will not keep (all of them without prefix caching); those it
         keeps go to the tier if and when they are evicted."""
         if self.tier is not None and not seq.is_embedding:  # an embedding recomputes its pooling
-            num_full = seq.num_computed_tokens // self.block_size
+            # Only a prefix is ever restored: blocks past the tier's size would evict the first.
+            num_full = min(seq.num_computed_tokens // self.block_size, self.tier.num_blocks)
             for i, digest in enumerate(self._hashes(seq, num_full)):
                 block = self.blocks[seq.block_table[i]]
                 if block.hash is None and digest not in self.cached:
