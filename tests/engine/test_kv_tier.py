@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.engine.conftest import assert_no_leaks
+from tests.engine.spec_helpers import always, perturbed_copy
 from workers.engine import EngineConfig, SamplingParams
 from workers.engine.block_manager import block_hash
 from workers.engine.config import ModelConfig
@@ -63,6 +64,29 @@ def test_preempted_sequences_restored_from_the_tier_equal_recompute(
     assert stats_on["kv_tier_hits"] > 0 and stats_off["kv_tier_hits"] == 0
     # Restored blocks are not recomputed.
     assert stats_on["num_prefill_tokens"] < stats_off["num_prefill_tokens"]
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_speculating_sequences_restored_from_the_tier_equal_recompute(
+    make_engine, prompts, greedy, tiny_dir, tmp_path, method
+):
+    """The draft model recomputes its own cache over restored blocks. Greedy only: seeded
+    sampling with speculation already differs between a preempted run and an unpreempted one,
+    tier or not (the draws follow the drafts)."""
+    draft = perturbed_copy(tiny_dir, tmp_path / "draft", noise=0.15, seed=5)
+    spec = always(method, 3, prompt_lookup_min=1, prompt_lookup_max=8, model=str(draft))
+    repeating = [p[: len(p) // 2] * 2 for p in prompts if len(p) > 1]  # prompt lookup finds these
+    outs = {}
+    for tier in (0, 256):
+        engine = make_engine(
+            **PRESSURE, is_prefix_caching_enabled=False, kv_cpu_tier_blocks=tier, speculative=spec
+        )
+        outs[tier] = [o.token_ids for o in engine.generate(repeating, greedy)]
+        assert_no_leaks(engine)
+        stats = engine.stats()
+        assert stats["num_preemptions"] > 0 and stats["spec_decode_num_drafts"] > 0
+    assert stats["kv_tier_hits"] > 0
+    assert outs[256] == outs[0]
 
 
 def test_prefix_hits_come_from_the_tier_once_the_pool_evicted_them(make_engine):
