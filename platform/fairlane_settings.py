@@ -123,6 +123,12 @@ FAIRLANE_DEV_SIGNING_KEY = os.environ.get(
 FAIRLANE_WORKER_MODELS = env_list("FAIRLANE_WORKER_MODELS", "")
 FAIRLANE_ENGINE_DEVICE = os.environ.get("FAIRLANE_ENGINE_DEVICE", "cpu")
 FAIRLANE_ENGINE_KV_CACHE_MB = env_int("FAIRLANE_ENGINE_KV_CACHE_MB", 256)
+# KV blocks an engine keeps in host memory when its pool evicts or preempts them, copied back
+# instead of recomputed (0: no CPU tier). A block is block size x layers x 2 x KV heads x
+# head dim x dtype bytes.
+FAIRLANE_ENGINE_KV_CPU_TIER_BLOCKS = env_int("FAIRLANE_ENGINE_KV_CPU_TIER_BLOCKS", 0)
+if FAIRLANE_ENGINE_KV_CPU_TIER_BLOCKS < 0:
+    raise ImproperlyConfigured("FAIRLANE_ENGINE_KV_CPU_TIER_BLOCKS must be >= 0 (0: off)")
 FAIRLANE_ENGINE_MAX_NUM_SEQS = env_int("FAIRLANE_ENGINE_MAX_NUM_SEQS", 64)
 FAIRLANE_ENGINE_THREADS = env_int("FAIRLANE_ENGINE_THREADS", 0) or None
 # While an interactive (realtime or standard lane) sequence runs or waits, at most this many

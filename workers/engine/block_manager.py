@@ -1,4 +1,5 @@
-"""The KV block pool: allocation, reference counts, and the prefix cache with LRU eviction."""
+"""The KV block pool: allocation, reference counts, and the prefix cache with LRU eviction
+(into the CPU tier, when there is one)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from array import array
 from collections import OrderedDict
 
 from workers.engine.errors import OutOfBlocks
+from workers.engine.kv_tier import KVTier
 from workers.engine.sequence import Sequence
 
 
@@ -41,10 +43,18 @@ class BlockManager:
     Free blocks sit in one LRU queue (front = evicted first). A freed block that holds a full,
     hashed block of tokens goes to the back and stays findable by its hash until reused; a
     plain free block goes to the front. So cached prefixes survive as long as possible.
+
+    With a ``tier``, an evicted cached block is copied there first, and so are a preempted
+    sequence's full blocks that the prefix cache does not hold; lookups fall back on it.
     """
 
     def __init__(
-        self, num_blocks: int, block_size: int, *, is_prefix_caching_enabled: bool
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        is_prefix_caching_enabled: bool,
+        tier: KVTier | None = None,
     ) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -52,6 +62,7 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[bytes, int] = {}  # hash -> block_id
+        self.tier = tier
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
 
@@ -68,26 +79,32 @@ class BlockManager:
 
     # Prefix cache ------------------------------------------------------------------------
 
-    def prefix_lookup(self, seq: Sequence) -> list[int]:
-        """Block ids holding the longest cached prefix of ``seq``, verified token by token.
+    def prefix_lookup(self, seq: Sequence) -> list[int | None]:
+        """Block ids holding the longest cached prefix of ``seq``, verified token by token; None
+        where only the CPU tier holds the block (``allocate`` copies it back).
 
         At least one token is always left to compute, so the last prompt token's logits exist.
+        Without prefix caching the tier still gives a preempted sequence its own blocks back.
         """
-        if not self.is_prefix_caching_enabled or seq.is_embedding:
+        if seq.is_embedding:
             return []
-        max_blocks = (seq.num_tokens - 1) // self.block_size
-        hits: list[int] = []
-        for i in range(max_blocks):
+        is_primary = self.is_prefix_caching_enabled
+        tier = self.tier if is_primary or seq.num_preemptions else None
+        if not is_primary and tier is None:
+            return []
+        hits: list[int | None] = []
+        for i, digest in enumerate(self._hashes(seq, (seq.num_tokens - 1) // self.block_size)):
             tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
             parent = seq.block_hashes[i - 1] if i else None
-            if i == len(seq.block_hashes):
-                seq.block_hashes.append(block_hash(parent, tokens, seq.salt))
-            block_id = self.cached.get(seq.block_hashes[i])
-            if block_id is None or not self._is_match(
+            block_id = self.cached.get(digest) if is_primary else None
+            if block_id is not None and self._is_match(
                 self.blocks[block_id], parent, tokens, seq.salt
             ):
+                hits.append(block_id)
+            elif tier is not None and tier.has(digest, parent, tokens, seq.salt):
+                hits.append(None)
+            else:
                 break
-            hits.append(block_id)
         return hits
 
     @staticmethod
@@ -98,7 +115,10 @@ class BlockManager:
 
     def prompt_block_hashes(self, seq: Sequence) -> list[bytes]:
         """Hashes of every full block of the sequence's tokens except the last token's block."""
-        num_blocks = (seq.num_tokens - 1) // self.block_size
+        return self._hashes(seq, (seq.num_tokens - 1) // self.block_size)
+
+    def _hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """Hashes of the sequence's first ``num_blocks`` blocks (full ones), computed lazily."""
         for i in range(len(seq.block_hashes), num_blocks):
             tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
             seq.block_hashes.append(
@@ -118,22 +138,50 @@ class BlockManager:
 
     # Allocation --------------------------------------------------------------------------
 
-    def num_free_after_hits(self, hits: list[int]) -> int:
-        """Free blocks left once the cached blocks in ``hits`` are taken out of the free queue."""
-        return self.num_free_blocks - sum(1 for b in hits if self.blocks[b].ref_count == 0)
+    def num_free_after_hits(self, hits: list[int | None]) -> int:
+        """Free blocks left once the cached blocks in ``hits`` are taken out of the free queue
+        and those restored from the tier have fresh blocks."""
+        return self.num_free_blocks - sum(
+            1 for b in hits if b is None or self.blocks[b].ref_count == 0
+        )
 
-    def allocate(self, seq: Sequence, hits: list[int]) -> None:
-        """Give a waiting sequence its cached prefix blocks; new blocks come with
-        ``append_slots``."""
+    def allocate(self, seq: Sequence, hits: list[int | None]) -> None:
+        """Give a waiting sequence its cached prefix blocks (copying back those in the tier); new
+        blocks come with ``append_slots``."""
         assert not seq.block_table, f"{seq} already holds blocks"
-        for block_id in hits:
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
-                del self.free_queue[block_id]
-            block.ref_count += 1
-        seq.block_table = list(hits)
+        for i, block_id in enumerate(hits):
+            if block_id is None:
+                assert self.tier is not None, "only a tier gives hits outside the pool"
+                self.tier.pin(seq.block_hashes[i])
+            else:
+                block = self.blocks[block_id]
+                if block.ref_count == 0:
+                    del self.free_queue[block_id]
+                block.ref_count += 1
+        seq.block_table = [
+            self._restore(seq, i) if block_id is None else block_id
+            for i, block_id in enumerate(hits)
+        ]
         seq.num_committed_blocks = len(hits)
         seq.num_computed_tokens = len(hits) * self.block_size
+
+    def _restore(self, seq: Sequence, i: int) -> int:
+        """A fresh block for the sequence's block ``i``, copied back from the tier and
+        registered in the prefix cache under its hash."""
+        assert self.tier is not None, "only a tier restores"
+        block_id = self._take_free_block()
+        digest = seq.block_hashes[i]
+        self.tier.restore(digest, block_id)
+        if self.is_prefix_caching_enabled and digest not in self.cached:
+            self.cached[digest] = block_id
+            block = self.blocks[block_id]
+            block.hash, block.parent_hash, block.salt = (
+                digest,
+                seq.block_hashes[i - 1] if i else None,
+                seq.salt,
+            )
+            block.token_ids = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+        return block_id
 
     def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
         return max(
@@ -156,6 +204,8 @@ class BlockManager:
         if block.hash is not None:  # evict the least recently used cached block
             if self.cached.get(block.hash) == block_id:
                 del self.cached[block.hash]
+            if self.tier is not None:
+                self.tier.save(block.hash, block_id, block.parent_hash, block.token_ids, block.salt)
             block.forget()
         block.ref_count = 1
         return block_id
@@ -196,6 +246,21 @@ class BlockManager:
             self.free_queue[block_id] = None
             self.free_queue.move_to_end(block_id, last=False)
         del seq.block_table[keep:]
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free a preempted sequence's blocks, first saving to the tier its full computed blocks
+        that the prefix cache will not keep (all of them without prefix caching); those it
+        keeps go to the tier if and when they are evicted."""
+        if self.tier is not None and not seq.is_embedding:  # an embedding recomputes its pooling
+            # Only a prefix is ever restored: blocks past the tier's size would evict the first.
+            num_full = min(seq.num_computed_tokens // self.block_size, self.tier.num_blocks)
+            for i, digest in enumerate(self._hashes(seq, num_full)):
+                block = self.blocks[seq.block_table[i]]
+                if block.hash is None and digest not in self.cached:
+                    tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+                    parent = seq.block_hashes[i - 1] if i else None
+                    self.tier.save(digest, block.block_id, parent, tokens, seq.salt)
+        self.free(seq)
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references; blocks nobody holds return to the free queue."""

@@ -182,6 +182,9 @@ class EngineConfig:
     # KV pool size in blocks; None sizes it from kv_cache_memory_bytes.
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int = 1 << 30
+    # CPU tier: blocks of host memory (pinned on CUDA) that keep KV blocks evicted from the
+    # pool's prefix cache or freed by a preemption, copied back instead of recomputed (0: off).
+    kv_cpu_tier_blocks: int = 0
     max_num_seqs: int = 64
     # Token budget of one step (prefill chunks + decodes together).
     max_num_batched_tokens: int = 1024
@@ -217,6 +220,8 @@ class EngineConfig:
             raise ValueError("block_size must be a power of two")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError("num_kv_blocks must be at least 2")
+        if self.kv_cpu_tier_blocks < 0:
+            raise ValueError("kv_cpu_tier_blocks must be >= 0 (0: no CPU tier)")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be at least 1")
         if self.max_num_batched_tokens < 1:

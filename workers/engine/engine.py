@@ -19,6 +19,7 @@ from workers.engine.config import EngineConfig, ModelConfig
 from workers.engine.detokenizer import IncrementalDetokenizer
 from workers.engine.errors import InvalidRequest
 from workers.engine.guide import guide_start
+from workers.engine.kv_tier import KVTier
 from workers.engine.loader import model_load, resolve_dtype
 from workers.engine.model.packed import prepack_linears
 from workers.engine.options import quantization_apply, speculator_build
@@ -69,14 +70,20 @@ class LLMEngine(BlockingHelpers):
             if self.tokenizer and self.tokenizer.eos_token_id is not None
             else ()
         )
+        self.runner = ModelRunner(model, config, num_blocks, self.device, self.dtype)
+        self.runner.eos_token_ids = self.eos_token_ids
+        self.tier = (
+            KVTier(config.kv_cpu_tier_blocks, self.runner.kv_cache)
+            if config.kv_cpu_tier_blocks
+            else None
+        )
         self.block_manager = BlockManager(
             num_blocks,
             config.block_size,
             is_prefix_caching_enabled=config.is_prefix_caching_enabled,
+            tier=self.tier,
         )
         self.policy = policy or FairSharePolicy()
-        self.runner = ModelRunner(model, config, num_blocks, self.device, self.dtype)
-        self.runner.eos_token_ids = self.eos_token_ids
         self.speculator = speculator_build(
             config,
             mc,
@@ -202,6 +209,8 @@ class LLMEngine(BlockingHelpers):
         outputs, self._pending = self._pending, []
         batch = self.scheduler.schedule()
         assert batch.seqs or not self.scheduler.has_unfinished, "the scheduler made no progress"
+        if self.tier is not None:  # before the model overwrites evicted blocks
+            self.tier.flush(self.runner.kv_cache)
         num_generated = num_spec_tokens = 0
         if batch.seqs:
             num_spec_tokens = self.speculator.propose(batch) if self.speculator else 0
@@ -357,7 +366,8 @@ class LLMEngine(BlockingHelpers):
         )
 
     def stats(self) -> dict[str, Any]:
-        """Counters: KV blocks used/free, prefix hits, batch sizes, preemptions, tokens."""
+        """Counters: KV blocks used/free, prefix hits, the CPU tier, batch sizes, preemptions,
+        tokens."""
         spec = self.speculator.stats if self.speculator else SpecStats(0)
         return {
             **self.stats_counters.snapshot(self.block_manager, self.scheduler),

@@ -35,9 +35,10 @@ class Scheduler:
     Each step: running sequences first, in policy order, growing their block tables (a prefill
     chunk never takes the budget the decodes behind it need); when the pool runs dry the
     lowest-priority running sequence is preempted (its blocks freed, its tokens recomputed
-    later). Then, if nothing was preempted,
-    waiting sequences are admitted in policy order while the budget, ``max_num_seqs`` and the
-    pool (minus a watermark) allow, each starting from its longest cached prefix.
+    later, except blocks the prefix cache or the CPU tier still holds). Then, if nothing was
+    preempted, waiting sequences are admitted in policy order while the budget,
+    ``max_num_seqs`` and the pool (minus a watermark) allow, each starting from its longest
+    cached prefix.
     """
 
     def __init__(
@@ -197,7 +198,7 @@ class Scheduler:
                 in_flight.update(self.block_manager.in_flight(seq))
 
     def _admission_chunk(
-        self, seq: Sequence, hits: list[int], budget: int, *, is_alone: bool
+        self, seq: Sequence, hits: list[int | None], budget: int, *, is_alone: bool
     ) -> int:
         """Tokens a waiting sequence may start with (0: not now), given budget and free blocks.
 
@@ -221,7 +222,7 @@ class Scheduler:
                 hashes.update(self.block_manager.in_flight(seq))
         return hashes
 
-    def _admit(self, seq: Sequence, hits: list[int], num_tokens: int) -> None:
+    def _admit(self, seq: Sequence, hits: list[int | None], num_tokens: int) -> None:
         if seq.num_preemptions == 0:
             seq.num_cached_tokens = len(hits) * self.block_manager.block_size
             self.block_manager.prefix_record(seq.num_tokens, seq.num_cached_tokens)
@@ -231,7 +232,7 @@ class Scheduler:
         self.running.append(seq)
 
     def _preempt(self, seq: Sequence) -> None:
-        self.block_manager.free(seq)
+        self.block_manager.preempt(seq)
         seq.spec_token_ids, seq.draft_num_computed = [], 0
         seq.hidden_sum = seq.hidden_last = (
             None  # an embedding restarts its pooling with its prefill

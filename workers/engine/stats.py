@@ -1,4 +1,5 @@
-"""Engine counters: KV usage and waste, prefix hits, batch sizes, preemptions, throughput."""
+"""Engine counters: KV usage and waste, prefix hits, the CPU tier, batch sizes, preemptions,
+throughput."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections import Counter
 from typing import Any
 
 from workers.engine.block_manager import BlockManager
+from workers.engine.kv_tier import tier_snapshot
 from workers.engine.scheduler import ScheduledBatch, Scheduler
 
 
@@ -64,6 +66,7 @@ class EngineStats:
             "prefix_hit_rate": bm.num_prefix_hit_tokens / bm.num_prefix_query_tokens
             if bm.num_prefix_query_tokens
             else 0.0,
+            **tier_snapshot(bm.tier),
             "num_preemptions": scheduler.num_preemptions,
             "num_running": len(scheduler.running),
             "num_waiting": len(scheduler.waiting),

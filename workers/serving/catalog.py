@@ -202,6 +202,7 @@ def model_engine_config(info: ModelInfo) -> EngineConfig:
         model=str(model_dir(info.source)),
         device=settings.FAIRLANE_ENGINE_DEVICE,
         kv_cache_memory_bytes=settings.FAIRLANE_ENGINE_KV_CACHE_MB << 20,
+        kv_cpu_tier_blocks=settings.FAIRLANE_ENGINE_KV_CPU_TIER_BLOCKS,
         max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS,
         max_model_len=settings.FAIRLANE_MAX_MODEL_LEN,
         num_threads=settings.FAIRLANE_ENGINE_THREADS,
