@@ -16,11 +16,12 @@ from routing.metrics import ROUTE_ATTEMPTS, ROUTE_TTFT, TokenTimer
 from routing.models import Backend
 from routing.overload import load_admit
 from tenants.errors import Overloaded
+from tenants.models import AlertDelivery
 from tenants.services.alerts import alert_deliveries_send_due, alert_destination_add
 from tenants.services.alerts.evaluate import rules_cache_clear
 from tenants.services.budgets import budget_create, budget_reserve
 from tenants.services.ledger import Usage, budget_settle
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from workers.serving.catalog import model_get
 from workers.serving.events import Tokens
 from workers.serving.request_times import request_times_observe
@@ -123,7 +124,13 @@ def activity(
             cost_microcents=900,
             usage=Usage(backend="local", model="tiny"),
         )
-    assert alert_deliveries_send_due() == 2
+    # The embedded runtime's sender may take either delivery first: send what it left, and
+    # wait until both are delivered.
+    alert_deliveries_send_due()
+    wait_for(
+        lambda: AlertDelivery.objects.filter(status=AlertDelivery.Status.DELIVERED).count() == 2,
+        what="both deliveries",
+    )
     Backend.objects.create(
         name="remote-a", kind="openai_compatible", base_url="http://127.0.0.1:9", health="live"
     )
