@@ -241,6 +241,13 @@ class EngineHost:
                 )
             )
 
+    def foreground_at(self) -> float:
+        """When any engine here last had an interactive sequence beside its bulk lane's
+        (monotonic seconds; 0.0: none has)."""
+        with self._lock:
+            engines = list(self._engines.values())
+        return max((engine.foreground_at for engine in engines), default=0.0)
+
     def hosted_versions(self) -> dict[str, dict[str, dict]]:
         """model -> version label ("" for a model without versions) -> its requests running
         and whether it is draining (no longer served, dropped once they are done)."""

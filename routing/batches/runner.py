@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 from django.conf import settings
@@ -41,6 +42,10 @@ RETRY_CODES = {
     "service_unavailable",
     "timeout",
 }
+
+
+# How recent an interactive request on this process's engines makes the runner give way.
+INTERACTIVE_RECENT_SECONDS = 0.5
 
 
 class _Retry(Exception):
@@ -148,9 +153,8 @@ class BatchRunner:
             if await db_call(steps.lines_open)(batch=batch) == 0:
                 await db_call(steps.batch_finalize)(batch=batch, status=final)
             return False
-        lines = await db_call(steps.lines_claim)(
-            batch=batch, count=settings.FAIRLANE_BATCH_IN_FLIGHT
-        )
+        count, yielding = self.line_room()
+        lines = await db_call(steps.lines_claim)(batch=batch, count=count)
         if not lines:
             if await db_call(steps.lines_open)(batch=batch) == 0:
                 await db_call(
@@ -176,7 +180,24 @@ class BatchRunner:
                 logger.error("batch %s line %s failed", batch.id, line.index, exc_info=outcome)
                 await db_call(steps.line_release)(line=line)
             answered = answered or outcome is True
-        return answered  # lines only put back (a full queue): wait before the next round
+        # Lines only put back (a full queue), or interactive requests on this process's
+        # engines: wait before the next round.
+        return answered and not yielding
+
+    def line_room(self) -> tuple[int, bool]:
+        """How many lines a batch may start this round, and whether the runner is giving way:
+        one, while this process's engines ran an interactive request in the last
+        INTERACTIVE_RECENT_SECONDS (in the embedded mode the runner's own work, admitting,
+        settling and recording each line, takes the cores those requests run on), else
+        FAIRLANE_BATCH_IN_FLIGHT. A runner beside no engine (the distributed mode) never
+        gives way here: the fair queue and the workers' engines keep bulk behind."""
+        host = self.runtime.engine_host
+        if (
+            host is not None
+            and time.monotonic() - host.foreground_at() < INTERACTIVE_RECENT_SECONDS
+        ):
+            return 1, True
+        return settings.FAIRLANE_BATCH_IN_FLIGHT, False
 
     async def line_run(self, batch: Batch, base: Caller, line: BatchLine) -> bool:
         """Run one line and record its answer; False when it was put back for later."""

@@ -101,3 +101,26 @@ def test_a_place_count_below_one_is_refused(tiny_dir):
 
     with pytest.raises(ValueError, match="yield_max_seqs"):
         EngineConfig(model=str(tiny_dir), yield_lanes=("bulk",), yield_max_seqs=0)
+
+
+def test_the_scheduler_says_when_an_interactive_sequence_was_last_beside_the_bulk_lane(
+    make_engine,
+):
+    """`foreground_at` moves while a sequence of a lane that does not yield runs or waits, and
+    only then (the batch runner reads it)."""
+    import time
+
+    engine = make_engine(
+        policy=FairSharePolicy(lanes=LANES), yield_lanes=("bulk",), yield_max_seqs=1
+    )
+    add(engine, 2, interactive=False)
+    lanes_per_step(engine)
+    assert engine.scheduler.foreground_at == 0.0  # bulk alone
+    before = time.monotonic()
+    add(engine, 2, interactive=True)
+    lanes_per_step(engine)
+    assert engine.scheduler.foreground_at >= before
+    unset = make_engine(policy=FairSharePolicy(lanes=LANES))  # no lane yields: never set
+    add(unset, 2, interactive=True)
+    lanes_per_step(unset)
+    assert unset.scheduler.foreground_at == 0.0

@@ -69,6 +69,12 @@ class AsyncEngine:
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._is_stopping
 
+    @property
+    def foreground_at(self) -> float:
+        """When a sequence of a lane that does not yield last ran or waited here (monotonic
+        seconds; 0.0: never, or no lane yields). Read from any thread."""
+        return self.engine.scheduler.foreground_at
+
     # Submitting ---------------------------------------------------------------------------
 
     def submit(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -56,6 +57,9 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # When a sequence of a lane that does not yield was last seen (time.monotonic(); 0:
+        # never, or no lane yields): read by callers that yield too (the batch runner).
+        self.foreground_at = 0.0
         self._watermark_blocks = int(config.watermark * block_manager.num_blocks)
 
     @property
@@ -85,6 +89,7 @@ class Scheduler:
             return None
         for seq in (*self.running, *self.waiting):
             if seq.lane not in lanes:
+                self.foreground_at = time.monotonic()
                 return [self.config.yield_max_seqs]
         return None
 

@@ -133,6 +133,11 @@ class VllmEngine:
     def is_running(self) -> bool:
         return self._healthy and not self._stopping.is_set()
 
+    @property
+    def foreground_at(self) -> float:
+        """vLLM orders its own batches: no lane yields here (see AsyncEngine.foreground_at)."""
+        return 0.0
+
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the child; sequences still running (after the drain) are aborted first."""
         if self._loop.is_running():
