@@ -9,8 +9,9 @@ out, so every request is still held against its budgets before it is sent and se
 LiteLLM (a peer, not a dependency: `python -m venv V && V/bin/pip install 'litellm[proxy]'`)
 runs its proxy with 2 workers and no database (so it meters nothing).
 
-For each setting (clients x JSON/stream) the targets take turns, round after round, so drift on
-a shared machine hits all of them alike; the median round is reported. Closed-loop clients hold
+For each client count, the modes (JSON, stream and the other front doors) and the targets take
+turns, round after round, so drift on a shared machine hits all of them alike; the median
+round is reported. Closed-loop clients hold
 keep-alive connections (routing/bench/loadgen.py). Printed: requests/s, p50/p99 latency and the
 latency added over the upstream alone, TTFT for streams, CPU per request of each server's
 processes, the ratios Fairlane/LiteLLM and N/1 API processes, and whether Fairlane's ledger
@@ -289,33 +290,40 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(ordered[min(int(len(ordered) * q), len(ordered) - 1)] * 1000, 2)
 
 
+def _api(mode: str) -> str:
+    return mode.removesuffix("-stream") if mode.startswith(("messages", "responses")) else "chat"
+
+
 def measure(targets: dict[str, tuple[Target, Process | None]], args) -> list[dict]:
+    """Per client count, every mode and target takes its turn round after round (so a phase
+    of a shared machine falls on all of them alike: the front doors' ratios to chat compare
+    like with like); each row is the median round."""
     rows = []
     for clients in args.clients:
-        for mode in args.modes:
-            api = (
-                mode.removesuffix("-stream")
-                if mode.startswith(("messages", "responses"))
-                else "chat"
-            )
-            serving = {  # only this checkout of Fairlane speaks /v1/messages and /v1/responses
+        serving = {  # only this checkout of Fairlane speaks /v1/messages and /v1/responses
+            mode: {
                 name: pair
                 for name, pair in targets.items()
-                if api == "chat" or name.startswith("fairlane")
+                if _api(mode) == "chat" or name.startswith("fairlane")
             }
-            rounds: dict[str, list[dict]] = {name: [] for name in serving}
-            for _ in range(args.rounds):
-                for name, (target, process) in serving.items():
+            for mode in args.modes
+        }
+        rounds: dict[tuple[str, str], list[dict]] = {
+            (mode, name): [] for mode in args.modes for name in serving[mode]
+        }
+        for _ in range(args.rounds):
+            for mode in args.modes:
+                for name, (target, process) in serving[mode].items():
                     result, seconds, (start, end) = load(
                         target,
                         clients=clients,
                         stream=mode.endswith("stream"),
-                        api=api,
+                        api=_api(mode),
                         seconds=args.seconds,
                         warmup=args.warmup,
                         probe=functools.partial(Sample.take, process),
                     )
-                    rounds[name].append(
+                    rounds[mode, name].append(
                         {
                             "rps": result.completed / seconds,
                             "errors": result.errors,
@@ -326,7 +334,9 @@ def measure(targets: dict[str, tuple[Target, Process | None]], args) -> list[dic
                             "error_samples": result.error_samples,
                         }
                     )
-            for name, runs in rounds.items():
+        for mode in args.modes:
+            for name in serving[mode]:
+                runs = rounds[mode, name]
                 median = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
                 rows.append(
                     {
@@ -335,9 +345,10 @@ def measure(targets: dict[str, tuple[Target, Process | None]], args) -> list[dic
                         "mode": mode,
                         **{k: (round(v, 1) if k == "rps" else v) for k, v in median.items()},
                         "rps_rounds": [round(r["rps"], 1) for r in runs],
+                        "cpu_rounds": [r["cpu_ms_per_request"] for r in runs],
                     }
                 )
-            _print_setting(rows[-len(serving) :])
+            _print_setting(rows[-len(serving[mode]) :])
     return rows
 
 
@@ -377,10 +388,8 @@ def ratios(rows: list[dict], workers: list[int]) -> dict:
             continue
         if mode.startswith(("messages", "responses")):  # a front door's CPU per request over chat's
             chat = by.get((target, clients, "stream" if mode.endswith("stream") else "json"))
-            if chat and chat.get("cpu_ms_per_request") and row.get("cpu_ms_per_request"):
-                out[f"{target} {mode}/chat cpu per request {clients}"] = round(
-                    row["cpu_ms_per_request"] / chat["cpu_ms_per_request"], 3
-                )
+            if chat and (paired := _paired_ratio(row, chat)) is not None:
+                out[f"{target} {mode}/chat cpu per request {clients}"] = paired
         peer = by.get(("litellm", clients, mode))
         if peer and peer["rps"]:
             out[f"{target}/litellm {mode} {clients}"] = round(row["rps"] / peer["rps"], 2)
@@ -399,6 +408,17 @@ def ratios(rows: list[dict], workers: list[int]) -> dict:
                         most / one["rps"], 2
                     )
     return out
+
+
+def _paired_ratio(row: dict, chat: dict) -> float | None:
+    """The median over rounds of the front door's CPU per request over chat's in the same
+    round (adjacent in time: a drift of the machine cancels out of each ratio)."""
+    pairs = sorted(
+        mine / theirs
+        for mine, theirs in zip(row.get("cpu_rounds", []), chat.get("cpu_rounds", []), strict=False)
+        if mine and theirs
+    )
+    return round(pairs[len(pairs) // 2], 3) if pairs else None
 
 
 def rps_ceiling(

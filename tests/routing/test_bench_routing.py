@@ -162,3 +162,18 @@ def test_the_second_process_ceiling_counts_what_shares_the_cores():
     lone = ratios([r | {"clients": 1} for r in (one, two, direct)], [1, 2])
     assert "fairlane-2/fairlane-1 json 1" in lone
     assert "fairlane-2/fairlane-1 ceiling json 1" not in lone
+
+
+def test_a_front_doors_cpu_ratio_pairs_each_round_with_chats_in_the_same_round():
+    """The machine slows down between rounds: the median of per-round ratios cancels it,
+    where a ratio of the two medians would not."""
+    from routing.bench.gateway import ratios
+
+    chat = _row("fairlane-1", 300, cpu_ms_per_request=2.0, cpu_rounds=[2.0, 3.0, 4.0])
+    responses = _row("fairlane-1", 280, cpu_ms_per_request=3.3, cpu_rounds=[2.1, 3.3, 4.2]) | {
+        "mode": "responses"
+    }
+    out = ratios([chat, responses], [1])
+    assert out["fairlane-1 responses/chat cpu per request 16"] == 1.05  # rounds: 1.05, 1.1, 1.05
+    lost = responses | {"cpu_rounds": [None, None, None]}
+    assert "fairlane-1 responses/chat cpu per request 16" not in ratios([chat, lost], [1])
