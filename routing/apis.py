@@ -163,7 +163,9 @@ async def _sse(started: services.Started):
     yield SSE_DONE
 
 
-async def _answer(started: services.Started) -> HttpResponseBase:
+def answer_headers(started: services.Started) -> dict[str, str]:
+    """What every front door's answer says of its run: the request id, the backend, the
+    cascade, the brownout, the demotion and the model's version, where they apply."""
     headers = {"x-request-id": started.job.request_id}
     if started.backend:
         headers["x-fairlane-backend"] = started.backend
@@ -175,6 +177,11 @@ async def _answer(started: services.Started) -> HttpResponseBase:
         headers["x-fairlane-demoted"] = started.demoted
     if version := version_tag(started.job.model):
         headers["x-fairlane-model-version"] = version
+    return headers
+
+
+async def _answer(started: services.Started) -> HttpResponseBase:
+    headers = answer_headers(started)
     if started.stream:
         return StreamingHttpResponse(
             _sse(started),

@@ -8,7 +8,7 @@ from __future__ import annotations
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
-from routing.apis import openai_view
+from routing.apis import answer_headers, openai_view
 from routing.drain import Drained, drain
 from routing.services import messages
 from routing.services.answers import Started
@@ -55,11 +55,8 @@ async def messages_create(request, caller):
     started = await messages.messages_start(
         runtime=request.runtime, caller=caller, body=_body(request)
     )
-    headers = {"x-request-id": started.job.request_id, "request-id": started.job.request_id}
-    if started.backend:
-        headers["x-fairlane-backend"] = started.backend
-    if started.demoted:
-        headers["x-fairlane-demoted"] = started.demoted
+    # Anthropic's clients read `request-id`.
+    headers = {**answer_headers(started), "request-id": started.job.request_id}
     if started.stream:
         return StreamingHttpResponse(
             _events(started),

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from django.http import HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 
-from routing.apis import json_body, openai_view
+from routing.apis import answer_headers, json_body, openai_view
 from routing.drain import Drained, drain
 from routing.responses import store
 from routing.responses.services import (
@@ -22,7 +22,6 @@ from routing.sync import db_call
 from routing.wire.render import json_bytes
 from routing.wire.responses_render import responses_sse
 from tenants.errors import InvalidRequest
-from workers.serving.versions import version_tag
 
 MAX_LIMIT = 100
 
@@ -36,22 +35,6 @@ async def _sse(response: ResponseStarted) -> AsyncIterator[bytes]:
         yield responses_sse(response.render.failure(exc.code, exc.message))
 
 
-def _headers(response: ResponseStarted) -> dict[str, str]:
-    started = response.started
-    headers = {"x-request-id": started.job.request_id}
-    if started.backend:
-        headers["x-fairlane-backend"] = started.backend
-    if started.cascade:
-        headers["x-fairlane-cascade"] = started.cascade
-    if started.brownout:
-        headers["x-fairlane-brownout"] = started.brownout
-    if started.demoted:
-        headers["x-fairlane-demoted"] = started.demoted
-    if version := version_tag(started.job.model):
-        headers["x-fairlane-model-version"] = version
-    return headers
-
-
 @openai_view("POST")
 async def responses(request, caller) -> HttpResponseBase:
     response = await response_start(runtime=request.runtime, caller=caller, body=json_body(request))
@@ -59,12 +42,16 @@ async def responses(request, caller) -> HttpResponseBase:
         return StreamingHttpResponse(
             _sse(response),
             content_type="text/event-stream",
-            headers={**_headers(response), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers={
+                **answer_headers(response.started),
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            },
         )
     return HttpResponse(
         json_bytes(await response_collect(response)),
         content_type="application/json",
-        headers=_headers(response),
+        headers=answer_headers(response.started),
     )
 
 
