@@ -50,6 +50,7 @@ class Attempt:
     tenant: Tenant
     agent: Agent
     api_key: ApiKey | None
+    model: str = ""  # the model asked for: model-filtered budgets apply by it
     reserved: int | None = None  # micro-cents held now (None: no reservation yet)
     # The database failed while reserving: the hold may have committed, so release it too.
     maybe_reserved: bool = False
@@ -73,6 +74,7 @@ def attempt_reserve(attempt: Attempt, amount: int) -> None:
                 amount_microcents=amount,
                 request_id=attempt.request_id,
                 api_key=attempt.api_key,
+                model=attempt.model,
             )
         except TRANSIENT:
             attempt.maybe_reserved = True

@@ -32,11 +32,23 @@ def window_bounds(*, period: str, tz_name: str, now: datetime) -> tuple[datetime
 
 
 def _owner_reservations(*, budget, start: datetime, end: datetime):
-    """The requests a budget's owner (its agent, or the whole tenant) reserved in [start, end)."""
+    """The requests a budget applies to (its agent's, its API key's, its member's keys', or the
+    whole tenant's, for its models) reserved in [start, end). A member's are those made with
+    the keys they created and still own (not handed to the agent when they left)."""
     reservations = Reservation.objects.filter(
         tenant_id=budget.tenant_id, created_at__gte=start, created_at__lt=end
     )
-    return reservations.filter(agent_id=budget.agent_id) if budget.agent_id else reservations
+    if budget.agent_id:
+        reservations = reservations.filter(agent_id=budget.agent_id)
+    elif budget.api_key_id:
+        reservations = reservations.filter(api_key_id=budget.api_key_id)
+    elif budget.member_id:
+        reservations = reservations.filter(
+            api_key__created_by_id=budget.member.user_id, api_key__handed_over_at__isnull=True
+        )
+    if budget.model_names:
+        reservations = reservations.filter(model__in=budget.model_names)
+    return reservations
 
 
 def window_usage_settled(*, budget, start: datetime, end: datetime):

@@ -161,7 +161,9 @@ def _current_windows(now: datetime):
     in percent, at most 999)."""
     return (
         BudgetWindow.objects.filter(start__lte=now, end__gt=now, budget__limit_microcents__gt=0)
-        .select_related("budget__tenant", "budget__agent")
+        .select_related(
+            "budget__tenant", "budget__agent", "budget__api_key", "budget__member__user"
+        )
         .annotate(
             used=Least(
                 (F("spent_microcents") + F("reserved_microcents"))

@@ -48,7 +48,9 @@ class Routed:
             Lane.BULK if caller.batch_id else caller.agent.lane or caller.tenant.default_lane
         )
         # Soft budget levels crossed: demoted to the bulk lane (same price), or throttled.
-        self.soft = budget_soft_check(tenant=caller.tenant, agent=caller.agent)
+        self.soft = budget_soft_check(
+            tenant=caller.tenant, agent=caller.agent, api_key=caller.api_key, model=model
+        )
         if self.soft.demoted:
             self.lane = Lane.BULK
         routes = registry_get().routes.get(model)
@@ -65,6 +67,7 @@ class Routed:
             tenant=caller.tenant,
             agent=caller.agent,
             api_key=caller.api_key,
+            model=model,
         )
         self.admitted: Admitted | None = None  # its rate-limit slot, once taken
 

@@ -11,7 +11,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from tenants.models.tenancy import Agent, ApiKey, Tenant
+from tenants.models.tenancy import Agent, ApiKey, Membership, Tenant
 
 MICROCENTS_PER_CENT = 1_000_000
 MICROCENTS_PER_USD = 100 * MICROCENTS_PER_CENT
@@ -34,16 +34,38 @@ class SoftAction(models.TextChoices):
 
 
 class Budget(models.Model):
-    """A spending limit per window for an agent, or for the whole tenant when agent is empty.
+    """A spending limit per window, for one scope of a tenant: an agent, an API key, a member
+    (the requests made with the keys they created and still own), or the whole tenant when
+    none is set; `model_names` narrows it to requests for those models (empty: every model).
     Windows start at midnight in the tenant's time zone (weeks on Monday, months on the 1st).
     An optional soft level below the limit slows its owner down instead of refusing
-    (`soft_action`); the limit itself still refuses."""
+    (`soft_action`); the limit itself still refuses.
+
+    A request is held against every budget that applies to it, all or none. The agent's and
+    the tenant's budgets for every model are its "primary" windows (the reservation's
+    agent_window and tenant_window); the others are its extra windows."""
+
+    class Scope(models.TextChoices):
+        TENANT = "tenant"
+        AGENT = "agent"
+        API_KEY = "api_key"
+        MEMBER = "member"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="budgets")
     agent = models.ForeignKey(
         Agent, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
     )
+    api_key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
+    )
+    member = models.ForeignKey(
+        Membership, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
+    )
+    # Model names; empty: every model (the API calls it `models`).
+    model_names = models.JSONField(default=list, blank=True)
+    # The scope, its owner and its models as one string: one budget per (tenant, owner_key).
+    owner_key = models.CharField(max_length=600, editable=False, default="")
     period = models.CharField(max_length=16, choices=Period.choices, default=Period.DAILY)
     limit_microcents = models.BigIntegerField(
         validators=[MinValueValidator(0), MaxValueValidator(MAX_MICROCENTS)]
@@ -67,20 +89,88 @@ class Budget(models.Model):
                 | Q(soft_limit_microcents__lte=models.F("limit_microcents")),
                 name="budget_soft_lte_limit",
             ),
-            models.UniqueConstraint(
-                fields=["tenant", "agent"],
-                condition=Q(agent__isnull=False),
-                name="budget_one_per_agent",
+            models.CheckConstraint(
+                condition=Q(api_key__isnull=True, member__isnull=True)
+                | Q(agent__isnull=True, member__isnull=True)
+                | Q(agent__isnull=True, api_key__isnull=True),
+                name="budget_one_scope",
             ),
-            models.UniqueConstraint(
-                fields=["tenant"], condition=Q(agent__isnull=True), name="budget_one_per_tenant"
-            ),
+            models.UniqueConstraint(fields=["tenant", "owner_key"], name="budget_one_per_owner"),
         ]
-        ordering = ["tenant", "agent"]
+        ordering = ["tenant", "owner_key"]
 
     def __str__(self) -> str:
-        owner = self.agent.name if self.agent else "tenant"
-        return f"{self.tenant.slug}/{owner} {self.period}"
+        return f"{self.tenant.slug}/{self.owner_label} {self.period}"
+
+    def save(self, *args, **kwargs) -> None:
+        self.owner_key = self.owner_key_of()
+        super().save(*args, **kwargs)
+
+    def owner_key_of(self) -> str:
+        owner = {
+            self.Scope.AGENT: self.agent_id,
+            self.Scope.API_KEY: self.api_key_id,
+            self.Scope.MEMBER: self.member_id,
+        }.get(self.scope)
+        key = self.scope if owner is None else f"{self.scope}:{owner}"
+        return key + (f"|{','.join(sorted(self.model_names))}" if self.model_names else "")
+
+    @property
+    def scope(self) -> str:
+        if self.agent_id is not None:
+            return self.Scope.AGENT
+        if self.api_key_id is not None:
+            return self.Scope.API_KEY
+        if self.member_id is not None:
+            return self.Scope.MEMBER
+        return self.Scope.TENANT
+
+    @property
+    def slot(self) -> str:
+        """Where a reservation names this budget's window: "agent", "tenant" (the primary
+        windows: those scopes for every model) or "extra"."""
+        if self.model_names or self.scope in (self.Scope.API_KEY, self.Scope.MEMBER):
+            return "extra"
+        return self.scope
+
+    @property
+    def owner_label(self) -> str:
+        """Who the budget is for, in words: "agent support", "API key fl-ab12", ..."""
+        if self.scope == self.Scope.AGENT:
+            owner = f"agent {self.agent.name}"
+        elif self.scope == self.Scope.API_KEY:
+            owner = f"API key {self.api_key.prefix}"
+        elif self.scope == self.Scope.MEMBER:
+            owner = f"member {self.member.user.get_username()}"
+        else:
+            owner = "tenant"
+        return owner + (f" (models: {', '.join(self.model_names)})" if self.model_names else "")
+
+    @property
+    def possessive(self) -> str:
+        """ "agent's daily budget", "API key fl-ab12's daily budget for big", ...: for the
+        caller's error messages (the agent is the caller's own)."""
+        return self.described(named=False)
+
+    def described(self, *, named: bool = True) -> str:
+        """ "agent support's daily budget" (`named`), "tenant's weekly budget for big", ..."""
+        if self.scope == self.Scope.AGENT and not (named or self.model_names):
+            owner = "agent's"
+        elif self.scope == self.Scope.TENANT:
+            owner = "tenant's"
+        elif self.scope == self.Scope.AGENT:
+            owner = f"agent {self.agent.name}'s"
+        elif self.scope == self.Scope.API_KEY:
+            owner = f"API key {self.api_key.prefix}'s"
+        else:
+            owner = f"member {self.member.user.get_username()}'s"
+        models_for = f" for {', '.join(self.model_names)}" if self.model_names else ""
+        return f"{owner} {self.period} budget{models_for}"
+
+    def applies_to(self, *, model: str) -> bool:
+        """Whether a request for `model` counts against this budget (its owner already
+        matched)."""
+        return not self.model_names or model in self.model_names
 
     def soft_crossed(self, used_microcents: int) -> str:
         """The soft action in force when a window has `used_microcents` spent and reserved:
@@ -124,8 +214,9 @@ class BudgetWindow(models.Model):
 
 
 class Reservation(models.Model):
-    """The worst-case cost of one request, held against the agent's and tenant's current
-    windows until the request is settled (actual cost charged, the rest freed) or released."""
+    """The worst-case cost of one request, held against the current windows of every budget
+    that applies to it until the request is settled (actual cost charged, the rest freed) or
+    released."""
 
     class Status(models.TextChoices):
         HELD = "held"
@@ -147,6 +238,11 @@ class Reservation(models.Model):
     tenant_window = models.ForeignKey(
         BudgetWindow, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The windows of the other budgets that apply (API key, member, model filters): their ids,
+    # locked after the agent's and the tenant's, in ascending order.
+    extra_windows = models.JSONField(default=list, blank=True)
+    # The model asked for (a model-filtered budget's window counts the holds for its models).
+    model = models.CharField(max_length=200, blank=True, default="")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.HELD)
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
@@ -157,6 +253,12 @@ class Reservation(models.Model):
 
     def __str__(self) -> str:
         return self.request_id
+
+    def window_ids(self) -> list[int]:
+        """Its windows in the order they are locked: the agent's, the tenant's, then the
+        extra ones by id."""
+        primary = [i for i in (self.agent_window_id, self.tenant_window_id) if i is not None]
+        return primary + sorted(self.extra_windows or ())
 
 
 class UsageRecord(models.Model):
@@ -206,6 +308,12 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return self.request_id
+
+    def window_ids(self) -> list[int]:
+        """Its windows in the order they are locked: the agent's, the tenant's, then the
+        extra ones by id."""
+        primary = [i for i in (self.agent_window_id, self.tenant_window_id) if i is not None]
+        return primary + sorted(self.extra_windows or ())
 
     @property
     def total_tokens(self) -> int:

@@ -33,7 +33,8 @@ class WindowCheck:
     window_id: int
     budget_id: uuid.UUID
     tenant: str  # the tenant's slug
-    owner: str  # the agent's name, or "tenant"
+    owner: str  # the agent's name, the key's prefix, the member's username, or "tenant"
+    models: tuple[str, ...]  # the budget's model filter (empty: every model)
     period: str
     start: datetime
     end: datetime
@@ -58,6 +59,7 @@ class WindowCheck:
             "budget_id": str(self.budget_id),
             "tenant": self.tenant,
             "owner": self.owner,
+            "models": list(self.models),
             "period": self.period,
             "start": self.start.isoformat(),
             "end": self.end.isoformat(),
@@ -119,7 +121,9 @@ def _window_check(*, window_id: int, fix: bool, spent: bool) -> WindowCheck:
     with transaction.atomic():
         window = (
             BudgetWindow.objects.select_for_update(of=("self",))
-            .select_related("budget__tenant", "budget__agent")
+            .select_related(
+                "budget__tenant", "budget__agent", "budget__api_key", "budget__member__user"
+            )
             .get(pk=window_id)
         )
         check = _window_recompute(window=window, spent=spent)
@@ -133,13 +137,21 @@ def _window_recompute(*, window: BudgetWindow, spent: bool) -> WindowCheck:
     """The window as stored and as the ledger and its holds say (the holds it names: a hold
     moved to a window opened by a change of zone or period is that window's)."""
     budget = window.budget
-    held_on = {"agent_window" if budget.agent_id else "tenant_window": window}
-    holds = list(
-        window_reservations_open(budget=budget, start=window.start, end=window.end)
-        .filter(**held_on)
-        .values_list("pk", "amount_microcents")
-        .order_by("pk")
-    )
+    open_holds = window_reservations_open(budget=budget, start=window.start, end=window.end)
+    if budget.slot == "extra":  # a JSON list: filtered here, the same on both databases
+        holds = [
+            (pk, amount)
+            for pk, amount, extra in open_holds.values_list(
+                "pk", "amount_microcents", "extra_windows"
+            ).order_by("pk")
+            if window.pk in (extra or ())
+        ]
+    else:
+        holds = list(
+            open_holds.filter(**{f"{budget.slot}_window": window})
+            .values_list("pk", "amount_microcents")
+            .order_by("pk")
+        )
     usage = (
         window_usage_settled(budget=budget, start=window.start, end=window.end)
         .values_list("pk", "cost_microcents")
@@ -150,7 +162,8 @@ def _window_recompute(*, window: BudgetWindow, spent: bool) -> WindowCheck:
         window_id=window.pk,
         budget_id=budget.pk,
         tenant=budget.tenant.slug,
-        owner=budget.agent.name if budget.agent else "tenant",
+        owner=_owner(budget),
+        models=tuple(budget.model_names),
         period=budget.period,
         start=window.start,
         end=window.end,
@@ -161,6 +174,16 @@ def _window_recompute(*, window: BudgetWindow, spent: bool) -> WindowCheck:
         usage_ids=tuple(pk for pk, _ in charged),
         reservation_ids=tuple(pk for pk, _ in holds),
     )
+
+
+def _owner(budget: Budget) -> str:
+    if budget.agent is not None:
+        return budget.agent.name
+    if budget.api_key is not None:
+        return budget.api_key.prefix
+    if budget.member is not None:
+        return budget.member.user.get_username()
+    return "tenant"
 
 
 def _window_correct(*, window: BudgetWindow, check: WindowCheck) -> None:

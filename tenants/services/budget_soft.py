@@ -19,7 +19,7 @@ from datetime import datetime
 from django.db.models import F
 from django.utils import timezone
 
-from tenants.models import Agent, Budget, BudgetWindow, SoftAction, Tenant
+from tenants.models import Agent, ApiKey, Budget, BudgetWindow, SoftAction, Tenant
 from tenants.services.alerts.evaluate import budget_soft_alert
 from tenants.services.budgets import budget_window_cached, budgets_for_caller
 
@@ -36,14 +36,21 @@ def demoted_header(*, budget: Budget, percent: int) -> str:
     return f"budget={budget.pk}; spent={percent}%"
 
 
-def budget_soft_check(*, tenant: Tenant, agent: Agent, now: datetime | None = None) -> SoftState:
-    """The agent's and the tenant's soft levels as their current windows stand (one query
-    when either budget has a soft level, none otherwise); a crossing fires its alert."""
+def budget_soft_check(
+    *,
+    tenant: Tenant,
+    agent: Agent,
+    api_key: ApiKey | None = None,
+    model: str = "",
+    now: datetime | None = None,
+) -> SoftState:
+    """The soft levels of every budget the request counts against, as their current windows
+    stand (one query when any has a soft level, none otherwise); a crossing fires its alert."""
     now = now or timezone.now()
     budgets = [
         b
-        for b in budgets_for_caller(tenant=tenant, agent=agent)
-        if b is not None and b.soft_limit_microcents is not None
+        for b in budgets_for_caller(tenant=tenant, agent=agent, api_key=api_key, model=model)
+        if b.soft_limit_microcents is not None
     ]
     if not budgets:
         return SoftState()
@@ -54,7 +61,7 @@ def budget_soft_check(*, tenant: Tenant, agent: Agent, now: datetime | None = No
         )
     )
     demoted, throttles = "", []
-    for budget in budgets:  # the agent's first: its header wins over the tenant's
+    for budget in budgets:  # the agent's first: its header wins over the others
         window = windows[budget.pk]
         spent = used.get(window.pk, 0)
         action = budget.soft_crossed(spent)

@@ -25,7 +25,7 @@ from psycopg.types.json import Jsonb
 from tenants.models import Reservation
 from tenants.services.group_commit import GroupCommit, prepared
 
-RESERVE = "SELECT fairlane_budget_hold(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+RESERVE = "SELECT fairlane_budget_hold(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 SETTLE = (
     "SELECT * FROM fairlane_budget_settle(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
@@ -34,7 +34,8 @@ _reservations = GroupCommit(
     RESERVE,
     "SELECT * FROM fairlane_budget_hold_many(%s::uuid[], "
     "%s::varchar[], %s::bigint[], %s::uuid[], %s::uuid[], %s::bigint[], "
-    "%s::bigint[], %s::bigint[], %s::timestamptz[], %s::timestamptz[])",
+    "%s::bigint[], %s::bigint[], %s::jsonb[], %s::varchar[], %s::timestamptz[], "
+    "%s::timestamptz[])",
 )
 _settlements = GroupCommit(
     SETTLE,
@@ -46,6 +47,7 @@ _settlements = GroupCommit(
 )
 
 
+_NO_EXTRA = Jsonb([])
 _vendor: str | None = None
 
 
@@ -58,8 +60,8 @@ def enabled() -> bool:
 
 def reserve(reservation: Reservation) -> str:
     """Reserve `reservation` (unsaved) on its windows and insert it: "" when held, else whose
-    window could not cover it ("agent" or "tenant"), with nothing held. IntegrityError when
-    the request id has a reservation already."""
+    window could not cover it ("agent", "tenant" or "window:<id>" for an extra window), with
+    nothing held. IntegrityError when the request id has a reservation already."""
     r = reservation
     params = [
         r.id,
@@ -70,6 +72,8 @@ def reserve(reservation: Reservation) -> str:
         r.amount_microcents,
         r.agent_window_id,
         r.tenant_window_id,
+        _NO_EXTRA if not r.extra_windows else Jsonb(r.extra_windows),
+        r.model,
         r.created_at,
         r.expires_at,
     ]
@@ -108,6 +112,17 @@ class Settled:
     tenant_window_id: int | None = None
     agent_spent: int | None = None  # the windows' spent after this charge
     tenant_spent: int | None = None
+    extra_window_ids: list[int] | None = None  # the extra windows, and their spent after it
+    extra_spent: list[int] | None = None
+
+    def spent_after(self) -> dict:
+        """Window id -> its spent after this charge."""
+        after = {self.agent_window_id: self.agent_spent, self.tenant_window_id: self.tenant_spent}
+        after.update(zip(self.extra_window_ids or (), self.extra_spent or (), strict=True))
+        return after
+
+    def window_ids(self) -> tuple:
+        return (self.agent_window_id, self.tenant_window_id, *(self.extra_window_ids or ()))
 
 
 def settle(*, request_id: str, tenant_id: int, cost: int, usage, now) -> Settled:

@@ -4,9 +4,11 @@ The invariant: in every window, spent + reserved never exceeds the limit, howeve
 processes reserve at once. Each hold is one conditional UPDATE
 (`reserved = reserved + c WHERE spent + reserved + c <= limit`), which PostgreSQL re-checks on
 the latest row version after waiting for the row lock, and which SQLite serialises with
-IMMEDIATE transactions. The agent's window is always locked before the tenant's, so two
-requests never wait on each other in opposite orders; a reservation row is always locked
-before the windows it holds on.
+IMMEDIATE transactions. A request is held on every budget that applies to it (its agent's, its
+tenant's, its API key's, its member's, each for every model or for its model), all or none.
+Windows are always locked in one order, the agent's, the tenant's, then the others by id
+(`Reservation.window_ids`), so two requests never wait on each other in a circle; a
+reservation row is always locked before the windows it holds on.
 
 A hold lives as long as its request: whoever owns the request renews it
 (`budget_reservations_renew`, the API process every third of FAIRLANE_RESERVATION_TTL_SECONDS), and
@@ -30,6 +32,7 @@ from tenants.models import (
     ApiKey,
     Budget,
     BudgetWindow,
+    Membership,
     Period,
     Reservation,
     SoftAction,
@@ -70,30 +73,58 @@ def _soft_clean(field: str, value):
     return value
 
 
+def model_names_clean(value) -> list[str]:
+    if value is None:
+        return []
+    if (
+        not isinstance(value, list)
+        or len(value) > 50
+        or not all(isinstance(m, str) and 0 < len(m) <= 200 and m.isprintable() for m in value)
+    ):
+        raise InvalidRequest(
+            "models must be a list of up to 50 model names (1-200 printable characters).",
+            param="models",
+        )
+    return sorted(set(value))
+
+
 def budget_create(
     *,
     tenant: Tenant,
-    agent: Agent | None,
+    agent: Agent | None = None,
     limit_microcents: int,
     period: str = Period.DAILY,
+    api_key: ApiKey | None = None,
+    member: Membership | None = None,
+    model_names: list[str] | None = None,
     **soft,
 ) -> Budget:
-    if agent is not None and agent.tenant_id != tenant.id:
-        raise InvalidRequest("agent does not belong to this tenant.", param="agent")
-    if Budget.objects.filter(tenant=tenant, agent=agent).exists():
-        raise Conflict("This owner already has a budget; change it instead.", param="agent")
+    """A budget for one scope: `agent`, `api_key` or `member` (at most one; none: the whole
+    tenant), for `model_names` only when given."""
+    for param, owner in (("agent", agent), ("api_key", api_key), ("member", member)):
+        if owner is not None and owner.tenant_id != tenant.id:
+            raise InvalidRequest(f"{param} does not belong to this tenant.", param=param)
+    if sum(owner is not None for owner in (agent, api_key, member)) > 1:
+        raise InvalidRequest("A budget has one scope: agent, api_key or member.", param="scope")
     budget = Budget(
         tenant=tenant,
         agent=agent,
+        api_key=api_key,
+        member=member,
+        model_names=model_names_clean(model_names),
         period=period,
         limit_microcents=amount_clean(limit_microcents, param="limit_microcents"),
     )
+    if Budget.objects.filter(tenant=tenant, owner_key=budget.owner_key_of()).exists():
+        raise Conflict(
+            "This owner already has a budget for these models; change it instead.", param="scope"
+        )
     for field, value in soft.items():
         if field not in SOFT_FIELDS:
             raise InvalidRequest(f"{field} is not a budget field.", param=field)
         setattr(budget, field, _soft_clean(field, value))
     with transaction.atomic():
-        budget = save_validated(budget, unique_param="agent")
+        budget = save_validated(budget, unique_param="scope")
         audit_change("budget.create", budget)
     return budget
 
@@ -150,49 +181,74 @@ def _window_open(*, budget: Budget, start: datetime, end: datetime) -> BudgetWin
                 spent_microcents=window_spent_settled(budget=budget, start=start, end=end),
                 reserved_microcents=sum(r.amount_microcents for r in moving),
             )
-            field = "agent_window" if budget.agent_id else "tenant_window"
+            slot = budget.slot
+            theirs = (
+                set(BudgetWindow.objects.filter(budget=budget).values_list("pk", flat=True))
+                if slot == "extra" and moving
+                else set()
+            )
             for reservation in moving:
-                old = getattr(reservation, f"{field}_id")
-                if old is not None:
-                    BudgetWindow.objects.filter(pk=old).update(
-                        reserved_microcents=F("reserved_microcents") - reservation.amount_microcents
+                if slot == "extra":
+                    olds = [i for i in reservation.extra_windows if i in theirs]
+                    reservation.extra_windows = sorted(
+                        [i for i in reservation.extra_windows if i not in theirs] + [window.pk]
                     )
-                setattr(reservation, field, window)
-                reservation.save(update_fields=[field])
+                    fields = ["extra_windows"]
+                else:
+                    old = getattr(reservation, f"{slot}_window_id")
+                    olds = [old] if old is not None else []
+                    setattr(reservation, f"{slot}_window", window)
+                    fields = [f"{slot}_window"]
+                BudgetWindow.objects.filter(pk__in=olds).update(
+                    reserved_microcents=F("reserved_microcents") - reservation.amount_microcents
+                )
+                reservation.save(update_fields=fields)
             return window
     except IntegrityError:  # another request opened it first
         return BudgetWindow.objects.get(budget=budget, start=start)
 
 
-def _window_reserve(
-    *, window: BudgetWindow, budget: Budget, amount: int, now: datetime, owner: str
-) -> BudgetWindow:
+def _window_reserve(*, window: BudgetWindow, budget: Budget, amount: int, now: datetime) -> None:
     held = BudgetWindow.objects.filter(
         pk=window.pk,
         reserved_microcents__lte=budget.limit_microcents - amount - F("spent_microcents"),
     ).update(reserved_microcents=F("reserved_microcents") + amount)
     if not held:
-        raise _exhausted(budget=budget, window=window, now=now, owner=owner)
-    return window
+        raise _exhausted(budget=budget, window=window, now=now)
 
 
-_budgets = hot_cache("budgets")  # (tenant, agent) -> (agent's budget, tenant's budget)
+_budgets = hot_cache("budgets")  # (tenant, agent, key) -> the budgets of those owners
 _windows = hot_cache("windows")  # (budget, start) -> BudgetWindow (only id and end are read)
 
 
-def budgets_for_caller(*, tenant: Tenant, agent: Agent) -> tuple[Budget | None, Budget | None]:
-    found = _budgets.get((tenant.pk, agent.pk))
+def _slot_order(budget: Budget) -> int:
+    return {"agent": 0, "tenant": 1}.get(budget.slot, 2)
+
+
+def budgets_for_caller(
+    *, tenant: Tenant, agent: Agent, api_key: ApiKey | None = None, model: str = ""
+) -> list[Budget]:
+    """Every budget a request of `agent` with `api_key` for `model` counts against: the
+    tenant's, its agent's, its key's and its key's member's (the member who created the key
+    and still owns it), each for every model or for a list holding `model`. The agent's and
+    the tenant's for every model come first, in that order."""
+    key_pk = api_key.pk if api_key is not None else None
+    found = _budgets.get((tenant.pk, agent.pk, key_pk))
     if found is None:
         read_at = epoch()
-        budgets = {
-            b.agent_id: b
-            for b in Budget.objects.select_related("tenant").filter(
-                Q(agent__isnull=True) | Q(agent=agent), tenant=tenant
-            )
-        }
-        found = budgets.get(agent.pk), budgets.get(None)
-        _budgets.put((tenant.pk, agent.pk), found, read_at)
-    return found
+        owners = Q(agent__isnull=True, api_key__isnull=True, member__isnull=True) | Q(agent=agent)
+        if api_key is not None:
+            owners |= Q(api_key=api_key)
+            if api_key.created_by_id is not None and api_key.handed_over_at is None:
+                owners |= Q(member__user_id=api_key.created_by_id)
+        found = sorted(
+            Budget.objects.select_related("tenant", "agent", "api_key", "member__user").filter(
+                owners, tenant=tenant
+            ),
+            key=lambda b: (_slot_order(b), str(b.pk)),
+        )
+        _budgets.put((tenant.pk, agent.pk, key_pk), found, read_at)
+    return [b for b in found if b.applies_to(model=model)]
 
 
 def budget_window_cached(*, budget: Budget, now: datetime) -> BudgetWindow:
@@ -206,11 +262,9 @@ def budget_window_cached(*, budget: Budget, now: datetime) -> BudgetWindow:
     return window
 
 
-def _exhausted(
-    *, budget: Budget, window: BudgetWindow, now: datetime, owner: str
-) -> BudgetExhausted:
+def _exhausted(*, budget: Budget, window: BudgetWindow, now: datetime) -> BudgetExhausted:
     exc = BudgetExhausted(
-        f"The {owner} {budget.period} budget cannot cover this request's worst-case cost; "
+        f"The {budget.possessive} cannot cover this request's worst-case cost; "
         f"it resets at {window.end.isoformat()}.",
         retry_after=int((window.end - now).total_seconds()) + 1,
     )
@@ -225,53 +279,48 @@ def budget_reserve(
     amount_microcents: int,
     request_id: str,
     api_key: ApiKey | None = None,
+    model: str = "",
     now: datetime | None = None,
 ) -> Reservation:
-    """Hold a request's worst-case cost against the agent's and the tenant's current windows,
-    both or neither. Raises BudgetExhausted (with Retry-After until the window resets)."""
+    """Hold a request's worst-case cost against the current window of every budget that
+    applies to it (`budgets_for_caller`), all or none. Raises BudgetExhausted (with
+    Retry-After until the refusing window resets)."""
     if agent.tenant_id != tenant.id:
         raise InvalidRequest("agent does not belong to this tenant.", param="agent")
     amount = amount_clean(amount_microcents, param="amount_microcents")
     now = now or timezone.now()
-    agent_budget, tenant_budget = budgets_for_caller(tenant=tenant, agent=agent)
-    windows = {
-        b.pk: budget_window_cached(budget=b, now=now)
-        for b in (agent_budget, tenant_budget)
-        if b is not None
-    }
+    applying = budgets_for_caller(tenant=tenant, agent=agent, api_key=api_key, model=model)
+    windows = {b.pk: budget_window_cached(budget=b, now=now) for b in applying}
+    slots = {b.slot: windows[b.pk] for b in applying if b.slot != "extra"}
+    by_window = {windows[b.pk].pk: b for b in applying}
     expires = now + timedelta(seconds=settings.FAIRLANE_RESERVATION_TTL_SECONDS)
     reservation = Reservation(
         request_id=request_id,
         tenant=tenant,
         agent=agent,
         api_key=api_key,
+        model=model,
         amount_microcents=amount,
         created_at=now,
         expires_at=expires,
-        agent_window=windows.get(agent_budget.pk) if agent_budget else None,
-        tenant_window=windows.get(tenant_budget.pk) if tenant_budget else None,
+        agent_window=slots.get("agent"),
+        tenant_window=slots.get("tenant"),
+        extra_windows=sorted(windows[b.pk].pk for b in applying if b.slot == "extra"),
     )
     try:
         if budget_sql.enabled():
             refused = budget_sql.reserve(reservation)
             if refused:
-                budget = agent_budget if refused == "agent" else tenant_budget
-                if budget is None:  # the function refuses only for a budget it was given
-                    raise RuntimeError(f"the budget function refused an absent {refused} budget")
-                raise _exhausted(
-                    budget=budget, window=windows[budget.pk], now=now, owner=f"{refused}'s"
-                )
+                kind, _, window_id = refused.partition(":")
+                budget = by_window.get(slots[kind].pk if kind in slots else int(window_id or 0))
+                if budget is None:  # the function refuses only for a window it was given
+                    raise RuntimeError(f"the budget function refused an absent window {refused}")
+                raise _exhausted(budget=budget, window=windows[budget.pk], now=now)
             return reservation
         with transaction.atomic():
-            for budget, owner in ((agent_budget, "agent's"), (tenant_budget, "tenant's")):
-                if budget is not None:
-                    _window_reserve(
-                        window=windows[budget.pk],
-                        budget=budget,
-                        amount=amount,
-                        now=now,
-                        owner=owner,
-                    )
+            for window_id in reservation.window_ids():
+                budget = by_window[window_id]
+                _window_reserve(window=windows[budget.pk], budget=budget, amount=amount, now=now)
             reservation.save(force_insert=True)
             return reservation
     except IntegrityError:
@@ -307,13 +356,9 @@ def _reserve_adjust(*, tenant: Tenant, request_id: str, amount: int, now: dateti
         if reservation.status != Reservation.Status.HELD:
             raise InvalidRequest("The reservation is no longer held.", param="request_id")
         delta = amount - reservation.amount_microcents
-        windows = [
-            (reservation.agent_window_id, "agent's"),
-            (reservation.tenant_window_id, "tenant's"),
-        ]
-        for window_id, owner in windows:
-            if window_id is None or delta == 0:
-                continue
+        for window_id in reservation.window_ids():
+            if delta == 0:
+                break
             query = BudgetWindow.objects.filter(pk=window_id)
             if delta > 0:  # a constant limit, so PostgreSQL re-checks the row as it locks it
                 limit = (
@@ -323,14 +368,10 @@ def _reserve_adjust(*, tenant: Tenant, request_id: str, amount: int, now: dateti
                 )
                 query = query.filter(reserved_microcents__lte=limit - delta - F("spent_microcents"))
             if not query.update(reserved_microcents=F("reserved_microcents") + delta):
-                window = BudgetWindow.objects.get(pk=window_id)
-                exc = BudgetExhausted(
-                    f"The {owner} budget cannot cover this request's worst-case cost; it "
-                    f"resets at {window.end.isoformat()}.",
-                    retry_after=int((window.end - now).total_seconds()) + 1,
-                )
-                exc.window_id = window.pk
-                raise exc
+                window = BudgetWindow.objects.select_related(
+                    "budget__agent", "budget__api_key", "budget__member__user"
+                ).get(pk=window_id)
+                raise _exhausted(budget=window.budget, window=window, now=now)
         reservation.amount_microcents = amount
         reservation.save(update_fields=["amount_microcents"])
         return reservation
@@ -340,8 +381,8 @@ def _windows_unreserve(*, reservation: Reservation, charge: int) -> None:
     """Free the reservation's hold and charge `charge` in the windows it was made in (not
     today's, when a request reserved before midnight settles after it)."""
     held = reservation.amount_microcents if reservation.status == Reservation.Status.HELD else 0
-    for window_id in (reservation.agent_window_id, reservation.tenant_window_id):
-        if window_id is not None and (held or charge):
+    for window_id in reservation.window_ids():
+        if held or charge:
             BudgetWindow.objects.filter(pk=window_id).update(
                 reserved_microcents=F("reserved_microcents") - held,
                 spent_microcents=F("spent_microcents") + charge,

@@ -48,9 +48,10 @@ class Usage:
 def _charge_within_limits(*, reservation: Reservation, cost: int) -> int:
     """Free the reservation's hold and charge what its windows have room for (at most `cost`)
     in the windows it was made in (not today's, when it was reserved before midnight).
-    Returns the charge. The windows are locked agent's first, as holds lock them."""
+    Returns the charge. The windows are locked in the order holds lock them (SQLite, the
+    only database this path runs on, locks the whole database for the transaction)."""
     held = reservation.amount_microcents if reservation.status == Reservation.Status.HELD else 0
-    ids = [i for i in (reservation.agent_window_id, reservation.tenant_window_id) if i]
+    ids = reservation.window_ids()
     windows = {
         w.pk: w
         for w in BudgetWindow.objects.select_for_update(of=("self",))
@@ -101,7 +102,7 @@ def budget_settle(
             charge=charge,
             held=reservation.amount_microcents,
             prior=reservation.status,
-            window_ids=(reservation.agent_window_id, reservation.tenant_window_id),
+            window_ids=tuple(reservation.window_ids()),
         )
         reservation.status = Reservation.Status.SETTLED
         reservation.closed_at = now
@@ -152,11 +153,8 @@ def _settle_sql(
         charge=done.charge,
         held=done.held,
         prior=done.prior,
-        window_ids=(done.agent_window_id, done.tenant_window_id),
-        spent_after={
-            done.agent_window_id: done.agent_spent,
-            done.tenant_window_id: done.tenant_spent,
-        },
+        window_ids=done.window_ids(),
+        spent_after=done.spent_after(),
     )
     return UsageRecord(
         id=done.usage_id,

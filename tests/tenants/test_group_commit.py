@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
+from psycopg.types.json import Jsonb
 
 from tenants.errors import BudgetExhausted, InvalidRequest
 from tenants.models import BudgetWindow, Reservation, UsageRecord
@@ -127,32 +128,47 @@ def test_a_batch_holding_a_duplicate_request_id_fails_only_that_call(tenant, age
 
 def test_the_batch_functions_give_what_the_single_calls_give(tenant, agent):
     """fairlane_budget_hold_many: in order, each call sees the ones before it (the third
-    does not fit), a reused request id is 'duplicate'; nothing is held for either."""
+    does not fit the agent's window, the fifth not the model budget's extra window), a reused
+    request id is 'duplicate'; nothing is held for any of them, on any window."""
     budget = budget_create(tenant=tenant, agent=agent, limit_microcents=500)
-    window = BudgetWindow.objects.create(
-        budget=budget,
-        start=timezone.now() - timedelta(hours=1),
-        end=timezone.now() + timedelta(hours=1),
+    big = budget_create(tenant=tenant, model_names=["big"], limit_microcents=455)
+    window, extra = (
+        BudgetWindow.objects.create(
+            budget=b,
+            start=timezone.now() - timedelta(hours=1),
+            end=timezone.now() + timedelta(hours=1),
+        )
+        for b in (budget, big)
     )
-    now, ids = timezone.now(), [rid(), rid(), rid()]
+    now, ids = timezone.now(), [rid(), rid(), rid(), rid()]
     params = [
-        [uuid.uuid4() for _ in range(4)],
-        [ids[0], ids[1], ids[2], ids[0]],
-        [tenant.pk] * 4,
-        [agent.pk] * 4,
-        [None] * 4,
-        [200, 250, 100, 10],
-        [window.pk] * 4,
-        [None] * 4,
-        [now] * 4,
-        [now + timedelta(minutes=5)] * 4,
+        [uuid.uuid4() for _ in range(5)],
+        [ids[0], ids[1], ids[2], ids[0], ids[3]],
+        [tenant.pk] * 5,
+        [agent.pk] * 5,
+        [None] * 5,
+        [200, 250, 100, 10, 10],
+        [window.pk] * 5,
+        [None] * 5,
+        [Jsonb([extra.pk])] * 5,
+        ["big"] * 5,
+        [now] * 5,
+        [now + timedelta(minutes=5)] * 5,
     ]
     with connection.cursor() as cursor:
         cursor.execute(budget_sql._reservations.many, params)
-        assert [row[0] for row in cursor.fetchall()] == ["", "", "agent", "duplicate"]
+        assert [row[0] for row in cursor.fetchall()] == [
+            "",
+            "",
+            "agent",
+            "duplicate",
+            f"window:{extra.pk}",
+        ]
     window.refresh_from_db()
-    assert window.reserved_microcents == 450
+    extra.refresh_from_db()
+    assert window.reserved_microcents == extra.reserved_microcents == 450
     assert set(Reservation.objects.values_list("request_id", flat=True)) == set(ids[:2])
+    assert Reservation.objects.get(request_id=ids[0]).extra_windows == [extra.pk]
 
 
 def _prepared_here() -> list[str]:

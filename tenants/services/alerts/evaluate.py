@@ -38,6 +38,7 @@ from tenants.services.alerts.rules import (
     budget_rules_cached,
     rules_cached_clear,
 )
+from tenants.windows import window_usage_settled
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +113,9 @@ def _windows_of(ids: tuple[int, ...], spent_after: dict | None) -> list[BudgetWi
             return copies
     read_at = epoch()
     windows = list(
-        BudgetWindow.objects.filter(pk__in=ids).select_related("budget__tenant", "budget__agent")
+        BudgetWindow.objects.filter(pk__in=ids).select_related(
+            "budget__tenant", "budget__agent", "budget__api_key", "budget__member__user"
+        )
     )
     for window in windows:
         _windows.put(window.pk, window, read_at)
@@ -151,7 +154,9 @@ def budget_exhausted_alert(*, window_id: int, now: datetime | None = None) -> bo
             if (window_id, EXHAUSTED_RULE, limit) in _alarmed:
                 return False  # the common case: fired already in this window
         window = (
-            BudgetWindow.objects.select_related("budget__tenant", "budget__agent")
+            BudgetWindow.objects.select_related(
+                "budget__tenant", "budget__agent", "budget__api_key", "budget__member__user"
+            )
             .filter(pk=window_id)
             .first()
         )
@@ -192,7 +197,9 @@ def budget_soft_alert(*, window_id: int, now: datetime | None = None) -> bool:
             if key in _alarmed:
                 return False
         window = (
-            BudgetWindow.objects.select_related("budget__tenant", "budget__agent")
+            BudgetWindow.objects.select_related(
+                "budget__tenant", "budget__agent", "budget__api_key", "budget__member__user"
+            )
             .filter(pk=window_id)
             .first()
         )
@@ -299,6 +306,15 @@ def _rates(*, tenant_ids: set[int], now: datetime) -> dict[tuple[int, object], i
     return rates
 
 
+def _budget_rate(*, budget, now: datetime) -> int:
+    """Micro-cents per hour over the trailing RUN_RATE_WINDOW of the requests one budget of
+    another scope (an API key's, a member's, a model filter) applies to."""
+    total = window_usage_settled(
+        budget=budget, start=now - RUN_RATE_WINDOW, end=now + timedelta(microseconds=1)
+    ).aggregate(cost=Sum("cost_microcents"))["cost"]
+    return int((total or 0) / (RUN_RATE_WINDOW.total_seconds() / 3600))
+
+
 def forecast(
     *, window: BudgetWindow, rate: int, now: datetime
 ) -> tuple[bool, datetime | None, int]:
@@ -318,7 +334,9 @@ def budget_alerts_sweep(*, now: datetime | None = None) -> int:
     now = now or timezone.now()
     windows = list(
         BudgetWindow.objects.filter(start__lte=now, end__gt=now)
-        .select_related("budget__tenant", "budget__agent")
+        .select_related(
+            "budget__tenant", "budget__agent", "budget__api_key", "budget__member__user"
+        )
         .prefetch_related("budget__alert_rules")
     )
     if not windows:
@@ -337,7 +355,11 @@ def budget_alerts_sweep(*, now: datetime | None = None) -> int:
         for rule in budget_rules(budget):
             projected_at, projected_spend = None, None
             if rule.is_forecast:
-                rate = rates.get((budget.tenant_id, budget.agent_id), 0)
+                rate = (
+                    _budget_rate(budget=budget, now=now)
+                    if budget.slot == "extra"
+                    else rates.get((budget.tenant_id, budget.agent_id), 0)
+                )
                 holds, projected_at, projected_spend = forecast(window=window, rate=rate, now=now)
             else:
                 holds = limit > 0 and _reached(window.spent_microcents, limit, rule.percent)

@@ -52,12 +52,17 @@ def event_name(rule: Rule) -> str:
 def _message(*, window: BudgetWindow, rule: Rule, projected_at: datetime | None) -> str:
     budget = window.budget
     tz = budget.tenant.timezone
-    owner = f"Agent {budget.agent.name}'s" if budget.agent is not None else "The tenant's"
+    described = budget.described()
+    owner = (
+        f"The {described}"
+        if budget.scope == budget.Scope.TENANT
+        else described[0].upper() + described[1:]
+    )
     spent = f"{usd(window.spent_microcents)} of {usd(budget.limit_microcents)}"
     ends = _local(window.end, tz)
     if rule.is_forecast and projected_at is not None:
         return (
-            f"{owner} {budget.period} budget is projected to run out at "
+            f"{owner} is projected to run out at "
             f"{_local(projected_at, tz)}, before its window ends at {ends} ({spent} "
             f"spent)."
         )
@@ -68,10 +73,10 @@ def _message(*, window: BudgetWindow, rule: Rule, projected_at: datetime | None)
                 f"held by requests in flight, of {usd(budget.limit_microcents)}"
             )
         return (
-            f"{owner} {budget.period} budget is spent ({spent}): its requests are refused "
+            f"{owner} is spent ({spent}): its requests are refused "
             f"until the window resets at {ends}."
         )
-    return f"{owner} {budget.period} budget reached {rule.percent} % ({spent}; resets at {ends})."
+    return f"{owner} reached {rule.percent} % ({spent}; resets at {ends})."
 
 
 def alert_event_create(
@@ -133,25 +138,33 @@ def event_payload(event: AlertEvent) -> dict:
     event, event_group, event_message; team_id is the tenant, key_alias the agent) and
     Fairlane's own, in integer micro-cents."""
     agent = event.agent.name if event.agent is not None else None
+    budget = event.budget
+    scope = budget.scope if budget is not None else ("agent" if agent else "tenant")
+    key = budget.api_key.prefix if budget is not None and budget.api_key else None
+    user = budget.member.user if budget is not None and budget.member else None
     projected = event.projected_spend_microcents
     return {
         "event": event.event,
-        "event_group": "key" if agent else "team",
+        "event_group": {"agent": "key", "api_key": "key", "member": "user"}.get(scope, "team"),
         "event_message": event.message,
         "spend": event.spent_microcents / MICROCENTS_PER_USD,
         "max_budget": event.limit_microcents / MICROCENTS_PER_USD,
         "projected_exceeded_date": event.projected_at.isoformat() if event.projected_at else None,
         "projected_spend": projected / MICROCENTS_PER_USD if projected is not None else None,
         "token": None,
-        "user_id": None,
-        "user_email": None,
+        "user_id": user.get_username() if user is not None else None,
+        "user_email": (user.email or None) if user is not None else None,
         "customer_id": None,
         "team_id": event.tenant.slug,
-        "key_alias": agent,
+        "key_alias": key or agent,
         "fairlane": {
             "id": str(event.pk),
             "tenant": event.tenant.slug,
             "agent": agent,
+            "scope": scope,
+            "api_key": key,
+            "member": user.get_username() if user is not None else None,
+            "models": list(budget.model_names) if budget is not None else [],
             "budget_id": str(event.budget_id) if event.budget_id else None,
             "rule": event.rule,
             "period": event.period,
