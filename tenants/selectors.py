@@ -77,12 +77,16 @@ def api_key_get(*, tenant: Tenant, key_id) -> ApiKey:
 
 
 def budget_list(*, tenant: Tenant) -> QuerySet[Budget]:
-    return Budget.objects.filter(tenant=tenant).select_related("agent", "tenant")
+    return Budget.objects.filter(tenant=tenant).select_related(
+        "agent", "tenant", "api_key", "member__user"
+    )
 
 
 def budget_get(*, tenant: Tenant, budget_id) -> Budget:
     budget = (
-        Budget.objects.filter(tenant=tenant, pk=budget_id).select_related("agent", "tenant").first()
+        Budget.objects.filter(tenant=tenant, pk=budget_id)
+        .select_related("agent", "tenant", "api_key", "member__user")
+        .first()
     )
     if budget is None:
         raise NotFound("No such budget.")

@@ -70,6 +70,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="also a bare uvicorn + aiohttp pass-through with each --api-workers count "
         "(routing/bench/passthrough.py): the ceiling on this machine",
     )
+    p.add_argument(
+        "--budgets",
+        default="",
+        help="a comma list of budget counts (1-4): for each, a tenant of its own whose "
+        "requests are held on that many budgets (the tenant's, then the agent's, the API "
+        "key's and one for the benchmark's model), measured as target fairlane-bN-<procs>",
+    )
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per round")
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per round")
     p.add_argument("--rounds", type=int, default=3, help="rounds per setting and target")
@@ -82,6 +89,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.clients = [int(c) for c in args.clients.split(",")]
     args.modes = args.modes.split(",")
     args.api_workers = [int(n) for n in args.api_workers.split(",")]
+    args.budgets = [int(n) for n in args.budgets.split(",") if n]
+    if any(not 1 <= n <= 4 for n in args.budgets):
+        p.error("--budgets takes counts from 1 to 4")
     return args
 
 
@@ -123,27 +133,42 @@ def _env(**extra) -> dict:
     }
 
 
-def fairlane_setup(upstream_url: str):
-    """A bench tenant, agent, key (revoked afterwards), a budget that never runs out, and an
-    openai_compatible backend for the upstream serving MODEL (upstream name via-fairlane)."""
-    from routing.backend_store import backend_model_set, backend_register
+def budgeted_caller(slug: str, budgets: tuple[str, ...] = ("tenant", "agent")):
+    """A bench tenant, agent and key (revoked afterwards) whose requests are held on
+    `budgets` (of tenant, agent, api_key, model: MODEL's), each never running out."""
     from tenants.models import Agent, Budget, Scope, Tenant
     from tenants.services.budgets import budget_create
     from tenants.services.keys import api_key_create
     from tenants.services.tenancy import agent_create, tenant_create
 
-    tenant = Tenant.objects.filter(slug="bench").first() or tenant_create(
-        name="Benchmarks", slug="bench", owner=None
+    tenant = Tenant.objects.filter(slug=slug).first() or tenant_create(
+        name=f"Benchmarks ({slug})", slug=slug, owner=None
     )
     agent = Agent.objects.filter(tenant=tenant, name="bench-gateway").first() or agent_create(
         tenant=tenant, name="bench-gateway"
     )
-    for owner in (None, agent):
-        if not Budget.objects.filter(tenant=tenant, agent=owner).exists():
-            budget_create(tenant=tenant, agent=owner, limit_microcents=10**15)
     key, plain = api_key_create(
         tenant=tenant, agent=agent, name="bench gateway", scopes=[Scope.INFERENCE]
     )
+    owners = {
+        "tenant": {},
+        "agent": {"agent": agent},
+        "api_key": {"api_key": key},
+        "model": {"model_names": [MODEL]},
+    }
+    for scope in budgets:
+        owner = Budget(tenant=tenant, **owners[scope])
+        if not Budget.objects.filter(tenant=tenant, owner_key=owner.owner_key_of()).exists():
+            budget_create(tenant=tenant, limit_microcents=10**15, **owners[scope])
+    return tenant, agent, key, plain
+
+
+def fairlane_setup(upstream_url: str):
+    """A bench tenant, agent, key (revoked afterwards), budgets that never run out, and an
+    openai_compatible backend for the upstream serving MODEL (upstream name via-fairlane)."""
+    from routing.backend_store import backend_model_set, backend_register
+
+    tenant, agent, key, plain = budgeted_caller("bench")
     backend = backend_register(
         name=BACKEND, kind="openai_compatible", base_url=upstream_url, credential="sk-bench"
     )
@@ -393,6 +418,12 @@ def ratios(rows: list[dict], workers: list[int]) -> dict:
         peer = by.get(("litellm", clients, mode))
         if peer and peer["rps"]:
             out[f"{target}/litellm {mode} {clients}"] = round(row["rps"] / peer["rps"], 2)
+        if target.startswith("fairlane-b") and not target.startswith("fairlane-b1-"):
+            one_budget = by.get(("fairlane-b1-" + target.rsplit("-", 1)[1], clients, mode))
+            if one_budget and one_budget["rps"]:
+                out[f"{target}/fairlane-b1 {mode} {clients}"] = round(
+                    row["rps"] / one_budget["rps"], 2
+                )
         before = by.get((target.replace("fairlane", "baseline"), clients, mode))
         if before and before["rps"]:
             out[f"{target}/baseline {mode} {clients}"] = round(row["rps"] / before["rps"], 2)
@@ -444,7 +475,7 @@ def rps_ceiling(
     return min(processes * 1000 / api, free * 1000 / (api + others))
 
 
-def ledger_check(agent, since, upstream_url: str) -> dict:
+def ledger_check(agents, since, upstream_url: str) -> dict:
     """Fairlane's ledger for this run against what the upstream served through Fairlane."""
     from django.db.models import Count, Sum
 
@@ -454,10 +485,10 @@ def ledger_check(agent, since, upstream_url: str) -> dict:
     served = (
         httpx.get(upstream_url + "/stats", timeout=10).json()["by_model"].get("via-fairlane", {})
     )
-    ledger = UsageRecord.objects.filter(agent=agent, created_at__gte=since).aggregate(
+    ledger = UsageRecord.objects.filter(agent__in=agents, created_at__gte=since).aggregate(
         rows=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens")
     )
-    held = Reservation.objects.filter(agent=agent, status="held").count()
+    held = Reservation.objects.filter(agent__in=agents, status="held").count()
     return {
         "upstream_requests": served.get("requests", 0),
         "ledger_rows": ledger["rows"],
@@ -495,10 +526,14 @@ def run(argv: list[str] | None = None) -> dict:
     )
     started.append(upstream)
     upstream_url = f"http://127.0.0.1:{up_port}"
-    key = None
+    keys = []
     try:
         _wait_ready(upstream_url + "/v1/models", upstream)
         tenant, agent, key, plain = fairlane_setup(upstream_url)
+        keys.append(key)
+        scopes = ("tenant", "agent", "api_key", "model")
+        budgeted = {n: budgeted_caller(f"bench-b{n}", scopes[:n]) for n in args.budgets}
+        keys += [k for _, _, k, _ in budgeted.values()]
         targets = {
             "direct": (Target("direct", "127.0.0.1", up_port, "sk-bench", "fake-model"), upstream)
         }
@@ -527,6 +562,11 @@ def run(argv: list[str] | None = None) -> dict:
                 Target(f"fairlane-{n}", "127.0.0.1", port, plain, MODEL),
                 process,
             )
+            for count, (_, _, _, budgeted_plain) in budgeted.items():
+                targets[f"fairlane-b{count}-{n}"] = (
+                    Target(f"fairlane-b{count}-{n}", "127.0.0.1", port, budgeted_plain, MODEL),
+                    process,
+                )
         since = timezone.now()
         httpx.post(upstream_url + "/stats/reset", timeout=10)
         print(
@@ -539,13 +579,15 @@ def run(argv: list[str] | None = None) -> dict:
             "bench": "gateway",
             "rows": rows,
             "ratios": ratios(rows, args.api_workers),
-            "ledger": ledger_check(agent, since, upstream_url),
+            "ledger": ledger_check(
+                [agent, *(a for _, a, _, _ in budgeted.values())], since, upstream_url
+            ),
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         }
     finally:
         for process in reversed(started):
             process.stop()
-        if key is not None:
+        for key in keys:
             api_key_revoke(key=key)
         Backend.objects.filter(name=BACKEND).delete()
     for name, value in figures["ratios"].items():

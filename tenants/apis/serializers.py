@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from tenants.models import (
     MAX_MICROCENTS,
+    Budget,
     Lane,
     Period,
     Role,
@@ -176,7 +177,17 @@ class BudgetSoftIn(StrictSerializer):
 
 
 class BudgetCreateIn(BudgetSoftIn):
+    """One scope at most (agent, api_key or member; none: the whole tenant), for `models` only
+    when given (empty: every model)."""
+
     agent = serializers.UUIDField(required=False, allow_null=True, default=None)
+    api_key = serializers.UUIDField(required=False, allow_null=True, default=None)
+    member = StrictIntegerField(
+        required=False, allow_null=True, default=None, help_text="A membership id (/members/)."
+    )
+    models = serializers.ListField(
+        child=StrictCharField(max_length=200), required=False, default=list, max_length=50
+    )
     period = StrictChoiceField(choices=Period.choices, default=Period.DAILY)
     limit_microcents = _microcents_field()
 
@@ -294,8 +305,16 @@ class WindowOut(serializers.Serializer):
 
 class BudgetOut(serializers.Serializer):
     id = serializers.UUIDField()
+    scope = serializers.ChoiceField(choices=Budget.Scope.choices)
     agent = serializers.UUIDField(source="agent_id", allow_null=True)
     agent_name = serializers.CharField(source="agent.name", default=None, allow_null=True)
+    api_key = serializers.UUIDField(source="api_key_id", allow_null=True)
+    api_key_prefix = serializers.CharField(source="api_key.prefix", default=None, allow_null=True)
+    member = serializers.IntegerField(source="member_id", allow_null=True)
+    member_username = serializers.CharField(
+        source="member.user.username", default=None, allow_null=True
+    )
+    models = serializers.ListField(child=serializers.CharField(), source="model_names")
     period = serializers.CharField()
     limit_microcents = serializers.IntegerField()
     soft_limit_microcents = serializers.IntegerField(allow_null=True)

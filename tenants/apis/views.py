@@ -298,7 +298,8 @@ class BudgetListView(ListView):
     @extend_schema(
         request=s.BudgetCreateIn,
         responses={201: s.BudgetOut},
-        summary="Set a budget for an agent, or for the tenant (agent: null)",
+        summary="Set a budget for an agent, an API key, a member, or the tenant (none of "
+        "them), for every model or a list",
     )
     def post(self, request, slug):
         tenant, _ = tenant_for(principal=request.user, slug=slug, min_role=Role.ADMIN)
@@ -306,10 +307,23 @@ class BudgetListView(ListView):
         agent = (
             selectors.agent_get(tenant=tenant, agent_id=data["agent"]) if data["agent"] else None
         )
+        api_key = (
+            selectors.api_key_get(tenant=tenant, key_id=data["api_key"])
+            if data["api_key"]
+            else None
+        )
+        member = (
+            selectors.membership_get_by_id(tenant=tenant, membership_id=data["member"])
+            if data["member"] is not None
+            else None
+        )
         soft = {f: data[f] for f in budgets.SOFT_FIELDS if f in data}
         budget = budgets.budget_create(
             tenant=tenant,
             agent=agent,
+            api_key=api_key,
+            member=member,
+            model_names=data["models"],
             period=data["period"],
             limit_microcents=data["limit_microcents"],
             **soft,

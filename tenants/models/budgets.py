@@ -167,6 +167,15 @@ class Budget(models.Model):
         models_for = f" for {', '.join(self.model_names)}" if self.model_names else ""
         return f"{owner} {self.period} budget{models_for}"
 
+    @property
+    def title(self) -> str:
+        """ "The tenant's daily budget", "Agent support's weekly budget", ...: a sentence's
+        start."""
+        described = self.described()
+        if self.scope == self.Scope.TENANT:
+            return f"The {described}"
+        return described[0].upper() + described[1:]
+
     def applies_to(self, *, model: str) -> bool:
         """Whether a request for `model` counts against this budget (its owner already
         matched)."""

@@ -11,7 +11,9 @@ from tenants.models import (
     MAX_MICROCENTS,
     MICROCENTS_PER_USD,
     Agent,
+    ApiKey,
     Lane,
+    Membership,
     Period,
     Role,
     Scope,
@@ -144,6 +146,69 @@ class AgentForm(BudgetFields):
 
 class TenantBudgetForm(BudgetFields):
     pass
+
+
+SCOPE_CHOICES = [
+    ("tenant", "the whole tenant"),
+    ("agent", "an agent"),
+    ("api_key", "an API key"),
+    ("member", "a member (the keys they created)"),
+]
+
+
+class ScopedBudgetForm(BudgetFields):
+    """A budget at any scope, optionally for some models only."""
+
+    scope = forms.ChoiceField(choices=SCOPE_CHOICES, label="For")
+    agent = forms.ModelChoiceField(queryset=Agent.objects.none(), required=False)
+    api_key = forms.ModelChoiceField(
+        queryset=ApiKey.objects.none(), required=False, label="API key"
+    )
+    member = forms.ModelChoiceField(queryset=Membership.objects.none(), required=False)
+    models = forms.CharField(
+        required=False,
+        max_length=4000,
+        label="Models",
+        help_text="Comma-separated model names; empty: every model.",
+    )
+    field_order = ["scope", "agent", "api_key", "member", "models", "budget_period"]
+
+    def __init__(self, *args, tenant, **kwargs):
+        kwargs.setdefault("auto_id", "scoped_%s")  # beside the tenant budget's form
+        super().__init__(*args, **kwargs)
+        self.fields["budget_limit_usd"].required = True
+        self.fields["budget_limit_usd"].help_text = ""
+        owners = (
+            ("agent", Agent.objects.filter(tenant=tenant, is_active=True), lambda a: a.name),
+            (
+                "api_key",
+                ApiKey.objects.filter(tenant=tenant, revoked_at__isnull=True).select_related(
+                    "agent"
+                ),
+                lambda k: f"{k.prefix} ({k.agent.name}{', ' + k.name if k.name else ''})",
+            ),
+            (
+                "member",
+                Membership.objects.filter(tenant=tenant, is_active=True).select_related("user"),
+                lambda m: m.user.get_username(),
+            ),
+        )
+        for name, queryset, label in owners:
+            self.fields[name].queryset = queryset
+            self.fields[name].label_from_instance = label
+
+    def clean(self):
+        data = super().clean()
+        scope = data.get("scope")
+        if scope in ("agent", "api_key", "member") and not data.get(scope):
+            self.add_error(scope, f"Choose the {self.fields[scope].label or scope}.")
+        data["model_names"] = [m.strip() for m in data.get("models", "").split(",") if m.strip()]
+        return data
+
+    def owners(self) -> dict:
+        """The budget services' scope arguments."""
+        scope = self.cleaned_data["scope"]
+        return {scope: self.cleaned_data[scope]} if scope != "tenant" else {}
 
 
 class KeyForm(PortalForm):

@@ -32,17 +32,16 @@ def _banners(portal: Portal) -> list[dict]:
     if portal.read_only_reason:
         banners.append({"level": "error", "text": portal.read_only_reason})
     for line in spend_alerts(tenant=portal.tenant):
-        owner = "The tenant's" if line.agent is None else f"Agent {line.owner}'s"
+        title = line.budget.title if line.budget is not None else "A budget"
         end = f"{timezone.localtime(line.window_end):%Y-%m-%d %H:%M} {portal.tenant.timezone}"
-        budget = f"{line.budget.period} budget" if line.budget is not None else "budget"
         if line.state == "exhausted":
             text = (
-                f"{owner} {budget} is spent: its API requests are "
+                f"{title} is spent: its API requests are "
                 f"refused (429 budget_exhausted) until the window resets at "
                 f"{end}. The portal keeps working."
             )
         else:
-            text = f"{owner} {budget} is {line.used_percent} % used (resets at {end})."
+            text = f"{title} is {line.used_percent} % used (resets at {end})."
         banners.append({"level": "error" if line.state == "exhausted" else "warning", "text": text})
     for event in selectors.alert_forecasts_current(tenant=portal.tenant):
         banners.append({"level": "warning", "text": event.message})

@@ -30,6 +30,12 @@ tenant_urls = [
     path("agents/<uuid:agent_id>/routing/", playground.agent_routing, name="agent_routing"),
     path("budgets/", agents.budget_list, name="budgets"),
     path("budgets/tenant/", agents.tenant_budget_set, name="tenant_budget_set"),
+    path("budgets/scoped/", agents.scoped_budget_create, name="scoped_budget_create"),
+    path(
+        "budgets/<uuid:budget_id>/delete/",
+        agents.scoped_budget_delete,
+        name="scoped_budget_delete",
+    ),
     path("keys/", keys.key_list, name="keys"),
     path("keys/new/", keys.key_create, name="key_create"),
     path("keys/<uuid:key_id>/rotate/", keys.key_rotate, name="key_rotate"),

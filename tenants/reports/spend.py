@@ -34,6 +34,8 @@ class SpendLine:
 
     @property
     def owner(self) -> str:
+        if self.budget is not None and self.budget.slot == "extra":
+            return self.budget.owner_label
         return self.agent.name if self.agent is not None else "tenant"
 
     @property
@@ -153,7 +155,11 @@ def spend_overview(
     """The tenant's line, one line per active agent (and per inactive one with a budget),
     and today's totals."""
     now = now or timezone.now()
-    budgets = list(Budget.objects.filter(tenant=tenant).select_related("agent", "tenant"))
+    budgets = [
+        b
+        for b in Budget.objects.filter(tenant=tenant).select_related("agent", "tenant")
+        if b.slot != "extra"
+    ]
     windows = _windows_by_budget(budgets=budgets, now=now)
     rates = _rates_by_agent(tenant=tenant, now=now)
     today, cost_today = spend_today(tenant=tenant, now=now)
@@ -178,12 +184,37 @@ def spend_overview(
         )
 
     agents = (
-        Agent.objects.filter(Q(is_active=True) | Q(budgets__isnull=False), tenant=tenant)
+        Agent.objects.filter(Q(is_active=True) | Q(pk__in=by_agent.keys()), tenant=tenant)
         .distinct()
         .order_by("name")
     )
     lines = [line(agent, rates.get(agent.pk, 0)) for agent in agents]
     return line(None, sum(rates.values())), lines, today
+
+
+def spend_other_budgets(
+    *, tenant: Tenant, now: datetime | None = None, member=None
+) -> list[SpendLine]:
+    """One line per budget of another scope (an API key's, a member's, or with a model
+    filter), in its current window; only `member`'s own (theirs and their keys') when given."""
+    now = now or timezone.now()
+    budgets = Budget.objects.filter(tenant=tenant).select_related(
+        "agent", "tenant", "api_key", "member__user"
+    )
+    if member is not None:
+        budgets = budgets.filter(
+            Q(member=member)
+            | Q(api_key__created_by_id=member.user_id, api_key__handed_over_at__isnull=True)
+        )
+    others = sorted((b for b in budgets if b.slot == "extra"), key=lambda b: b.owner_key)
+    windows = _windows_by_budget(budgets=others, now=now)
+    lines = []
+    for budget in others:
+        start, end, window = windows[budget.pk]
+        spent = window.spent_microcents if window else 0
+        reserved = window.reserved_microcents if window else 0
+        lines.append(SpendLine(budget.agent, budget, start, end, spent, reserved, 0, now))
+    return lines
 
 
 def spend_alerts(*, tenant: Tenant, now: datetime | None = None) -> list[SpendLine]:
@@ -192,8 +223,8 @@ def spend_alerts(*, tenant: Tenant, now: datetime | None = None) -> list[SpendLi
     now = now or timezone.now()
     budgets = list(
         Budget.objects.filter(tenant=tenant)
-        .select_related("agent", "tenant")
-        .order_by("agent__name")
+        .select_related("agent", "tenant", "api_key", "member__user")
+        .order_by("agent__name", "owner_key")
     )
     windows = _windows_by_budget(budgets=budgets, now=now)
     lines = []

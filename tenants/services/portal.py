@@ -28,7 +28,8 @@ def agent_budget_set(
     """Create, change or (limit None) remove the budget of an agent, or of the tenant, with
     its soft level (`soft`: the budget services' soft_* fields; None leaves them)."""
     soft = soft or {}
-    budget = Budget.objects.filter(tenant=tenant, agent=agent).first()
+    owner_key = f"agent:{agent.pk}" if agent is not None else "tenant"  # for every model
+    budget = Budget.objects.filter(tenant=tenant, owner_key=owner_key).first()
     if limit_microcents is None:
         if budget is not None:
             budgets.budget_delete(budget=budget)

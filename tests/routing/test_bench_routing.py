@@ -5,6 +5,7 @@ import pytest
 from routing.bench.decisions import run
 from routing.management.commands.bench import BENCHES
 from routing.models import Backend
+from tenants.models import BudgetWindow
 
 
 @pytest.mark.django_db
@@ -68,6 +69,8 @@ def test_bench_gateway_runs_the_distributed_configuration_and_meters_exactly(
             "0.3",
             "--rounds",
             "1",
+            "--budgets",
+            "1,4",
             "--json-out",
             str(tmp_path / "g.json"),
         ]
@@ -78,7 +81,13 @@ def test_bench_gateway_runs_the_distributed_configuration_and_meters_exactly(
     rows = {(r["target"], r["mode"]): r for r in figures["rows"]}
     for mode in ("json", "stream"):
         # The ceiling forwards too, and a --baseline checkout (here this one) serves and meters.
-        for target in ("fairlane-1", "passthrough-1", "baseline-1"):
+        for target in (
+            "fairlane-1",
+            "passthrough-1",
+            "baseline-1",
+            "fairlane-b1-1",
+            "fairlane-b4-1",
+        ):
             row = rows[(target, mode)]
             assert row["rps"] > 0 and row["errors"] == 0
             # CPU over the measured window only: the server's, the load generator's, and the
@@ -86,6 +95,14 @@ def test_bench_gateway_runs_the_distributed_configuration_and_meters_exactly(
             assert row["cpu_ms_per_request"] > 0 and row["loadgen_cpu_ms_per_request"] > 0
             assert 0 < row["machine_busy_pct"] <= 100 and 0 <= row["machine_stolen_pct"] <= 100
     assert not Backend.objects.filter(name=gateway.BACKEND).exists()
+    assert {"fairlane-b4-1/fairlane-b1 json 4", "fairlane-b4-1/fairlane-b1 stream 4"} <= set(
+        figures["ratios"]
+    )
+    # --budgets 4: each request was held and charged on the four budgets alike.
+    four = BudgetWindow.objects.filter(budget__tenant__slug="bench-b4")
+    assert {w.budget.scope for w in four} == {"tenant", "agent", "api_key"}
+    assert four.count() == 4 and len({w.spent_microcents for w in four}) == 1
+    assert four[0].spent_microcents > 0 and {w.reserved_microcents for w in four} == {0}
 
 
 def test_the_load_samples_its_counters_as_the_measured_window_opens_and_closes():

@@ -104,6 +104,73 @@ def test_a_budget_holds_exactly_over_two_api_processes(paid, tenant, agent):
     assert ledger["cost"] == limit
 
 
+def test_four_budgets_hold_exactly_over_two_api_processes_and_the_binding_one_refuses(
+    paid, tenant, agent
+):
+    """The tenant's, the agent's, an API key's and a model's budget all apply (issue 32): many
+    requests over two API processes never overspend any of them, each 429 names the budget
+    that bound, and nothing stays held. Phase one spends the key's budget (20 requests);
+    phase two, with a second key of the same agent beside it, the model's (50 in all)."""
+    key_record, key = api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])
+    _, other = api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])
+    budgets = {
+        "tenant": budget_create(tenant=tenant, limit_microcents=60 * COST),
+        "agent": budget_create(tenant=tenant, agent=agent, limit_microcents=55 * COST),
+        "key": budget_create(tenant=tenant, api_key=key_record, limit_microcents=20 * COST),
+        "model": budget_create(
+            tenant=tenant, model_names=["paid-model"], limit_microcents=50 * COST
+        ),
+    }
+    server = AsgiServer(_env(), workers=2)
+    try:
+
+        async def fire(keys: list[str]):
+            async with httpx.AsyncClient(
+                timeout=120, limits=httpx.Limits(max_connections=64)
+            ) as client:
+                return await asyncio.gather(
+                    *(_chat_raw(client, server.url, k, i) for i, k in enumerate(keys))
+                )
+
+        first = asyncio.run(fire([key] * 40))
+        second = asyncio.run(fire([key, other] * 40))
+    finally:
+        server.stop()
+    for results, served_count in ((first, 20), (second, 30)):
+        assert sum(status == 200 for status, _, _ in results) == served_count
+    # Who refused: the key's budget in phase one and for that key in phase two; the model's
+    # for the other key (the tenant's and the agent's never bound).
+    key_says = f"API key {key_record.prefix}'s daily budget"
+    model_says = "tenant's daily budget for paid-model"
+    assert all(key_says in m for status, _, m in first if status == 429)
+    assert all(key_says in m for status, k, m in second if status == 429 and k == key)
+    assert all(model_says in m for status, k, m in second if status == 429 and k == other)
+    assert {status for status, _, _ in first + second} == {200, 429}
+    spent = {
+        name: BudgetWindow.objects.get(budget=budget).spent_microcents
+        for name, budget in budgets.items()
+    }
+    assert spent == {"tenant": 50 * COST, "agent": 50 * COST, "key": 20 * COST, "model": 50 * COST}
+    assert not BudgetWindow.objects.exclude(reserved_microcents=0).exists()
+    assert not Reservation.objects.filter(status=Reservation.Status.HELD).exists()
+    assert UsageRecord.objects.filter(agent=agent).count() == paid.stats["ok"] == 50
+    assert UsageRecord.objects.filter(api_key=key_record).count() == 20
+
+
+async def _chat_raw(client: httpx.AsyncClient, url: str, key: str, i: int):
+    """(status, the key used, the error message or "")."""
+    body = {
+        "model": "paid-model",
+        "max_tokens": MAX_TOKENS,
+        "messages": [{"role": "user", "content": f"request {i}"}],
+    }
+    response = await client.post(
+        url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+    )
+    error = response.json().get("error") or {} if response.status_code != 200 else {}
+    return response.status_code, key, error.get("message", "")
+
+
 def test_a_revoked_key_and_a_lowered_budget_reach_every_process_at_once(paid, tenant, agent):
     budget = budget_create(tenant=tenant, agent=agent, limit_microcents=100 * COST)
     api_key, key = api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])

@@ -131,9 +131,9 @@ class Command(BaseCommand):
         agent = Agent.objects.filter(tenant=tenant, name="demo-agent").first() or agent_create(
             tenant=tenant, name="demo-agent", description="Created by make run"
         )
-        if not Budget.objects.filter(tenant=tenant, agent__isnull=True).exists():
+        if not Budget.objects.filter(tenant=tenant, owner_key="tenant").exists():
             budget_create(tenant=tenant, agent=None, limit_microcents=50 * MICROCENTS_PER_USD)
-        if not Budget.objects.filter(tenant=tenant, agent=agent).exists():
+        if not Budget.objects.filter(tenant=tenant, owner_key=f"agent:{agent.pk}").exists():
             budget_create(tenant=tenant, agent=agent, limit_microcents=5 * MICROCENTS_PER_USD)
         return agent
 

@@ -4,14 +4,14 @@ Viewers see them; admins change them, through the API's services."""
 from django.shortcuts import redirect
 
 from tenants import selectors
-from tenants.errors import InvalidRequest
+from tenants.errors import ApplicationError, InvalidRequest
 from tenants.models import Role
 from tenants.portal.access import portal_page
-from tenants.portal.forms import AgentForm, TenantBudgetForm, form_error_apply
+from tenants.portal.forms import AgentForm, ScopedBudgetForm, TenantBudgetForm, form_error_apply
 from tenants.portal.pages import render_page
-from tenants.reports.spend import spend_overview
+from tenants.reports.spend import spend_other_budgets, spend_overview
+from tenants.services import budgets, tenancy
 from tenants.services import portal as portal_services
-from tenants.services import tenancy
 
 BUDGET_FIELDS = {
     "limit_microcents": "budget_limit_usd",
@@ -37,7 +37,7 @@ def agent_list(request, portal):
 
 
 def _initial(agent) -> dict:
-    budget = agent.budgets.first() if agent is not None else None
+    budget = agent.budgets.filter(owner_key=f"agent:{agent.pk}").first() if agent else None
     if agent is None:
         return {}
     return {
@@ -118,17 +118,50 @@ def agent_deactivate(request, portal, agent_id):
     return redirect("portal:agents", slug=portal.tenant.slug)
 
 
+def _budgets_page(request, portal, *, form=None, scoped=None, status=200):
+    tenant_line, lines, _ = spend_overview(tenant=portal.tenant)
+    context = {
+        "tenant_line": tenant_line,
+        "lines": lines,
+        "form": form or TenantBudgetForm(initial=_tenant_budget_initial(tenant_line)),
+        "others": spend_other_budgets(tenant=portal.tenant),
+        "mine": spend_other_budgets(tenant=portal.tenant, member=portal.membership),
+        "scoped_form": scoped or ScopedBudgetForm(tenant=portal.tenant),
+    }
+    return render_page(
+        request, portal, "portal/budgets/list.html", context, section="budgets", status=status
+    )
+
+
 @portal_page()
 def budget_list(request, portal):
-    tenant_line, lines, _ = spend_overview(tenant=portal.tenant)
-    form = TenantBudgetForm(initial=_tenant_budget_initial(tenant_line))
-    return render_page(
-        request,
-        portal,
-        "portal/budgets/list.html",
-        {"tenant_line": tenant_line, "lines": lines, "form": form},
-        section="budgets",
-    )
+    return _budgets_page(request, portal)
+
+
+@portal_page(Role.ADMIN, write=True)
+def scoped_budget_create(request, portal):
+    form = ScopedBudgetForm(request.POST, tenant=portal.tenant)
+    if form.is_valid():
+        period, limit = form.budget()
+        try:
+            budgets.budget_create(
+                tenant=portal.tenant,
+                period=period,
+                limit_microcents=limit,
+                model_names=form.cleaned_data["model_names"],
+                **form.owners(),
+                **form.budget_soft(),
+            )
+            return redirect("portal:budgets", slug=portal.tenant.slug)
+        except ApplicationError as exc:
+            form_error_apply(form, exc, {**BUDGET_FIELDS, "scope": "scope"})
+    return _budgets_page(request, portal, scoped=form, status=400)
+
+
+@portal_page(Role.ADMIN, write=True)
+def scoped_budget_delete(request, portal, budget_id):
+    budgets.budget_delete(budget=selectors.budget_get(tenant=portal.tenant, budget_id=budget_id))
+    return redirect("portal:budgets", slug=portal.tenant.slug)
 
 
 def _tenant_budget_initial(line) -> dict:
@@ -157,12 +190,4 @@ def tenant_budget_set(request, portal):
             return redirect("portal:budgets", slug=portal.tenant.slug)
         except InvalidRequest as exc:
             form_error_apply(form, exc, BUDGET_FIELDS)
-    tenant_line, lines, _ = spend_overview(tenant=portal.tenant)
-    return render_page(
-        request,
-        portal,
-        "portal/budgets/list.html",
-        {"tenant_line": tenant_line, "lines": lines, "form": form},
-        section="budgets",
-        status=400,
-    )
+    return _budgets_page(request, portal, form=form, status=400)
