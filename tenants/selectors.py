@@ -138,8 +138,19 @@ def usage_list(
     since: datetime | None = None,
     until: datetime | None = None,
     agent: Agent | None = None,
+    api_key: ApiKey | None = None,
+    member: Membership | None = None,
+    model: str | None = None,
 ) -> QuerySet[UsageRecord]:
+    """The tenant's ledger rows, narrowed to an agent, an API key, a member's keys (those they
+    created) or a model when given."""
     records = UsageRecord.objects.filter(tenant=tenant).select_related("agent", "api_key")
+    if api_key is not None:
+        records = records.filter(api_key=api_key)
+    if member is not None:
+        records = records.filter(api_key__created_by_id=member.user_id)
+    if model is not None:
+        records = records.filter(model=model)
     if since is not None:
         records = records.filter(created_at__gte=since)
     if until is not None:
@@ -149,18 +160,27 @@ def usage_list(
     return records.order_by("-created_at", "-pk")
 
 
+# What usage totals can be grouped by, and the columns each groups on.
+USAGE_GROUPS = {
+    "agent": ("agent__name",),
+    "api_key": ("api_key__key_id",),
+    "member": ("api_key__created_by__username",),
+    "model": ("model",),
+}
+
+
 def usage_summary(
     *,
     tenant: Tenant,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    agent: Agent | None = None,
+    group_by: list[str] | tuple[str, ...] = ("agent", "model"),
+    **filters,
 ) -> list[dict]:
-    """Totals per agent and model over the range."""
-    records = usage_list(tenant=tenant, since=since, until=until, agent=agent)
+    """Totals over the range per group (agent, API key, member, model: any of them)."""
+    records = usage_list(tenant=tenant, **filters)
+    columns = [c for g in group_by for c in USAGE_GROUPS[g]]
     return list(
         records.order_by()
-        .values("agent__name", "model")
+        .values(*columns)
         .annotate(
             requests=Count("pk"),
             prompt_tokens=Sum("prompt_tokens"),
@@ -168,7 +188,7 @@ def usage_summary(
             cached_tokens=Sum("cached_tokens"),
             cost_microcents=Sum("cost_microcents"),
         )
-        .order_by("agent__name", "model")
+        .order_by(*columns)
     )
 
 

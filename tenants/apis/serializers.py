@@ -203,6 +203,10 @@ class UsageQueryIn(serializers.Serializer):
     since = serializers.DateTimeField(required=False)
     until = serializers.DateTimeField(required=False)
     agent = serializers.UUIDField(required=False)
+    api_key = serializers.UUIDField(required=False)
+    member = serializers.IntegerField(required=False, min_value=1)
+    model = StrictCharField(required=False, max_length=200)
+    group_by = StrictCharField(required=False, max_length=100)
 
 
 # --- output --------------------------------------------------------------------------------
@@ -344,13 +348,23 @@ class UsageOut(serializers.Serializer):
 
 
 class UsageSummaryOut(serializers.Serializer):
-    agent_name = serializers.CharField(source="agent__name")
-    model = serializers.CharField()
+    """One group's totals; the fields of the dimensions not grouped by are null."""
+
+    agent_name = serializers.CharField(source="agent__name", default=None, allow_null=True)
+    api_key_prefix = serializers.SerializerMethodField()
+    member_username = serializers.CharField(
+        source="api_key__created_by__username", default=None, allow_null=True
+    )
+    model = serializers.CharField(default=None, allow_null=True)
     requests = serializers.IntegerField()
     prompt_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
     cached_tokens = serializers.IntegerField()
     cost_microcents = serializers.IntegerField()
+
+    def get_api_key_prefix(self, row) -> str | None:
+        key_id = row.get("api_key__key_id")
+        return f"fl-{key_id}" if key_id else None
 
 
 class UsageSummaryListOut(serializers.Serializer):

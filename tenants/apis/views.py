@@ -356,6 +356,12 @@ def _usage_filters(request, tenant) -> dict:
     query = _valid(s.UsageQueryIn, request.query_params.dict())
     if "agent" in query:
         query["agent"] = selectors.agent_get(tenant=tenant, agent_id=query["agent"])
+    if "api_key" in query:
+        query["api_key"] = selectors.api_key_get(tenant=tenant, key_id=query["api_key"])
+    if "member" in query:
+        query["member"] = selectors.membership_get_by_id(
+            tenant=tenant, membership_id=query["member"]
+        )
     if query.get("since") and query.get("until") and query["since"] >= query["until"]:
         raise InvalidRequest("since must be before until.", param="since")
     return query
@@ -365,6 +371,17 @@ USAGE_PARAMETERS = [
     OpenApiParameter("since", OpenApiTypes.DATETIME),
     OpenApiParameter("until", OpenApiTypes.DATETIME),
     OpenApiParameter("agent", OpenApiTypes.UUID, description="agent id"),
+    OpenApiParameter("api_key", OpenApiTypes.UUID, description="API key id"),
+    OpenApiParameter("member", OpenApiTypes.INT, description="membership id: their keys"),
+    OpenApiParameter("model", OpenApiTypes.STR, description="model name"),
+]
+SUMMARY_PARAMETERS = [
+    *USAGE_PARAMETERS,
+    OpenApiParameter(
+        "group_by",
+        OpenApiTypes.STR,
+        description="comma list of agent, api_key, member, model (default agent,model)",
+    ),
 ]
 
 
@@ -377,8 +394,15 @@ class UsageListView(ListView):
 
 
 class UsageSummaryView(APIView):
-    @extend_schema(responses=s.UsageSummaryListOut, parameters=USAGE_PARAMETERS)
+    @extend_schema(responses=s.UsageSummaryListOut, parameters=SUMMARY_PARAMETERS)
     def get(self, request, slug):
         tenant, _ = tenant_for(principal=request.user, slug=slug)
-        rows = selectors.usage_summary(tenant=tenant, **_usage_filters(request, tenant))
+        query = _usage_filters(request, tenant)
+        group_by = [g for g in query.pop("group_by", "agent,model").split(",") if g]
+        if not group_by or set(group_by) - set(selectors.USAGE_GROUPS):
+            raise InvalidRequest(
+                f"group_by must be a comma list of {', '.join(selectors.USAGE_GROUPS)}.",
+                param="group_by",
+            )
+        rows = selectors.usage_summary(tenant=tenant, group_by=group_by, **query)
         return Response({"results": s.UsageSummaryOut(rows, many=True).data})

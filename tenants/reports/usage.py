@@ -1,5 +1,5 @@
 """The ledger aggregated for people: totals per hour or day (in the tenant's time zone),
-split by model, agent or key, summed in the database so 100,000 rows cost one grouped scan
+split by model, agent, key or member, summed in the database so 100,000 rows cost one grouped scan
 of the (tenant, created_at) index, not 100,000 Python objects."""
 
 from dataclasses import dataclass, field
@@ -10,13 +10,19 @@ from django.db import connection
 from django.db.models import CharField, Count, F, Func, Q, QuerySet, Sum
 from django.db.models.functions import TruncDay, TruncHour
 
-from tenants.models import Agent, ApiKey, Tenant, UsageRecord
+from tenants.models import Agent, ApiKey, Membership, Tenant, UsageRecord
 from tenants.reports.spend import ERROR_STATUSES
 
 BUCKETS = {"hour": (TruncHour, timedelta(hours=1)), "day": (TruncDay, timedelta(days=1))}
 # Grouped by the column itself (a foreign key's id, not a joined name): no join, a narrower
 # hash; names are looked up afterwards among the tenant's few agents and keys.
-SPLITS = {"model": "model", "agent": "agent_id", "key": "api_key_id"}
+# member: the person who created the request's key (its `created_by`).
+SPLITS = {
+    "model": "model",
+    "agent": "agent_id",
+    "key": "api_key_id",
+    "member": "api_key__created_by_id",
+}
 METRICS = {"cost": "cost", "tokens": "tokens", "requests": "requests"}
 SUMS = ("requests", "prompt", "completion", "tokens", "cost", "errors", "latency")
 MAX_SERIES = 8  # the biggest groups get a series each; the rest are summed as "other"
@@ -85,12 +91,16 @@ def _labels(*, tenant: Tenant, split: str) -> dict:
             pk: f"fl-{key_id}"
             for pk, key_id in ApiKey.objects.filter(tenant=tenant).values_list("pk", "key_id")
         }
+    if split == "member":
+        return dict(
+            Membership.objects.filter(tenant=tenant).values_list("user_id", "user__username")
+        )
     return {}
 
 
 def _label(split: str, value, names: dict) -> str:
     if value in (None, ""):
-        return "(no key)" if split == "key" else "(none)"
+        return {"key": "(no key)", "member": "(no member)"}.get(split, "(none)")
     return names.get(value, str(value)) if split != "model" else str(value)
 
 

@@ -115,16 +115,19 @@ def budget_create(
         period=period,
         limit_microcents=amount_clean(limit_microcents, param="limit_microcents"),
     )
+    # The conflict names the owner's field (the tenant's budget: "agent", as it is absent).
+    owner_param = budget.scope if budget.scope != Budget.Scope.TENANT else "agent"
     if Budget.objects.filter(tenant=tenant, owner_key=budget.owner_key_of()).exists():
         raise Conflict(
-            "This owner already has a budget for these models; change it instead.", param="scope"
+            "This owner already has a budget for these models; change it instead.",
+            param=owner_param,
         )
     for field, value in soft.items():
         if field not in SOFT_FIELDS:
             raise InvalidRequest(f"{field} is not a budget field.", param=field)
         setattr(budget, field, _soft_clean(field, value))
     with transaction.atomic():
-        budget = save_validated(budget, unique_param="scope")
+        budget = save_validated(budget, unique_param=owner_param)
         audit_change("budget.create", budget)
     return budget
 

@@ -11,8 +11,9 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from routing.models import AgentRouting
-from tenants.models import Role, UsageRecord
+from tenants.models import Budget, Role, Scope, UsageRecord
 from tenants.services.budgets import budget_create
+from tenants.services.keys import api_key_create
 from tenants.services.tenancy import agent_create, member_add, tenant_create
 from tests.conftest import ROOT, child_env
 from tests.routing.conftest import PRICES
@@ -257,6 +258,57 @@ def test_a_viewer_sees_everything_and_can_change_nothing(live, acme, make_user, 
     assert statuses == [403, 403, 403]
     agent.refresh_from_db()
     assert agent.is_active and not agent.api_keys.exists()
+
+
+def test_budgets_at_every_scope_are_made_in_the_browser_and_a_member_sees_hers(
+    live, acme, make_user, page: Page
+):
+    """An admin adds a budget for an API key and some models, and one for a member, through
+    the budgets page's form (a missing owner is shown on its field); the member then sees
+    hers under "Your budgets" and cannot add one; the admin removes one."""
+    agent = agent_create(tenant=acme, name="writer")
+    person(make_user, acme, Role.ADMIN, "ada")
+    mia = person(make_user, acme, Role.MEMBER, "mia")
+    key, _ = api_key_create(tenant=acme, agent=agent, name="ci job", scopes=[Scope.INFERENCE])
+    sign_in(page, live, "ada")
+    nav(page, "Budgets")
+    form = page.locator("#scoped-budgets form.row-form")
+    form.get_by_label("For").select_option("api_key")
+    form.get_by_label("Budget (USD)").fill("3")
+    form.get_by_role("button", name="Add budget").click()
+    expect(page.locator("#scoped-budgets")).to_contain_text("Choose the API key")
+    form = page.locator("#scoped-budgets form.row-form")
+    form.get_by_label("For").select_option("api_key")
+    form.get_by_label("API key").select_option(label=f"{key.prefix} (writer, ci job)")
+    form.get_by_label("Models").fill("small, tiny")
+    form.get_by_label("Budget (USD)").fill("3")
+    form.get_by_role("button", name="Add budget").click()
+    rows = page.locator("#scoped-budgets tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text(f"API key {key.prefix} (models: small, tiny)")
+    form = page.locator("#scoped-budgets form.row-form")
+    form.get_by_label("For").select_option("member")
+    form.get_by_label("Member", exact=True).select_option(label="mia")
+    form.get_by_label("Budget (USD)").fill("1.5")
+    form.get_by_role("button", name="Add budget").click()
+    expect(rows).to_have_count(2)
+    shot(page, "budgets-scoped")
+    budget = Budget.objects.get(tenant=acme, member__user=mia)
+    assert budget.limit_microcents == 150_000_000 and budget.scope == "member"
+    assert Budget.objects.get(tenant=acme, api_key=key).model_names == ["small", "tiny"]
+    page.get_by_role(
+        "button", name=f"Remove the budget of API key {key.prefix} (models: small, tiny)"
+    ).click()
+    expect(rows).to_have_count(1)
+    assert not Budget.objects.filter(api_key=key).exists()
+    # mia made no key yet: give her one, then she sees her budget and no form.
+    api_key_create(tenant=acme, agent=agent, created_by=mia, scopes=[Scope.INFERENCE])
+    page.context.clear_cookies()
+    sign_in(page, live, "mia")
+    nav(page, "Budgets")
+    expect(page.locator("#my-budgets")).to_contain_text("member mia")
+    expect(page.get_by_role("button", name="Add budget")).to_have_count(0)
+    shot(page, "budgets-member")
 
 
 def test_a_member_of_another_tenant_gets_404(live, acme, make_user, page: Page):

@@ -116,6 +116,8 @@ def test_agent_key_budget_usage_flow(owner_client, tenant):
     assert summary == [
         {
             "agent_name": "writer",
+            "api_key_prefix": None,  # not grouped by (group_by: agent,model by default)
+            "member_username": None,
             "model": "tiny",
             "requests": 1,
             "prompt_tokens": 7,
@@ -347,6 +349,10 @@ def cross_tenant_requests(t: dict) -> list[tuple[str, str, dict | None]]:
         ("patch", f"{a}/members/{t['member']}/", {"role": "viewer"}),
         ("delete", f"{a}/members/{t['member']}/", None),
         ("get", f"{a}/usage/?agent={t['agent']}", None),
+        ("post", f"{a}/budgets/", {"api_key": str(t["key"]), "limit_microcents": 1}),
+        ("post", f"{a}/budgets/", {"member": t["member"], "limit_microcents": 1}),
+        ("get", f"{a}/usage/?api_key={t['key']}", None),
+        ("get", f"{a}/usage/summary/?member={t['member']}", None),
     ]
 
 

@@ -337,3 +337,58 @@ def test_a_viewer_or_member_cannot_create_one_and_another_tenants_owners_are_not
     held = budget_reserve(tenant=tenant, agent=agent, amount_microcents=5, request_id=rid())
     assert held.extra_windows == []
     assert timezone.now() - held.created_at < timedelta(minutes=1)
+
+
+def test_usage_splits_and_filters_by_every_scope(
+    client_for, owner, tenant, agent, api_key, mia, mias_key
+):
+    membership = Membership.objects.get(tenant=tenant, user=mia)
+    for key, model, cost in ((api_key[0], "big", 30), (mias_key, "big", 7), (mias_key, "s", 5)):
+        request_id = rid()
+        budget_reserve(
+            tenant=tenant,
+            agent=agent,
+            api_key=key,
+            model=model,
+            amount_microcents=100,
+            request_id=request_id,
+        )
+        budget_settle(
+            tenant=tenant, request_id=request_id, cost_microcents=cost, usage=Usage(model=model)
+        )
+    client = client_for(user=owner)
+
+    def summary(query: str) -> list[tuple]:
+        response = client.get(f"/api/tenants/acme/usage/summary/?{query}")
+        assert response.status_code == 200, response.content
+        return [
+            (r["agent_name"], r["api_key_prefix"], r["member_username"], r["model"])
+            + (r["cost_microcents"],)
+            for r in response.json()["results"]
+        ]
+
+    assert summary("group_by=member") == [
+        (None, None, "mia", None, 12),
+        (None, None, None, None, 30),
+    ]
+    assert summary("group_by=api_key,model&model=big") == sorted(
+        [
+            (None, api_key[0].prefix, None, "big", 30),
+            (None, mias_key.prefix, None, "big", 7),
+        ],
+        key=lambda r: r[1].removeprefix("fl-"),
+    )
+    assert summary(f"member={membership.pk}") == [
+        ("support-bot", None, None, "big", 7),
+        ("support-bot", None, None, "s", 5),
+    ]
+    listed = client.get(f"/api/tenants/acme/usage/?api_key={api_key[0].pk}").json()["results"]
+    assert [r["cost_microcents"] for r in listed] == [30]
+    assert_error(
+        client.get("/api/tenants/acme/usage/summary/?group_by=team"),
+        400,
+        "invalid_request",
+        "group_by",
+    )
+    page = client_for(user=owner).get("/portal/t/acme/usage/?split=member&range=24h")
+    assert page.status_code == 200 and "mia" in page.content.decode()

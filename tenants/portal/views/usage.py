@@ -1,4 +1,4 @@
-"""Usage: a chart by hour or day split by model, agent or key, totals per group, the rows
+"""Usage: a chart by hour or day split by model, agent, key or member, totals per group, the rows
 themselves (paginated), and a CSV export; every filter lives in the URL's query string."""
 
 import csv
@@ -37,7 +37,8 @@ class UsageQuery(forms.Form):
     until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
     bucket = forms.ChoiceField(choices=[("hour", "by hour"), ("day", "by day")], required=False)
     split = forms.ChoiceField(
-        choices=[("model", "model"), ("agent", "agent"), ("key", "key")], required=False
+        choices=[("model", "model"), ("agent", "agent"), ("key", "key"), ("member", "member")],
+        required=False,
     )
     metric = forms.ChoiceField(
         choices=[("cost", "cost"), ("tokens", "tokens"), ("requests", "requests")], required=False
