@@ -161,7 +161,7 @@ class BudgetAdmin(AuditedAdmin):
     list_display = [
         "__str__",
         "tenant",
-        "agent",
+        "owner_label",
         "period",
         "limit_microcents",
         "soft_limit_microcents",
@@ -169,6 +169,15 @@ class BudgetAdmin(AuditedAdmin):
         "window",
     ]
     list_filter = ["period", "soft_action", "tenant"]
+    list_select_related = ["tenant", "agent", "api_key", "member__user"]
+    raw_id_fields = ["agent", "api_key", "member"]
+    # Who a budget is for is fixed once it exists: its windows are locked in an order that
+    # depends on it (tenants/services/budgets.py). Remove it and add another instead.
+    scope_fields = ("tenant", "agent", "api_key", "member", "model_names")
+
+    def get_readonly_fields(self, request, obj=None):
+        fixed = self.scope_fields if obj is not None else ()
+        return (*super().get_readonly_fields(request, obj), *fixed)
 
     @admin.display(description="current window (spent / reserved / limit, micro-cents)")
     def window(self, budget):

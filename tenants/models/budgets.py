@@ -107,11 +107,12 @@ class Budget(models.Model):
         super().save(*args, **kwargs)
 
     def owner_key_of(self) -> str:
-        owner = {
+        owners: dict[str, object] = {
             self.Scope.AGENT: self.agent_id,
             self.Scope.API_KEY: self.api_key_id,
             self.Scope.MEMBER: self.member_id,
-        }.get(self.scope)
+        }
+        owner = owners.get(self.scope)
         key = self.scope if owner is None else f"{self.scope}:{owner}"
         return key + (f"|{','.join(sorted(self.model_names))}" if self.model_names else "")
 
@@ -133,18 +134,30 @@ class Budget(models.Model):
             return "extra"
         return self.scope
 
+    def _owner(self) -> str:
+        """ "agent support", "API key fl-ab12", "member mia" or "tenant"."""
+        if self.agent is not None:
+            return f"agent {self.agent.name}"
+        if self.api_key is not None:
+            return f"API key {self.api_key.prefix}"
+        if self.member is not None:
+            return f"member {self.member.user.get_username()}"
+        return "tenant"
+
     @property
     def owner_label(self) -> str:
-        """Who the budget is for, in words: "agent support", "API key fl-ab12", ..."""
-        if self.scope == self.Scope.AGENT:
-            owner = f"agent {self.agent.name}"
-        elif self.scope == self.Scope.API_KEY:
-            owner = f"API key {self.api_key.prefix}"
-        elif self.scope == self.Scope.MEMBER:
-            owner = f"member {self.member.user.get_username()}"
-        else:
-            owner = "tenant"
-        return owner + (f" (models: {', '.join(self.model_names)})" if self.model_names else "")
+        """Who the budget is for, in words: "agent support", "API key fl-ab12 (models: big)"."""
+        return self._owner() + (
+            f" (models: {', '.join(self.model_names)})" if self.model_names else ""
+        )
+
+    @property
+    def owner_short(self) -> str:
+        """The agent's name or "tenant" for the primary budgets, else `owner_label`: a table's
+        row name."""
+        if self.slot == "agent" and self.agent is not None:
+            return self.agent.name
+        return "tenant" if self.slot == "tenant" else self.owner_label
 
     @property
     def possessive(self) -> str:
@@ -154,16 +167,8 @@ class Budget(models.Model):
 
     def described(self, *, named: bool = True) -> str:
         """ "agent support's daily budget" (`named`), "tenant's weekly budget for big", ..."""
-        if self.scope == self.Scope.AGENT and not (named or self.model_names):
-            owner = "agent's"
-        elif self.scope == self.Scope.TENANT:
-            owner = "tenant's"
-        elif self.scope == self.Scope.AGENT:
-            owner = f"agent {self.agent.name}'s"
-        elif self.scope == self.Scope.API_KEY:
-            owner = f"API key {self.api_key.prefix}'s"
-        else:
-            owner = f"member {self.member.user.get_username()}'s"
+        plain = self.scope == self.Scope.AGENT and not (named or self.model_names)
+        owner = "agent's" if plain else f"{self._owner()}'s"
         models_for = f" for {', '.join(self.model_names)}" if self.model_names else ""
         return f"{owner} {self.period} budget{models_for}"
 
@@ -188,12 +193,19 @@ class Budget(models.Model):
         return self.soft_action if soft is not None and used_microcents >= soft else ""
 
     def clean(self) -> None:
+        self.owner_key = self.owner_key_of()  # before the unique constraint is checked
         errors = {}
         soft = self.soft_limit_microcents
         if soft is not None and self.limit_microcents is not None and soft > self.limit_microcents:
             errors["soft_limit_microcents"] = "The soft limit must not exceed the limit."
         if self.soft_action == SoftAction.THROTTLE and not self.soft_rpm:
             errors["soft_rpm"] = "A throttling soft limit needs soft_rpm (requests per minute)."
+        owners = {"agent": self.agent, "api_key": self.api_key, "member": self.member}
+        for field, owner in owners.items():
+            if owner is not None and owner.tenant_id != self.tenant_id:
+                errors[field] = "It belongs to another tenant."
+        if sum(owner is not None for owner in owners.values()) > 1:
+            errors["agent"] = "A budget has one owner: an agent, an API key or a member."
         if errors:
             raise ValidationError(errors)
 
@@ -317,12 +329,6 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return self.request_id
-
-    def window_ids(self) -> list[int]:
-        """Its windows in the order they are locked: the agent's, the tenant's, then the
-        extra ones by id."""
-        primary = [i for i in (self.agent_window_id, self.tenant_window_id) if i is not None]
-        return primary + sorted(self.extra_windows or ())
 
     @property
     def total_tokens(self) -> int:

@@ -314,11 +314,11 @@ def budget_reserve(
         if budget_sql.enabled():
             refused = budget_sql.reserve(reservation)
             if refused:
-                kind, _, window_id = refused.partition(":")
-                budget = by_window.get(slots[kind].pk if kind in slots else int(window_id or 0))
-                if budget is None:  # the function refuses only for a window it was given
+                kind, _, extra_id = refused.partition(":")
+                found = by_window.get(slots[kind].pk if kind in slots else int(extra_id or 0))
+                if found is None:  # the function refuses only for a window it was given
                     raise RuntimeError(f"the budget function refused an absent window {refused}")
-                raise _exhausted(budget=budget, window=windows[budget.pk], now=now)
+                raise _exhausted(budget=found, window=windows[found.pk], now=now)
             return reservation
         with transaction.atomic():
             for window_id in reservation.window_ids():

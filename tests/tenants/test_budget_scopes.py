@@ -392,3 +392,44 @@ def test_usage_splits_and_filters_by_every_scope(
     )
     page = client_for(user=owner).get("/portal/t/acme/usage/?split=member&range=24h")
     assert page.status_code == 200 and "mia" in page.content.decode()
+
+
+def test_a_soft_level_on_a_key_budget_demotes_that_keys_requests_only(tenant, agent, api_key):
+    from tenants.services.budget_soft import budget_soft_check
+
+    key = api_key[0]
+    other, _ = api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])
+    key_b = create(
+        tenant=tenant,
+        api_key=key,
+        limit_microcents=1_000,
+        soft_limit_microcents=500,
+        soft_action="demote",
+    )
+    budget_reserve(tenant=tenant, agent=agent, api_key=key, amount_microcents=600, request_id=rid())
+    mine = budget_soft_check(tenant=tenant, agent=agent, api_key=key, model="m")
+    theirs = budget_soft_check(tenant=tenant, agent=agent, api_key=other, model="m")
+    assert mine.demoted == f"budget={key_b.pk}; spent=60%"
+    assert theirs.demoted == ""
+    assert AlertEvent.objects.filter(budget=key_b, rule="soft_limit").count() == 1
+
+
+def test_the_admin_fixes_who_a_budget_is_for_and_checks_the_owners_tenant(
+    tenant, agent, other_agent, api_key, rf, admin_user
+):
+    from django.contrib.admin.sites import site
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError) as invalid:
+        Budget(tenant=tenant, agent=other_agent, limit_microcents=1).full_clean()
+    assert "agent" in invalid.value.message_dict
+    with pytest.raises(ValidationError) as two:
+        Budget(tenant=tenant, agent=agent, api_key=api_key[0], limit_microcents=1).full_clean()
+    assert "agent" in two.value.message_dict
+    budget = create(tenant=tenant, api_key=api_key[0], limit_microcents=1)
+    admin = site._registry[Budget]
+    request = rf.get("/")
+    request.user = admin_user
+    fixed = admin.get_readonly_fields(request, budget)
+    assert {"tenant", "agent", "api_key", "member", "model_names"} <= set(fixed)
+    assert "api_key" not in admin.get_readonly_fields(request, None)
