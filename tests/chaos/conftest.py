@@ -25,8 +25,14 @@ CHAT = {
 @pytest.fixture
 def chaos_key(tenant, agent):
     """An inference key whose agent's daily budget covers about 70 of the 100 requests, so
-    budget refusals happen under the chaos too."""
+    budget refusals happen under the chaos too. A budget on the key and one on the model
+    `tiny` (both above the agent's) are held too: every request takes four windows, and
+    reconciliation checks the extra ones after the chaos."""
     model_register(name="tiny", source="preset:tiny", **PRICES)
     model_register(name="small", source="preset:small", **PRICES)
     budget_create(tenant=tenant, agent=agent, limit_microcents=130_000)
-    return api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])[1]
+    budget_create(tenant=tenant, limit_microcents=10**9)
+    key, plain = api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])
+    budget_create(tenant=tenant, api_key=key, limit_microcents=150_000)
+    budget_create(tenant=tenant, model_names=["tiny"], limit_microcents=160_000)
+    return plain
