@@ -40,6 +40,17 @@ def mias_key(tenant, agent, mia):
     )[0]
 
 
+def hold(api_key, model: str, amount: int, request_id: str) -> Reservation:
+    return budget_reserve(
+        tenant=api_key.tenant,
+        agent=api_key.agent,
+        api_key=api_key,
+        model=model,
+        amount_microcents=amount,
+        request_id=request_id,
+    )
+
+
 def _window(budget) -> BudgetWindow:
     return budget_window_current(budget=budget, now=timezone.now())
 
@@ -81,23 +92,19 @@ def test_a_hold_takes_every_window_or_none_and_the_binding_budget_refuses(tenant
     agent_b = create(tenant=tenant, agent=agent, limit_microcents=1_000)
     key_b = create(tenant=tenant, api_key=key, limit_microcents=300)
     big_b = create(tenant=tenant, model_names=["big"], limit_microcents=500)
-    held = budget_reserve(
-        tenant=tenant,
-        agent=agent,
-        api_key=key,
-        model="big",
-        amount_microcents=250,
-        request_id=rid(),
+    held = hold(
+        key,
+        "big",
+        250,
+        rid(),
     )
     assert sorted(held.extra_windows) == sorted([_window(key_b).pk, _window(big_b).pk])
     with pytest.raises(BudgetExhausted) as refused:
-        budget_reserve(
-            tenant=tenant,
-            agent=agent,
-            api_key=key,
-            model="big",
-            amount_microcents=100,
-            request_id=rid(),
+        hold(
+            key,
+            "big",
+            100,
+            rid(),
         )
     assert f"API key {key.prefix}'s daily budget" in str(refused.value)
     assert refused.value.window_id == _window(key_b).pk
@@ -105,32 +112,26 @@ def test_a_hold_takes_every_window_or_none_and_the_binding_budget_refuses(tenant
     assert [_window(b).reserved_microcents for b in (agent_b, key_b, big_b)] == [250, 250, 250]
     # Another model: the key's budget still binds; the model's does not apply.
     with pytest.raises(BudgetExhausted):
-        budget_reserve(
-            tenant=tenant,
-            agent=agent,
-            api_key=key,
-            model="small",
-            amount_microcents=60,
-            request_id=rid(),
+        hold(
+            key,
+            "small",
+            60,
+            rid(),
         )
     other_key, _ = api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])
     with pytest.raises(BudgetExhausted) as by_model:
-        budget_reserve(
-            tenant=tenant,
-            agent=agent,
-            api_key=other_key,
-            model="big",
-            amount_microcents=300,
-            request_id=rid(),
+        hold(
+            other_key,
+            "big",
+            300,
+            rid(),
         )
     assert "tenant's daily budget for big" in str(by_model.value)
-    budget_reserve(
-        tenant=tenant,
-        agent=agent,
-        api_key=other_key,
-        model="small",
-        amount_microcents=300,
-        request_id=rid(),
+    hold(
+        other_key,
+        "small",
+        300,
+        rid(),
     )
     assert [_window(b).reserved_microcents for b in (agent_b, key_b, big_b)] == [550, 250, 250]
 
@@ -146,14 +147,7 @@ def test_settle_release_and_adjust_cover_the_extra_windows(tenant, agent, api_ke
     ]
     first, second = rid(), rid()
     for request_id in (first, second):
-        budget_reserve(
-            tenant=tenant,
-            agent=agent,
-            api_key=key,
-            model="big",
-            amount_microcents=300,
-            request_id=request_id,
-        )
+        hold(key, "big", 300, request_id)
     # Growing a hold is checked on every window: the model's has room for 100 more only.
     with pytest.raises(BudgetExhausted) as grown:
         budget_reserve_adjust(tenant=tenant, request_id=first, amount_microcents=450)
@@ -174,14 +168,7 @@ def test_a_late_settlement_is_capped_by_the_tightest_extra_window(tenant, agent,
     key = api_key[0]
     key_b = create(tenant=tenant, api_key=key, limit_microcents=200)
     request_id = rid()
-    budget_reserve(
-        tenant=tenant,
-        agent=agent,
-        api_key=key,
-        model="m",
-        amount_microcents=100,
-        request_id=request_id,
-    )
+    hold(key, "m", 100, request_id)
     row = budget_settle(
         tenant=tenant, request_id=request_id, cost_microcents=500, usage=Usage(model="m")
     )
@@ -196,14 +183,7 @@ def test_a_budget_created_mid_window_takes_the_open_holds_and_spend_of_its_scope
     other_key, _ = api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])
     settled, open_hold, others = rid(), rid(), rid()
     for request_id, used in ((settled, key), (open_hold, key), (others, other_key)):
-        budget_reserve(
-            tenant=tenant,
-            agent=agent,
-            api_key=used,
-            model="m",
-            amount_microcents=100,
-            request_id=request_id,
-        )
+        hold(used, "m", 100, request_id)
     budget_settle(tenant=tenant, request_id=settled, cost_microcents=40, usage=Usage(model="m"))
     key_b = create(tenant=tenant, api_key=key, limit_microcents=1_000)
     window = _window(key_b)
@@ -218,14 +198,7 @@ def test_a_budget_created_mid_window_takes_the_open_holds_and_spend_of_its_scope
 def test_reconciliation_finds_a_difference_planted_in_an_extra_window(tenant, agent, api_key):
     key_b = create(tenant=tenant, api_key=api_key[0], limit_microcents=1_000)
     request_id = rid()
-    budget_reserve(
-        tenant=tenant,
-        agent=agent,
-        api_key=api_key[0],
-        model="m",
-        amount_microcents=100,
-        request_id=request_id,
-    )
+    hold(api_key[0], "m", 100, request_id)
     budget_settle(tenant=tenant, request_id=request_id, cost_microcents=30, usage=Usage())
     window = _window(key_b)
     BudgetWindow.objects.filter(pk=window.pk).update(spent_microcents=31)
@@ -345,14 +318,7 @@ def test_usage_splits_and_filters_by_every_scope(
     membership = Membership.objects.get(tenant=tenant, user=mia)
     for key, model, cost in ((api_key[0], "big", 30), (mias_key, "big", 7), (mias_key, "s", 5)):
         request_id = rid()
-        budget_reserve(
-            tenant=tenant,
-            agent=agent,
-            api_key=key,
-            model=model,
-            amount_microcents=100,
-            request_id=request_id,
-        )
+        hold(key, model, 100, request_id)
         budget_settle(
             tenant=tenant, request_id=request_id, cost_microcents=cost, usage=Usage(model=model)
         )
