@@ -272,7 +272,7 @@ def test_budgets_at_every_scope_are_made_in_the_browser_and_a_member_sees_hers(
     key, _ = api_key_create(tenant=acme, agent=agent, name="ci job", scopes=[Scope.INFERENCE])
     sign_in(page, live, "ada")
     nav(page, "Budgets")
-    expect(page).to_have_title("Budgets · Acme")
+    expect(page).to_have_title("Budgets · Acme · Fairlane")
     form = page.locator("#scoped-budgets form.row-form")
     form.get_by_label("For").select_option("api_key")
     form.get_by_label("Budget (USD)").fill("3")
