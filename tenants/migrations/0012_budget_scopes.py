@@ -83,6 +83,8 @@ DECLARE
     w record;
     room bigint;
     extra bigint[];
+    ids bigint[];
+    spents bigint[];
 BEGIN
     SELECT * INTO r FROM tenants_reservation
     WHERE tenant_id = p_tenant AND request_id = p_request_id FOR UPDATE;
@@ -108,21 +110,22 @@ BEGIN
         room := w.limit_microcents - w.spent_microcents - (w.reserved_microcents - held);
         charge := GREATEST(LEAST(charge, room), 0);
     END LOOP;
-    UPDATE tenants_budgetwindow
-    SET reserved_microcents = reserved_microcents - held, spent_microcents = spent_microcents + charge
-    WHERE id = r.agent_window_id RETURNING spent_microcents INTO agent_spent;
-    UPDATE tenants_budgetwindow
-    SET reserved_microcents = reserved_microcents - held, spent_microcents = spent_microcents + charge
-    WHERE id = r.tenant_window_id RETURNING spent_microcents INTO tenant_spent;
-    IF cardinality(extra) > 0 THEN
-        WITH u AS (
-            UPDATE tenants_budgetwindow
-            SET reserved_microcents = reserved_microcents - held,
-                spent_microcents = spent_microcents + charge
-            WHERE id = ANY(extra) RETURNING id, spent_microcents)
-        SELECT array_agg(u.id), array_agg(u.spent_microcents)
-        INTO extra_windows, extra_spent FROM u;
-    END IF;
+    -- Every window in one statement (all are locked already, in order, by the loop above).
+    WITH u AS (
+        UPDATE tenants_budgetwindow
+        SET reserved_microcents = reserved_microcents - held,
+            spent_microcents = spent_microcents + charge
+        WHERE id = ANY(ARRAY[r.agent_window_id, r.tenant_window_id] || extra)
+        RETURNING id, spent_microcents)
+    SELECT array_agg(u.id), array_agg(u.spent_microcents) INTO ids, spents FROM u;
+    FOR i IN 1 .. coalesce(array_length(ids, 1), 0) LOOP
+        IF ids[i] = r.agent_window_id THEN agent_spent := spents[i];
+        ELSIF ids[i] = r.tenant_window_id THEN tenant_spent := spents[i];
+        ELSE
+            extra_windows := coalesce(extra_windows, '{}') || ids[i];
+            extra_spent := coalesce(extra_spent, '{}') || spents[i];
+        END IF;
+    END LOOP;
     UPDATE tenants_reservation SET status = 'settled', closed_at = p_now WHERE id = r.id;
     INSERT INTO tenants_usagerecord (request_id, tenant_id, agent_id, api_key_id, backend,
         model, prompt_tokens, completion_tokens, cached_tokens, cost_microcents,
