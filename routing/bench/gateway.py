@@ -424,6 +424,18 @@ def ratios(rows: list[dict], workers: list[int]) -> dict:
                 out[f"{target}/fairlane-b1 {mode} {clients}"] = round(
                     row["rps"] / one_budget["rps"], 2
                 )
+                # Each round's ratio (the two ran next to each other), then their median.
+                paired = sorted(
+                    mine / theirs
+                    for mine, theirs in zip(
+                        row["rps_rounds"], one_budget["rps_rounds"], strict=False
+                    )
+                    if theirs
+                )
+                if paired:
+                    out[f"{target}/fairlane-b1 paired {mode} {clients}"] = round(
+                        paired[len(paired) // 2], 3
+                    )
         before = by.get((target.replace("fairlane", "baseline"), clients, mode))
         if before and before["rps"]:
             out[f"{target}/baseline {mode} {clients}"] = round(row["rps"] / before["rps"], 2)

@@ -2,7 +2,14 @@
 functions of migrations 0005-0007 holding and settling a request on every window that applies:
 the agent's and the tenant's (the primary windows) and the reservation's extra windows, locked
 in one global order: the agent's, the tenant's, then the extra windows by id (a batch locks
-every agent's window of the batch by id, then every tenant's, then every extra one)."""
+every agent's window of the batch by id, then every tenant's, then every extra one).
+
+The batch functions no longer call the single ones for each request: they read the batch's
+windows once, under their locks, decide each hold or charge in order on those figures (the
+same rules as the single functions: all windows or none, the first without room refuses, a
+charge capped by the room of every window), and write each window back once. Updating one row
+once per request inside one transaction left a chain of row versions that every later update
+of the batch walked."""
 
 from importlib import import_module
 
@@ -145,21 +152,80 @@ CREATE FUNCTION fairlane_budget_hold_many(
     p_amounts bigint[], p_agent_windows bigint[], p_tenant_windows bigint[], p_extras jsonb[],
     p_models varchar[], p_nows timestamptz[], p_expires timestamptz[]) RETURNS SETOF text
 LANGUAGE plpgsql AS $$
+DECLARE
+    wids bigint[];   -- the batch's windows
+    room bigint[];   -- each one's limit - spent - reserved, as the batch's holds take it
+    added bigint[];  -- what the batch holds on each
+    mine bigint[];
+    labels text[];
+    refused text;
+    wid bigint;
+    k int;
 BEGIN
     PERFORM 1 FROM tenants_budgetwindow WHERE id = ANY(p_agent_windows) ORDER BY id FOR UPDATE;
     PERFORM 1 FROM tenants_budgetwindow WHERE id = ANY(p_tenant_windows) ORDER BY id FOR UPDATE;
     PERFORM 1 FROM tenants_budgetwindow WHERE id IN (
         SELECT e::bigint FROM unnest(p_extras) x, jsonb_array_elements_text(x) e)
         ORDER BY id FOR UPDATE;
+    -- Read once, locked; every hold of the batch is decided on these figures and written back
+    -- in one UPDATE per window (not one row version per hold: a hot window would grow a
+    -- chain of versions within the transaction that each later update walks).
+    SELECT coalesce(array_agg(w.id), '{}'),
+           coalesce(array_agg(b.limit_microcents - w.spent_microcents - w.reserved_microcents),
+                    '{}')
+    INTO wids, room
+    FROM tenants_budgetwindow w JOIN tenants_budget b ON b.id = w.budget_id
+    WHERE w.id = ANY(p_agent_windows) OR w.id = ANY(p_tenant_windows) OR w.id IN (
+        SELECT e::bigint FROM unnest(p_extras) x, jsonb_array_elements_text(x) e);
+    added := array_fill(0::bigint, ARRAY[cardinality(wids)]);
     FOR i IN 1 .. coalesce(array_length(p_ids, 1), 0) LOOP
         IF EXISTS (SELECT 1 FROM tenants_reservation WHERE request_id = p_request_ids[i]) THEN
             RETURN NEXT 'duplicate';
-        ELSE
-            RETURN NEXT fairlane_budget_hold(p_ids[i], p_request_ids[i], p_tenants[i],
-                p_agents[i], p_keys[i], p_amounts[i], p_agent_windows[i], p_tenant_windows[i],
-                p_extras[i], p_models[i], p_nows[i], p_expires[i]);
+            CONTINUE;
         END IF;
+        -- Its windows in the order a single hold takes them: the agent's, the tenant's, the
+        -- extra ones by id; the first without room refuses it, and it holds nothing.
+        mine := '{}'; labels := '{}';
+        IF p_agent_windows[i] IS NOT NULL THEN
+            mine := mine || p_agent_windows[i]; labels := labels || 'agent'::text;
+        END IF;
+        IF p_tenant_windows[i] IS NOT NULL THEN
+            mine := mine || p_tenant_windows[i]; labels := labels || 'tenant'::text;
+        END IF;
+        IF p_extras[i] IS NOT NULL AND p_extras[i] <> '[]'::jsonb THEN
+            FOR wid IN SELECT e::bigint FROM jsonb_array_elements_text(p_extras[i]) e ORDER BY 1
+            LOOP
+                mine := mine || wid; labels := labels || ('window:' || wid);
+            END LOOP;
+        END IF;
+        refused := '';
+        FOR j IN 1 .. coalesce(array_length(mine, 1), 0) LOOP
+            k := array_position(wids, mine[j]);
+            IF k IS NULL OR room[k] < p_amounts[i] THEN
+                refused := labels[j];
+                EXIT;
+            END IF;
+        END LOOP;
+        IF refused <> '' THEN
+            RETURN NEXT refused;
+            CONTINUE;
+        END IF;
+        FOR j IN 1 .. coalesce(array_length(mine, 1), 0) LOOP
+            k := array_position(wids, mine[j]);
+            room[k] := room[k] - p_amounts[i];
+            added[k] := added[k] + p_amounts[i];
+        END LOOP;
+        INSERT INTO tenants_reservation (id, request_id, tenant_id, agent_id, api_key_id,
+            amount_microcents, agent_window_id, tenant_window_id, extra_windows, model, status,
+            created_at, expires_at)
+        VALUES (p_ids[i], p_request_ids[i], p_tenants[i], p_agents[i], p_keys[i], p_amounts[i],
+            p_agent_windows[i], p_tenant_windows[i], coalesce(p_extras[i], '[]'::jsonb),
+            p_models[i], 'held', p_nows[i], p_expires[i]);
+        RETURN NEXT '';
     END LOOP;
+    UPDATE tenants_budgetwindow w SET reserved_microcents = w.reserved_microcents + v.added
+    FROM unnest(wids, added) AS v(id, added)
+    WHERE w.id = v.id AND v.added <> 0;
 END $$;
 
 CREATE FUNCTION fairlane_budget_settle_many(
@@ -171,24 +237,110 @@ RETURNS TABLE (outcome text, charge bigint, held bigint, prior text, usage_id bi
     agent_id uuid, api_key_id uuid, agent_window bigint, tenant_window bigint,
     agent_spent bigint, tenant_spent bigint, extra_windows bigint[], extra_spent bigint[])
 LANGUAGE plpgsql AS $$
+DECLARE
+    r tenants_reservation%ROWTYPE;
+    wids bigint[];  -- the batch's windows, with their figures as the batch's charges go
+    w_spent bigint[];
+    w_reserved bigint[];
+    w_limit bigint[];
+    changed boolean[];
+    mine bigint[];
+    k int;
 BEGIN
-    PERFORM 1 FROM tenants_reservation r WHERE r.request_id = ANY(p_request_ids)
-        ORDER BY r.id FOR UPDATE;
+    PERFORM 1 FROM tenants_reservation x WHERE x.request_id = ANY(p_request_ids)
+        ORDER BY x.id FOR UPDATE;
     PERFORM 1 FROM tenants_budgetwindow w WHERE w.id IN (
-        SELECT r.agent_window_id FROM tenants_reservation r WHERE r.request_id = ANY(p_request_ids))
+        SELECT x.agent_window_id FROM tenants_reservation x
+        WHERE x.request_id = ANY(p_request_ids))
         ORDER BY w.id FOR UPDATE;
     PERFORM 1 FROM tenants_budgetwindow w WHERE w.id IN (
-        SELECT r.tenant_window_id FROM tenants_reservation r WHERE r.request_id = ANY(p_request_ids))
+        SELECT x.tenant_window_id FROM tenants_reservation x
+        WHERE x.request_id = ANY(p_request_ids))
         ORDER BY w.id FOR UPDATE;
     PERFORM 1 FROM tenants_budgetwindow w WHERE w.id IN (
-        SELECT e::bigint FROM tenants_reservation r, jsonb_array_elements_text(r.extra_windows) e
-        WHERE r.request_id = ANY(p_request_ids))
+        SELECT e::bigint FROM tenants_reservation x, jsonb_array_elements_text(x.extra_windows) e
+        WHERE x.request_id = ANY(p_request_ids))
         ORDER BY w.id FOR UPDATE;
+    -- Read once, locked; written back in one UPDATE per window (see the holds above).
+    SELECT coalesce(array_agg(w.id), '{}'), coalesce(array_agg(w.spent_microcents), '{}'),
+           coalesce(array_agg(w.reserved_microcents), '{}'),
+           coalesce(array_agg(b.limit_microcents), '{}')
+    INTO wids, w_spent, w_reserved, w_limit
+    FROM tenants_budgetwindow w JOIN tenants_budget b ON b.id = w.budget_id
+    WHERE w.id IN (
+        SELECT x.agent_window_id FROM tenants_reservation x
+        WHERE x.request_id = ANY(p_request_ids)
+        UNION SELECT x.tenant_window_id FROM tenants_reservation x
+        WHERE x.request_id = ANY(p_request_ids)
+        UNION SELECT e::bigint
+        FROM tenants_reservation x, jsonb_array_elements_text(x.extra_windows) e
+        WHERE x.request_id = ANY(p_request_ids));
+    changed := array_fill(false, ARRAY[cardinality(wids)]);
     FOR i IN 1 .. coalesce(array_length(p_request_ids, 1), 0) LOOP
-        RETURN QUERY SELECT * FROM fairlane_budget_settle(p_request_ids[i], p_tenants[i],
-            p_costs[i], p_backends[i], p_models[i], p_prompts[i], p_completions[i], p_cached[i],
-            p_latencies[i], p_statuses[i], p_nows[i], p_traces[i], p_versions[i], p_timelines[i]);
+        outcome := NULL; charge := NULL; held := NULL; prior := NULL; usage_id := NULL;
+        agent_id := NULL; api_key_id := NULL; agent_window := NULL; tenant_window := NULL;
+        agent_spent := NULL; tenant_spent := NULL; extra_windows := NULL; extra_spent := NULL;
+        SELECT * INTO r FROM tenants_reservation x
+        WHERE x.tenant_id = p_tenants[i] AND x.request_id = p_request_ids[i];
+        IF NOT FOUND THEN
+            outcome := 'missing';
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        prior := r.status;
+        agent_id := r.agent_id; api_key_id := r.api_key_id;
+        agent_window := r.agent_window_id; tenant_window := r.tenant_window_id;
+        IF r.status = 'settled' THEN
+            outcome := 'settled';
+            SELECT u.id INTO usage_id FROM tenants_usagerecord u
+            WHERE u.request_id = p_request_ids[i];
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        mine := ARRAY[r.agent_window_id, r.tenant_window_id] || CASE
+            WHEN r.extra_windows = '[]'::jsonb THEN '{}'::bigint[]
+            ELSE ARRAY(SELECT e::bigint FROM jsonb_array_elements_text(r.extra_windows) e
+                       ORDER BY 1) END;
+        held := CASE WHEN r.status = 'held' THEN r.amount_microcents ELSE 0 END;
+        charge := p_costs[i];
+        FOR j IN 1 .. array_length(mine, 1) LOOP
+            k := array_position(wids, mine[j]);
+            IF k IS NOT NULL THEN
+                charge := GREATEST(LEAST(charge,
+                    w_limit[k] - w_spent[k] - (w_reserved[k] - held)), 0);
+            END IF;
+        END LOOP;
+        FOR j IN 1 .. array_length(mine, 1) LOOP
+            k := array_position(wids, mine[j]);
+            CONTINUE WHEN k IS NULL;
+            w_reserved[k] := w_reserved[k] - held;
+            w_spent[k] := w_spent[k] + charge;
+            changed[k] := true;
+            IF j = 1 THEN agent_spent := w_spent[k];
+            ELSIF j = 2 THEN tenant_spent := w_spent[k];
+            ELSE
+                extra_windows := coalesce(extra_windows, '{}') || mine[j];
+                extra_spent := coalesce(extra_spent, '{}') || w_spent[k];
+            END IF;
+        END LOOP;
+        UPDATE tenants_reservation x SET status = 'settled', closed_at = p_nows[i]
+        WHERE x.id = r.id;
+        INSERT INTO tenants_usagerecord AS u (request_id, tenant_id, agent_id, api_key_id,
+            backend, model, prompt_tokens, completion_tokens, cached_tokens, cost_microcents,
+            unbilled_microcents, latency_ms, status, created_at, trace_id, model_version,
+            timeline)
+        VALUES (p_request_ids[i], p_tenants[i], r.agent_id, r.api_key_id, p_backends[i],
+            p_models[i], p_prompts[i], p_completions[i], p_cached[i], charge,
+            p_costs[i] - charge, p_latencies[i], p_statuses[i], p_nows[i], p_traces[i],
+            p_versions[i], p_timelines[i])
+        RETURNING u.id INTO usage_id;
+        outcome := 'ok';
+        RETURN NEXT;
     END LOOP;
+    UPDATE tenants_budgetwindow w
+    SET spent_microcents = v.spent, reserved_microcents = v.reserved
+    FROM unnest(wids, w_spent, w_reserved, changed) AS v(id, spent, reserved, changed)
+    WHERE w.id = v.id AND v.changed;
 END $$;
 """
 

@@ -171,6 +171,62 @@ def test_the_batch_functions_give_what_the_single_calls_give(tenant, agent):
     assert Reservation.objects.get(request_id=ids[0]).extra_windows == [extra.pk]
 
 
+def test_the_batch_settlement_charges_in_order_within_every_window(tenant, agent):
+    """fairlane_budget_settle_many on one batch: each charge sees the ones before it (the
+    second is capped by the model budget's extra window), a request settled earlier in the
+    batch answers 'settled', an unknown one 'missing'; every window is written once with the
+    sum, and each row says its windows' spent after its own charge."""
+    budget_create(tenant=tenant, agent=agent, limit_microcents=10_000)
+    big = budget_create(tenant=tenant, model_names=["big"], limit_microcents=1_000)
+    first, second = rid(), rid()
+    for request_id in (first, second):
+        budget_reserve(
+            tenant=tenant,
+            agent=agent,
+            model="big",
+            amount_microcents=400,
+            request_id=request_id,
+        )
+    agent_window = BudgetWindow.objects.get(budget__agent=agent)
+    extra = BudgetWindow.objects.get(budget=big)
+    ids = [first, second, first, "nobody"]
+    now = timezone.now()
+    params = [
+        ids,
+        [tenant.pk] * 4,
+        [600, 900, 600, 5],
+        ["b"] * 4,
+        ["big"] * 4,
+        [1] * 4,
+        [2] * 4,
+        [0] * 4,
+        [10] * 4,
+        ["ok"] * 4,
+        [now] * 4,
+        [""] * 4,
+        [""] * 4,
+        [Jsonb({})] * 4,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(budget_sql._settlements.many, params)
+        rows = cursor.fetchall()
+    outcome = [(r[0], r[1], r[9], r[11], r[12]) for r in rows]
+    # The first: 600 of its 400 hold (room: 1,000 - 800 held + 400). The second: what the
+    # model's window has left, 1,000 - 600 = 400, of its 900 (the rest unbilled).
+    assert outcome == [
+        ("ok", 600, 600, [extra.pk], [600]),
+        ("ok", 400, 1_000, [extra.pk], [1_000]),
+        ("settled", None, None, None, None),
+        ("missing", None, None, None, None),
+    ]
+    agent_window.refresh_from_db()
+    extra.refresh_from_db()
+    assert (agent_window.spent_microcents, agent_window.reserved_microcents) == (1_000, 0)
+    assert (extra.spent_microcents, extra.reserved_microcents) == (1_000, 0)
+    assert UsageRecord.objects.get(request_id=second).unbilled_microcents == 500
+    assert rows[2][4] == UsageRecord.objects.get(request_id=first).pk
+
+
 def _prepared_here() -> list[str]:
     """The statements prepared on this thread's connection (PostgreSQL's view of it)."""
     with connection.cursor() as cursor:
