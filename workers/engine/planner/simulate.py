@@ -88,10 +88,12 @@ class Prediction:
     ttft_p95: float
     e2e_p50: float
     e2e_p95: float
+    e2e_mean: float
     throughput_rps: float  # completions/s while requests arrived
     output_tok_s: float
     batch_seqs_mean: float
     is_saturated: bool  # the queue still grew: completions fell short of arrivals
+    ttft_p95_by_lane: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, float | int | bool]:
         return asdict(self)
@@ -271,7 +273,7 @@ def simulate(
         now, _, index = heapq.heappop(ends)
         done.extend(pool.step_end(pool.workers[index], now))
         kick(now)
-    return _prediction(requests, done, pool, rate, shape.overhead_s, warmup)
+    return _prediction(requests, done, pool, rate, shape, warmup)
 
 
 def _prediction(
@@ -279,11 +281,15 @@ def _prediction(
     done: list[_Request],
     pool: _Pool,
     rate: float,
-    overhead: float,
+    shape: ServerShape,
     warmup: float,
 ) -> Prediction:
-    skip = int(len(requests) * warmup)
+    skip, overhead = int(len(requests) * warmup), shape.overhead_s
     measured = requests[skip:]
+    by_lane: dict[str, list[float]] = {}
+    for r in measured:
+        name = shape.lanes[r.lane] if r.lane < len(shape.lanes) else "other"
+        by_lane.setdefault(name, []).append(r.first_at - r.arrival + overhead)
     ttft = sorted(r.first_at - r.arrival + overhead for r in measured)
     e2e = sorted(r.done_at - r.arrival + overhead for r in measured)
     if math.isfinite(rate):
@@ -301,10 +307,12 @@ def _prediction(
         ttft_p95=percentile(ttft, 0.95),
         e2e_p50=percentile(e2e, 0.5),
         e2e_p95=percentile(e2e, 0.95),
+        e2e_mean=sum(e2e) / len(e2e),
         throughput_rps=throughput,
         output_tok_s=sum(r.output for r in window) / span,
         batch_seqs_mean=pool.num_step_seqs / max(pool.num_steps, 1),
         is_saturated=math.isfinite(rate) and throughput < 0.95 * rate,
+        ttft_p95_by_lane={k: percentile(sorted(v), 0.95) for k, v in sorted(by_lane.items())},
     )
 
 
