@@ -97,6 +97,7 @@ class LLMEngine(BlockingHelpers):
         lookahead = self.speculator.lookahead if self.speculator else None
         self.scheduler = Scheduler(config, self.block_manager, self.policy, lookahead)
         self.stats_counters = EngineStats()
+        self._busy_until: float | None = None  # the last step's end, if work was left
         self.requests: dict[str, Sequence] = {}
         self._pending: list[RequestOutput] = []  # abort notices, delivered by the next step
 
@@ -233,8 +234,14 @@ class LLMEngine(BlockingHelpers):
         self.stats_counters.record_step(
             batch, num_generated, self.scheduler, num_spec_tokens=num_spec_tokens
         )
+        ended = time.perf_counter()
         if batch.seqs:
-            self.stats_counters.record_step_time(composition, time.perf_counter() - started)
+            # While requests stay unfinished the loop goes straight from one step to the next:
+            # the time between them (delivering outputs, taking new requests, waiting on the
+            # GIL) is part of what each step costs the requests, so it is counted in.
+            since = started if self._busy_until is None else self._busy_until
+            self.stats_counters.record_step_time(composition, ended - since)
+        self._busy_until = ended if self.has_unfinished_requests() else None
         return outputs
 
     def _append_tokens(self, result: StepResult) -> list[RequestOutput]:

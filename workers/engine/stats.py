@@ -39,12 +39,13 @@ class EngineStats:
         self.num_batched_tokens = 0
         self.kv_reserved_slots = 0  # summed over steps
         self.kv_wasted_slots = 0
-        # The last steps' (prefill tokens, decodes, context tokens, seconds): a bounded sample
-        # the worker publishes with its other stats (the planner fits step times to it).
-        self.step_samples: deque[tuple[int, int, int, float]] = deque(maxlen=NUM_STEP_SAMPLES)
+        # The last steps' (prefill tokens, decodes, context tokens, seconds, step number): a
+        # bounded sample the worker publishes with its other stats (the capacity planner fits
+        # step times to it; the number lets a reader join samples read at different times).
+        self.step_samples: deque[tuple[int, int, int, float, int]] = deque(maxlen=NUM_STEP_SAMPLES)
 
     def record_step_time(self, composition: tuple[int, int, int], seconds: float) -> None:
-        self.step_samples.append((*composition, round(seconds, 6)))
+        self.step_samples.append((*composition, round(seconds, 6), self.num_steps))
 
     def record_step(
         self,

@@ -29,7 +29,8 @@ class StepSample:
 
     @classmethod
     def from_row(cls, row: Sequence[float]) -> StepSample:
-        """From the engine's published ``step_samples`` rows: [prefill, decodes, context, s]."""
+        """From the engine's published ``step_samples`` rows:
+        [prefill, decodes, context, seconds, step number]."""
         return cls(int(row[0]), int(row[1]), int(row[2]), float(row[3]))
 
 
