@@ -260,15 +260,17 @@ def _schedule(mix: Mix, rate: float, n: int, seed: int) -> list[tuple[float, lis
     ]
 
 
-def _overhead(system, model: StepTimeModel, shape: ServerShape, mix: Mix, seed: int) -> float:
-    """The HTTP path's own latency: light requests one at a time, measured minus predicted."""
+def _overhead(system, model: StepTimeModel, seed: int) -> tuple[float, float]:
+    """The path's own latency before the first token and after the last: light requests
+    (64 prompt tokens, 2 output tokens) one at a time, measured minus the engine's steps."""
     rng = random.Random(seed + 7)
-    gaps = []
-    for _ in range(8):
+    before, after = [], []
+    for _ in range(10):
         prompt = [rng.randint(37, 131) for _ in range(64)]
-        ttft, _ = asyncio.run(system.one(prompt, 1))
-        gaps.append(ttft - model.seconds(64, 0, 0))
-    return max(statistics.median(gaps[2:]), 0.0)
+        ttft, e2e = asyncio.run(system.one(prompt, 2))
+        before.append(ttft - model.seconds(64, 0, 0))
+        after.append(e2e - ttft - model.seconds(0, 1, 66))
+    return max(statistics.median(before[2:]), 0.0), max(statistics.median(after[2:]), 0.0)
 
 
 def _row(level: float, rate: float, predicted, measured: dict) -> dict:
@@ -330,12 +332,18 @@ def run(argv: list[str] | None = None) -> dict:
     calibration_s = time.perf_counter() - started
     mix = Mix((RequestClass(_range(args.prompt_tokens), _range(args.output_tokens)),))
     shape = ServerShape(max_num_seqs=args.max_num_seqs)
+    if not args.direct:  # the worker's puller, as the worker's settings have it
+        shape = replace(
+            shape,
+            reserved_slots=settings.FAIRLANE_REALTIME_RESERVED_SLOTS,
+            pull_interval_s=settings.FAIRLANE_PULL_INTERVAL_SECONDS,
+        )
     targets = Targets(e2e_p95=args.p95_ms / 1000 if args.p95_ms else None)
     model, key, plain = (None, None, None) if args.direct else _setup(args.preset)
     system = Direct(path, args) if args.direct else Distributed(model, plain, args)
     try:
-        overhead = _overhead(system, fit, shape, mix, args.seed)
-        shape = replace(shape, overhead_s=overhead)
+        overhead, tail = _overhead(system, fit, args.seed)
+        shape = replace(shape, overhead_s=overhead, tail_s=tail)
         capacity = capacity_search(fit, shape, mix, targets, seed=args.seed)
         print(
             f"capacity bench: {args.preset}, max_num_seqs {args.max_num_seqs}, "
@@ -349,7 +357,9 @@ def run(argv: list[str] | None = None) -> dict:
             f"ns/context token; median error {fit.median_rel_error:.0%}"
         )
         print(
-            f"  overhead outside the engine: {overhead * 1e3:.1f} ms; predicted capacity "
+            f"  outside the engine: {overhead * 1e3:.1f} ms before the first token, "
+            f"{tail * 1e3:.1f} ms after the last; reserved slots {shape.reserved_slots}; "
+            "predicted capacity "
             f"{capacity:.2f} req/s ({_capacity_kind(args.p95_ms)})"
         )
         rows, levels, step_rows = [], [], {}
@@ -390,6 +400,8 @@ def run(argv: list[str] | None = None) -> dict:
         "requests_per_level": args.requests,
         "step_model": fit.to_dict(),
         "overhead_s": overhead,
+        "tail_s": tail,
+        "reserved_slots": shape.reserved_slots,
         "capacity_rps": capacity,
         "levels": rows,
         "levels_worker_fit": refit_rows,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from django.conf import settings
+
 from routing.models import CapacityFit
 from tenants.errors import InvalidRequest
 from tenants.models import Lane
@@ -75,11 +77,15 @@ def model_info_resolve(*, name: str) -> ModelInfo:
 
 def engine_shape(*, info: ModelInfo, num_workers: int, overhead_s: float = 0.0) -> ServerShape:
     """The pool as the workers run it: the engine config this deployment starts the model
-    with (its max_num_seqs, token budget and yielding lanes)."""
+    with (its max_num_seqs, token budget and yielding lanes) and the workers' pullers (their
+    concurrency, the slots kept for realtime requests, how often a full one looks again)."""
     config = model_engine_config(info)
     return ServerShape(
         num_workers=num_workers,
-        max_num_seqs=config.max_num_seqs,
+        max_num_seqs=min(config.max_num_seqs, settings.FAIRLANE_WORKER_CONCURRENCY),
+        reserved_slots=settings.FAIRLANE_REALTIME_RESERVED_SLOTS,
+        reserved_lane=Lane.REALTIME.value,
+        pull_interval_s=settings.FAIRLANE_PULL_INTERVAL_SECONDS,
         max_num_batched_tokens=config.max_num_batched_tokens,
         yield_lanes=config.yield_lanes,
         bulk_beside=config.yield_max_seqs,

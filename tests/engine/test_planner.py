@@ -173,3 +173,27 @@ def test_engine_records_each_steps_composition(tiny_dir):
         sum(len(p) + k for k in range(1, n)) for p, n in zip(prompts, outputs, strict=True)
     )
     assert math.isfinite(step_model_fit(samples).base)
+
+
+def test_reserved_slots_take_only_realtime_requests():
+    model = StepTimeModel(0.004, 2e-5, 3e-4, 1e-6)
+    shape = ServerShape(max_num_seqs=4, reserved_slots=2)
+
+    def backlog(lane: str):
+        mix = Mix((RequestClass((32, 32), (16, 16), lane),))
+        return simulate(model, shape, mix, math.inf, num_requests=200)
+
+    assert backlog("standard").batch_seqs_mean <= 2.0
+    assert backlog("realtime").batch_seqs_mean > 3.5
+    # A slot freed while the worker was full waits for the puller: fewer completions per second.
+    mix = Mix((RequestClass((32, 32), (16, 16)),))
+    slow_pull = simulate(
+        model, ServerShape(max_num_seqs=4, pull_interval_s=0.2), mix, math.inf, num_requests=200
+    )
+    assert (
+        slow_pull.throughput_rps
+        < 0.8
+        * simulate(
+            model, ServerShape(max_num_seqs=4), mix, math.inf, num_requests=200
+        ).throughput_rps
+    )

@@ -51,9 +51,8 @@ def calibrate(
     engine.generate([_prompt(rng, 40)], SamplingParams(max_tokens=4, ignore_eos=True))  # warm
     samples: list[StepSample] = []
     longest = engine.max_model_len - 8
-    for num_decodes in grid.decode_seqs:
-        if num_decodes >= max_num_seqs:
-            continue
+    # Counts beyond the engine's slots measure its fullest batch instead.
+    for num_decodes in sorted({min(d, max_num_seqs - 1) for d in grid.decode_seqs}):
         for context in grid.contexts:
             if context + 2 * len(grid.prefills) * grid.repeats + 8 > longest:
                 continue

@@ -11,6 +11,10 @@ model says. A request's first token comes at the end of the step that computes i
 prompt token; each later step that decodes it adds one. Arrivals during a step wait for the
 next one, as they do in the engine's loop.
 
+The worker's puller is modelled too: a worker's last ``reserved_slots`` take realtime
+requests only, and a slot freed while the worker was full is refilled half a pull interval
+later on average.
+
 Not modelled: KV-pool exhaustion and preemption (the pool is assumed large enough for
 ``max_num_seqs`` sequences), prefix-cache hits, speculative decoding, per-tenant virtual
 token counters (one tenant per lane), and time outside the engine except a fixed
@@ -71,7 +75,14 @@ class ServerShape:
     yield_lanes: tuple[str, ...] = ()
     bulk_beside: int = 1
     lanes: tuple[str, ...] = LANES
-    overhead_s: float = 0.0
+    overhead_s: float = 0.0  # before the first token (HTTP, admission, the queue, transport)
+    tail_s: float = 0.0  # after the last token, until the answer ends (settlement, [DONE])
+    # The worker's last slots take only this lane's requests (FAIRLANE_REALTIME_RESERVED_SLOTS).
+    reserved_slots: int = 0
+    reserved_lane: str = "realtime"
+    # A full worker looks for work again this often (FAIRLANE_PULL_INTERVAL_SECONDS): a slot
+    # freed while it was full stays empty half of it on average.
+    pull_interval_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_workers < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
@@ -121,6 +132,7 @@ class _Worker:
     running: list[_Request] = field(default_factory=list)
     plan: list[tuple[_Request, int]] = field(default_factory=list)
     is_busy: bool = False
+    refills: list[float] = field(default_factory=list)  # when freed slots can be taken again
 
 
 def arrivals_draw(
@@ -144,6 +156,10 @@ class _Pool:
         self.waiting: list[tuple[int, int, _Request]] = []  # (lane, order, request) heap
         self.workers = [_Worker() for _ in range(shape.num_workers)]
         self.yield_ranks = {shape.lanes.index(x) for x in shape.yield_lanes if x in shape.lanes}
+        lanes = shape.lanes
+        self.reserved_rank = (
+            lanes.index(shape.reserved_lane) if shape.reserved_lane in lanes else -1
+        )
         self.num_steps = self.num_step_seqs = 0
 
     def enqueue(self, request: _Request) -> None:
@@ -165,7 +181,16 @@ class _Pool:
         room[0] -= 1
         return False
 
-    def step_start(self, worker: _Worker) -> float | None:
+    def _slots(self, worker: _Worker, now: float, request: _Request) -> int:
+        """Sequences the worker may hold for this request: its slots, less those the puller
+        has not refilled yet and, for other lanes than the reserved one, the reserved ones."""
+        worker.refills = [t for t in worker.refills if t > now]
+        slots = self.shape.max_num_seqs - len(worker.refills)
+        if request.lane != self.reserved_rank:
+            slots -= self.shape.reserved_slots
+        return slots
+
+    def step_start(self, worker: _Worker, now: float) -> float | None:
         """Compose the worker's next step as the scheduler would; its seconds, or None when
         it has nothing to do."""
         budget, room = self.shape.max_num_batched_tokens, self._room_for_yielding(worker)
@@ -194,6 +219,9 @@ class _Pool:
             if room is not None and request.lane in self.yield_ranks and room[0] <= 0:
                 held.append(entry)
                 continue
+            if len(worker.running) >= self._slots(worker, now, request):
+                held.append(entry)
+                break  # the queue's order: the next request waits too (no overtaking)
             self._gives_way(request, room)
             n = min(request.prompt, budget)
             worker.running.append(request)
@@ -218,6 +246,7 @@ class _Pool:
     def step_end(self, worker: _Worker, now: float) -> list[_Request]:
         """Apply the step's work; the requests it finished."""
         finished = []
+        was_full = len(worker.running) >= self.shape.max_num_seqs - self.shape.reserved_slots
         for request, n in worker.plan:
             if request.is_prefilling:
                 request.computed += n
@@ -231,6 +260,8 @@ class _Pool:
         if finished:
             done = {id(r) for r in finished}
             worker.running = [r for r in worker.running if id(r) not in done]
+            if was_full and self.shape.pull_interval_s:
+                worker.refills += [now + self.shape.pull_interval_s / 2] * len(finished)
         worker.plan, worker.is_busy = [], False
         return finished
 
@@ -258,9 +289,15 @@ def simulate(
     def kick(now: float) -> None:
         nonlocal tick
         for index, worker in enumerate(pool.workers):
-            if not worker.is_busy and (seconds := pool.step_start(worker)) is not None:
+            if worker.is_busy:
+                continue
+            if (seconds := pool.step_start(worker, now)) is not None:
                 tick += 1
                 heapq.heappush(ends, (now + seconds, tick, index))
+            elif pool.waiting and worker.refills:  # wake when a slot is refilled
+                worker.is_busy = True
+                tick += 1
+                heapq.heappush(ends, (min(worker.refills), tick, index))
 
     while i < len(requests) or ends:
         if i < len(requests) and (not ends or requests[i].arrival <= ends[0][0]):
@@ -291,7 +328,7 @@ def _prediction(
         name = shape.lanes[r.lane] if r.lane < len(shape.lanes) else "other"
         by_lane.setdefault(name, []).append(r.first_at - r.arrival + overhead)
     ttft = sorted(r.first_at - r.arrival + overhead for r in measured)
-    e2e = sorted(r.done_at - r.arrival + overhead for r in measured)
+    e2e = sorted(r.done_at - r.arrival + overhead + shape.tail_s for r in measured)
     if math.isfinite(rate):
         start, end = measured[0].arrival, requests[-1].arrival
     else:  # a backlog: the middle of the completions, before the last ones drain alone
