@@ -238,6 +238,11 @@ async def _drive(
 def _measured(results: list[tuple], outputs: list[int]) -> dict:
     skip = int(len(results) * WARMUP)
     measured = results[skip:]
+    itl = sorted(
+        (r[2] - r[1]) / (n - 1)
+        for r, n in zip(results[skip:], outputs[skip:], strict=True)
+        if n > 1
+    )
     ttft = sorted(r[1] for r in measured)
     e2e = sorted(r[2] for r in measured)
     begin, end = measured[0][0], max(r[0] for r in results)
@@ -249,6 +254,7 @@ def _measured(results: list[tuple], outputs: list[int]) -> dict:
         "e2e_p95": percentile(e2e, 0.95),
         "throughput_rps": len(done) / (end - begin),
         "output_tok_s": sum(outputs[i] for i in done) / (end - begin),
+        "itl_p50": percentile(itl, 0.5),
     }
 
 
@@ -275,7 +281,7 @@ def _overhead(system, model: StepTimeModel, seed: int) -> tuple[float, float]:
 
 def _row(level: float, rate: float, predicted, measured: dict) -> dict:
     row = {"fraction": level, "rate": rate}
-    for name in ("ttft_p50", "ttft_p95", "e2e_p50", "e2e_p95", "throughput_rps"):
+    for name in ("ttft_p50", "ttft_p95", "e2e_p50", "e2e_p95", "throughput_rps", "itl_p50"):
         guess, real = getattr(predicted, name), measured[name]
         row[name] = {
             "predicted": guess,
@@ -289,7 +295,7 @@ def _print(rows: list[dict], title: str) -> None:
     print(title)
     print(
         "  load  rate/s | TTFT p50 ms pred/meas (err) | TTFT p95 | latency p50 | latency p95 |"
-        " throughput req/s"
+        " throughput req/s | ms/token p50"
     )
     for row in rows:
         cells = []
@@ -299,11 +305,12 @@ def _print(rows: list[dict], title: str) -> None:
             ("e2e_p50", 1e3),
             ("e2e_p95", 1e3),
             ("throughput_rps", 1),
+            ("itl_p50", 1e3),
         ):
             c = row[name]
             cells.append(
                 f"{c['predicted'] * scale:.0f}/{c['measured'] * scale:.0f} ({c['error_pct']:+.0f}%)"
-                if scale > 1
+                if name != "throughput_rps"
                 else f"{c['predicted']:.2f}/{c['measured']:.2f} ({c['error_pct']:+.0f}%)"
             )
         print(f"  {row['fraction']:4.0%} {row['rate']:7.2f} | " + " | ".join(cells))
@@ -374,13 +381,19 @@ def run(argv: list[str] | None = None) -> dict:
             levels.append((fraction, rate, seed, measured))
         _print(rows, "  predicted (calibration fit) / measured:")
         worker_samples = [StepSample.from_row(r) for r in step_rows.values()]
-        refit_rows = []
+        refit_rows, refit = [], None
         if len(worker_samples) >= 4:
             refit = step_model_fit(worker_samples)
             for fraction, rate, seed, measured in levels:
                 again = simulate(refit, shape, mix, rate, num_requests=args.requests, seed=seed)
                 refit_rows.append(_row(fraction, rate, again, measured))
             _print(refit_rows, f"  predicted from the worker's own {len(worker_samples)} steps:")
+            print(
+                f"  worker fit: {refit.base * 1e3:.3f} ms + {refit.per_prefill_token * 1e6:.2f} "
+                f"us/prefill token + {refit.per_decode_seq * 1e6:.2f} us/decode + "
+                f"{refit.per_context_token * 1e9:.2f} ns/context token; median error "
+                f"{refit.median_rel_error:.0%}"
+            )
     finally:
         asyncio.run(system.close())
         if key is not None:
@@ -405,6 +418,7 @@ def run(argv: list[str] | None = None) -> dict:
         "capacity_rps": capacity,
         "levels": rows,
         "levels_worker_fit": refit_rows,
+        "worker_step_model": refit.to_dict() if refit else None,
         "load_average": os.getloadavg()[0],
     }
     args.json_out.parent.mkdir(parents=True, exist_ok=True)

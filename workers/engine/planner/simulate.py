@@ -100,6 +100,7 @@ class Prediction:
     e2e_p50: float
     e2e_p95: float
     e2e_mean: float
+    itl_p50: float  # time per output token after the first, the median request's
     throughput_rps: float  # completions/s while requests arrived
     output_tok_s: float
     batch_seqs_mean: float
@@ -345,6 +346,11 @@ def _prediction(
         e2e_p50=percentile(e2e, 0.5),
         e2e_p95=percentile(e2e, 0.95),
         e2e_mean=sum(e2e) / len(e2e),
+        itl_p50=percentile(
+            sorted((r.done_at - r.first_at) / (r.output - 1) for r in measured if r.output > 1)
+            or [0.0],
+            0.5,
+        ),
         throughput_rps=throughput,
         output_tok_s=sum(r.output for r in window) / span,
         batch_seqs_mean=pool.num_step_seqs / max(pool.num_steps, 1),
