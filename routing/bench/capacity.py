@@ -11,9 +11,11 @@
    `--direct`: straight into an in-process AsyncEngine instead).
 The fixed latency outside the engine (the HTTP path's own) is measured first, one light
 request at a time, and given to the simulation as its `overhead_s`. Printed: predicted
-against measured with the error in per cent; then the same predictions refitted from the
-steps the worker itself recorded during the run (what `capacity_plan` reads without
---calibrate). The last line is one JSON object.
+against measured with the error in per cent (A); then the same predictions from the steps
+the worker itself recorded (what `capacity_plan` reads without --calibrate), during the
+first level only (B: out of sample for the later levels) and during all of them (C: in
+sample, the simulation's own error when it has the step times the worker had). The last
+line is one JSON object.
 """
 
 from __future__ import annotations
@@ -369,31 +371,62 @@ def run(argv: list[str] | None = None) -> dict:
             "predicted capacity "
             f"{capacity:.2f} req/s ({_capacity_kind(args.p95_ms)})"
         )
-        rows, levels, step_rows = [], [], {}
+        rows, levels, step_rows, first_rows = [], [], {}, {}
         fractions = [float(f) for f in args.fractions.split(",")]
         for i, fraction in enumerate(fractions):
             rate, seed = fraction * capacity, args.seed + 10 * (i + 1)
             schedule = _schedule(mix, rate, args.requests, seed)
             predicted = simulate(fit, shape, mix, rate, num_requests=args.requests, seed=seed)
             results = asyncio.run(_drive(system, schedule, step_rows))
+            first_rows = first_rows or dict(step_rows)
             measured = _measured(results, [job[2] for job in schedule])
             rows.append(_row(fraction, rate, predicted, measured))
             levels.append((fraction, rate, seed, measured))
-        _print(rows, "  predicted (calibration fit) / measured:")
-        worker_samples = [StepSample.from_row(r) for r in step_rows.values()]
-        refit_rows, refit = [], None
-        if len(worker_samples) >= 4:
-            refit = step_model_fit(worker_samples)
+        _print(
+            rows, "  A. predicted from the calibration (this process, before the run) / measured:"
+        )
+        refits = {}
+        for name, source, title in (
+            (
+                "first_level",
+                first_rows,
+                "  B. predicted from the steps the worker recorded during the first level only"
+                " (out of sample for the others)",
+            ),
+            (
+                "all_levels",
+                step_rows,
+                "  C. predicted from the steps the worker recorded during every level"
+                " (in sample: the simulation's own error given the step times)",
+            ),
+        ):
+            samples_seen = [StepSample.from_row(r) for r in source.values()]
+            if len(samples_seen) < 4:
+                continue
+            refit = step_model_fit(samples_seen)
+            saturation = capacity_search(refit, shape, mix, Targets(), seed=args.seed)
+            refit_rows = []
             for fraction, rate, seed, measured in levels:
                 again = simulate(refit, shape, mix, rate, num_requests=args.requests, seed=seed)
                 refit_rows.append(_row(fraction, rate, again, measured))
-            _print(refit_rows, f"  predicted from the worker's own {len(worker_samples)} steps:")
+            _print(refit_rows, f"{title}, {len(samples_seen)} steps:")
             print(
-                f"  worker fit: {refit.base * 1e3:.3f} ms + {refit.per_prefill_token * 1e6:.2f} "
+                f"     fit: {refit.base * 1e3:.3f} ms + {refit.per_prefill_token * 1e6:.2f} "
                 f"us/prefill token + {refit.per_decode_seq * 1e6:.2f} us/decode + "
-                f"{refit.per_context_token * 1e9:.2f} ns/context token; median error "
-                f"{refit.median_rel_error:.0%}"
+                f"{refit.per_context_token * 1e9:.2f} ns/context token (median error "
+                f"{refit.median_rel_error:.0%}); predicted saturation {saturation:.2f} req/s"
             )
+            refits[name] = {
+                "step_model": refit.to_dict(),
+                "saturation_rps": saturation,
+                "levels": refit_rows,
+            }
+        top = max(m["throughput_rps"] for *_, m in levels)
+        print(
+            f"  measured: the most completions/s of any level {top:.2f} req/s (the saturation "
+            "rate where the top level's throughput fell short of its rate); calibration "
+            f"predicted {capacity:.2f}"
+        )
     finally:
         asyncio.run(system.close())
         if key is not None:
@@ -417,8 +450,8 @@ def run(argv: list[str] | None = None) -> dict:
         "reserved_slots": shape.reserved_slots,
         "capacity_rps": capacity,
         "levels": rows,
-        "levels_worker_fit": refit_rows,
-        "worker_step_model": refit.to_dict() if refit else None,
+        "worker_fits": refits,
+        "measured_top_throughput_rps": top,
         "load_average": os.getloadavg()[0],
     }
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
