@@ -181,6 +181,16 @@ class Distributed:
         self.worker.stop()
 
 
+def _require_distributed() -> None:
+    from django.db import connection
+
+    if connection.vendor != "postgresql" or not settings.REDIS_URL:
+        raise SystemExit(
+            "bench capacity drives the distributed mode: set DATABASE_URL to PostgreSQL and "
+            "REDIS_URL (or pass --direct to drive an in-process engine)"
+        )
+
+
 def _setup(preset: str):
     """A bench tenant and agent with budgets that never run out, a key, the model enabled."""
     from tenants.models import Agent, Budget, Scope, Tenant
@@ -348,6 +358,8 @@ def run(argv: list[str] | None = None) -> dict:
             pull_interval_s=settings.FAIRLANE_PULL_INTERVAL_SECONDS,
         )
     targets = Targets(e2e_p95=args.p95_ms / 1000 if args.p95_ms else None)
+    if not args.direct:
+        _require_distributed()
     model, key, plain = (None, None, None) if args.direct else _setup(args.preset)
     system = Direct(path, args) if args.direct else Distributed(model, plain, args)
     try:
