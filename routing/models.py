@@ -221,5 +221,31 @@ class StoredResponse(models.Model):
         return self.id
 
 
+class CapacityFit(models.Model):
+    """A model's capacity plan (issue 34): its engine's fitted step times, the request mix and
+    targets it was planned for, and what the queue simulation predicted from them. One row
+    per model, the latest plan; the ops dashboard sets the model's load against it."""
+
+    class Source(models.TextChoices):
+        CALIBRATE = "calibrate", "calibration run"
+        WORKERS = "workers", "the workers' recorded steps"
+
+    model = models.CharField(max_length=200, unique=True)
+    source = models.CharField(max_length=16, choices=Source.choices)
+    step_model = models.JSONField()  # StepTimeModel.to_dict()
+    shape = models.JSONField()  # the engine's max_num_seqs, token budget, yielding lanes
+    mix = models.JSONField()  # the request classes
+    targets = models.JSONField()  # p95 targets in seconds
+    rate = models.FloatField()  # the rate asked about (requests/s)
+    capacity_rps = models.FloatField()  # one worker's knee: the highest rate meeting the targets
+    saturation_rps = models.FloatField()  # one worker's completions/s under a standing backlog
+    workers_needed = models.PositiveIntegerField(null=True, blank=True)
+    prediction = models.JSONField()  # at `rate`: p50/p95 TTFT and latency, throughput
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"capacity of {self.model}"
+
+
 # Files and batches (routing/batches/) keep their models in a module of their own.
 from routing.batch_models import Batch, BatchLine, StoredFile  # noqa: E402, F401

@@ -16,6 +16,7 @@ from django.views.decorators.cache import never_cache
 from routing.batches.services import batches_backlog
 from routing.ops import selectors
 from routing.ops.access import staff_page
+from routing.ops.capacity import LOAD_MINUTES, capacity_overview
 from tenants import selectors as tenant_selectors
 from tenants.errors import InvalidRequest, NotFound
 from tenants.portal.alert_forms import DestinationForm
@@ -40,6 +41,10 @@ def _queue(runtime: Runtime) -> dict:
 def _workers(runtime: Runtime) -> dict:
     workers = runtime.pool.worker_states()
     return {"workers": workers, "models": model_states(workers=workers), "mode": runtime.mode}
+
+
+def _capacity(runtime: Runtime) -> dict:
+    return {"capacity": capacity_overview(runtime=runtime), "load_minutes": LOAD_MINUTES}
 
 
 def _spend(runtime: Runtime) -> dict:
@@ -73,6 +78,7 @@ PANELS = {
     "backends": _backends,
     "queue": _queue,
     "workers": _workers,
+    "capacity": _capacity,
     "spend": _spend,
     "alerts": _alerts,
 }

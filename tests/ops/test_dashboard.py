@@ -27,7 +27,10 @@ PAGES = [
     ("ops:alerts", {}),
     ("ops:tenant", {"slug": "acme"}),
     ("ops:requests", {}),
-] + [("ops:panel", {"name": name}) for name in ("backends", "queue", "workers", "spend", "alerts")]
+] + [
+    ("ops:panel", {"name": name})
+    for name in ("backends", "queue", "workers", "capacity", "spend", "alerts")
+]
 
 
 def signed_in(user) -> Client:

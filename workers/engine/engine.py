@@ -32,7 +32,7 @@ from workers.engine.sampler import Sampler
 from workers.engine.scheduler import ScheduledBatch, Scheduler
 from workers.engine.sequence import FinishReason, Sequence
 from workers.engine.spec.speculator import Proposer, SpecStats
-from workers.engine.stats import EngineStats
+from workers.engine.stats import EngineStats, step_composition
 from workers.engine.stopping import stop_check, text_delta, text_update
 from workers.engine.tokenizer import Tokenizer
 
@@ -97,6 +97,7 @@ class LLMEngine(BlockingHelpers):
         lookahead = self.speculator.lookahead if self.speculator else None
         self.scheduler = Scheduler(config, self.block_manager, self.policy, lookahead)
         self.stats_counters = EngineStats()
+        self._busy_until: float | None = None  # the last step's end, if work was left
         self.requests: dict[str, Sequence] = {}
         self._pending: list[RequestOutput] = []  # abort notices, delivered by the next step
 
@@ -207,11 +208,13 @@ class LLMEngine(BlockingHelpers):
     def step(self) -> list[RequestOutput]:
         """Run one iteration over everything scheduled; return what each request gained."""
         outputs, self._pending = self._pending, []
+        started = time.perf_counter()
         batch = self.scheduler.schedule()
         assert batch.seqs or not self.scheduler.has_unfinished, "the scheduler made no progress"
         if self.tier is not None:  # before the model overwrites evicted blocks
             self.tier.flush(self.runner.kv_cache)
         num_generated = num_spec_tokens = 0
+        composition = step_composition(batch)
         if batch.seqs:
             num_spec_tokens = self.speculator.propose(batch) if self.speculator else 0
             result = self.runner.execute(batch)
@@ -231,6 +234,14 @@ class LLMEngine(BlockingHelpers):
         self.stats_counters.record_step(
             batch, num_generated, self.scheduler, num_spec_tokens=num_spec_tokens
         )
+        ended = time.perf_counter()
+        if batch.seqs:
+            # While requests stay unfinished the loop goes straight from one step to the next:
+            # the time between them (delivering outputs, taking new requests, waiting on the
+            # GIL) is part of what each step costs the requests, so it is counted in.
+            since = started if self._busy_until is None else self._busy_until
+            self.stats_counters.record_step_time(composition, ended - since)
+        self._busy_until = ended if self.has_unfinished_requests() else None
         return outputs
 
     def _append_tokens(self, result: StepResult) -> list[RequestOutput]:

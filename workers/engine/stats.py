@@ -3,12 +3,28 @@ throughput."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 from workers.engine.block_manager import BlockManager
 from workers.engine.kv_tier import tier_snapshot
 from workers.engine.scheduler import ScheduledBatch, Scheduler
+
+# Steps whose composition and time are kept for the capacity planner's step-time fit.
+NUM_STEP_SAMPLES = 256
+
+
+def step_composition(batch: ScheduledBatch) -> tuple[int, int, int]:
+    """(prefill tokens, decoding sequences, their context tokens summed) of a scheduled step,
+    read before it runs. Speculative verification counts as a decode of its context."""
+    prefill = decodes = context = 0
+    for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+        if seq.is_prefilling:
+            prefill += n
+        else:
+            decodes += 1
+            context += seq.num_computed_tokens + n
+    return prefill, decodes, context
 
 
 class EngineStats:
@@ -23,6 +39,13 @@ class EngineStats:
         self.num_batched_tokens = 0
         self.kv_reserved_slots = 0  # summed over steps
         self.kv_wasted_slots = 0
+        # The last steps' (prefill tokens, decodes, context tokens, seconds, step number): a
+        # bounded sample the worker publishes with its other stats (the capacity planner fits
+        # step times to it; the number lets a reader join samples read at different times).
+        self.step_samples: deque[tuple[int, int, int, float, int]] = deque(maxlen=NUM_STEP_SAMPLES)
+
+    def record_step_time(self, composition: tuple[int, int, int], seconds: float) -> None:
+        self.step_samples.append((*composition, round(seconds, 6), self.num_steps))
 
     def record_step(
         self,
@@ -78,4 +101,5 @@ class EngineStats:
             "batch_seqs_histogram": dict(sorted(self.batch_seqs.items())),
             "batch_tokens_mean": self.num_batched_tokens / num_steps,
             "num_finished": dict(self.num_finished),
+            "step_samples": [list(sample) for sample in self.step_samples],
         }

@@ -11,6 +11,9 @@ same run and print ratios and absolute figures, the last line one JSON object.
            (routing/bench/hops.py)
   batches  a 2,000-line batch on the bulk lane beside an interactive streaming client: its
            p95 alone and under the batch, the batch's lines/s (routing/bench/batches.py)
+  capacity the capacity planner's predicted p50/p95 TTFT, latency and throughput at 50/80/95 %
+           of its predicted capacity against the real HTTP path, distributed mode
+           (routing/bench/capacity.py)
   gateway  Fairlane's distributed gateway under 1/16/64 closed-loop clients against the
            upstream alone and LiteLLM's proxy (--litellm VENV) (routing/bench/gateway.py)
 
@@ -32,6 +35,7 @@ BENCHES = {
     "gateway": "routing.bench.gateway",
     "hops": "routing.bench.hops",
     "batches": "routing.bench.batches",
+    "capacity": "routing.bench.capacity",
 }
 # Modules a bench needs beyond requirements.txt (its baseline), installed by `make test-venv`.
 EXTRAS = {"engine": ("transformers",)}
