@@ -394,6 +394,7 @@ def _print_setting(rows: list[dict]) -> None:
             f"p50 {r['p50_ms']} ms  p99 {r['p99_ms']} ms  TTFT p50 {r['ttft_p50_ms']} ms"
             f"{added}  cpu/req {r['cpu_ms_per_request']} ms "
             f"(db+redis {r['db_redis_cpu_ms_per_request']}, "
+            f"db transactions/req {r.get('db_xacts_per_request')}, "
             f"load {r['loadgen_cpu_ms_per_request']})  machine busy {r['machine_busy_pct']} % "
             f"(stolen {r['machine_stolen_pct']} %)  errors {r['errors']}  "
             f"rounds {r['rps_rounds']}",

@@ -54,6 +54,30 @@ def machine_seconds() -> tuple[float, float, float]:
     return busy / TICKS, steal / TICKS, (busy + idle + iowait + steal) / TICKS
 
 
+_pg = None  # a psycopg connection of its own (the probe runs inside the load's event loop)
+
+
+def db_transactions() -> int:
+    """Transactions committed and rolled back in this database so far (pg_stat_database):
+    every statement run outside a transaction counts one, a batch of holds one. PostgreSQL's
+    backends publish these about once a second, so over a window of several seconds the
+    difference is close. 0 without PostgreSQL."""
+    global _pg
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return 0
+    import psycopg
+
+    if _pg is None or _pg.closed:
+        _pg = psycopg.connect(**connection.get_connection_params(), autocommit=True)
+    row = _pg.execute(
+        "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+        "WHERE datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
     """CPU counters at one moment, for the difference over a measured window."""
@@ -64,12 +88,19 @@ class Sample:
     busy: float
     stolen: float
     all: float
+    db_xacts: int = 0
 
     @classmethod
     def take(cls, process) -> Sample:
         busy, stolen, every = machine_seconds()
         return cls(
-            cpu_seconds(process), server_cpu_seconds(), time.process_time(), busy, stolen, every
+            cpu_seconds(process),
+            server_cpu_seconds(),
+            time.process_time(),
+            busy,
+            stolen,
+            every,
+            db_transactions(),
         )
 
     def until(self, end: Sample, served: int) -> dict:
@@ -86,4 +117,6 @@ class Sample:
             "loadgen_cpu_ms_per_request": per_request("loadgen"),
             "machine_busy_pct": round((end.busy - self.busy) * 100 / every, 1),
             "machine_stolen_pct": round((end.stolen - self.stolen) * 100 / every, 1),
+            # the probe's own query counts 1 of them
+            "db_xacts_per_request": round((end.db_xacts - self.db_xacts - 1) / served, 3),
         }

@@ -94,6 +94,8 @@ def test_bench_gateway_runs_the_distributed_configuration_and_meters_exactly(
             # machine's (busy and stolen shares of every core).
             assert row["cpu_ms_per_request"] > 0 and row["loadgen_cpu_ms_per_request"] > 0
             assert 0 < row["machine_busy_pct"] <= 100 and 0 <= row["machine_stolen_pct"] <= 100
+        # Every Fairlane request holds and settles in PostgreSQL: its transactions are counted.
+        assert rows[("fairlane-1", mode)]["db_xacts_per_request"] > 0
     assert not Backend.objects.filter(name=gateway.BACKEND).exists()
     assert {"fairlane-b4-1/fairlane-b1 json 4", "fairlane-b4-1/fairlane-b1 stream 4"} <= set(
         figures["ratios"]
