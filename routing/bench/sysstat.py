@@ -63,14 +63,23 @@ def db_transactions() -> int:
     backends publish these about once a second, so over a window of several seconds the
     difference is close. 0 without PostgreSQL."""
     global _pg
+    from django.conf import settings
     from django.db import connection
 
-    if connection.vendor != "postgresql":
+    if connection.vendor != "postgresql":  # PostgreSQL's backend or its pool (platform/pgpool)
         return 0
+    db = settings.DATABASES["default"]
     import psycopg
 
     if _pg is None or _pg.closed:
-        _pg = psycopg.connect(**connection.get_connection_params(), autocommit=True)
+        _pg = psycopg.connect(
+            dbname=db["NAME"],
+            user=db.get("USER") or None,
+            password=db.get("PASSWORD") or None,
+            host=db.get("HOST") or None,
+            port=db.get("PORT") or None,
+            autocommit=True,
+        )
     row = _pg.execute(
         "SELECT xact_commit + xact_rollback FROM pg_stat_database "
         "WHERE datname = current_database()"
