@@ -12,15 +12,15 @@ kept as the model's CapacityFit, which the ops dashboard reads (--no-save: not k
 import json
 import math
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-from routing.runtimes import runtime_installed
+from routing.runtimes import RuntimeCommand
 from routing.services import capacity
 from tenants.errors import InvalidRequest
 from workers.engine.planner import Targets
 
 
-class Command(BaseCommand):
+class Command(RuntimeCommand):
     help = __doc__
 
     def add_arguments(self, parser):
@@ -70,7 +70,7 @@ class Command(BaseCommand):
             samples = capacity.step_samples_calibrate(info=info, quick=o["quick"])
             source = "calibrate"
         else:
-            runtime = runtime_installed()
+            runtime = self.runtime
             samples = capacity.step_samples_from_workers(runtime=runtime, model=info.name)
             source = "workers"
             workers = workers or capacity.workers_hosting(runtime=runtime, model=info.name)
