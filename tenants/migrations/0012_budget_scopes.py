@@ -365,6 +365,18 @@ CREATE_OLD = (
 )
 
 
+def _only_agent_and_tenant_budgets(apps, schema_editor):
+    """Going back: the old schema has one budget per agent and one per tenant, for every
+    model; refuse plainly while budgets of the other scopes exist (remove them first)."""
+    Budget = apps.get_model("tenants", "Budget")
+    others = Budget.objects.exclude(api_key=None, member=None, model_names=[]).count()
+    if others:
+        raise RuntimeError(
+            f"{others} budget(s) per API key, member or model exist; remove them before "
+            "migrating tenants below 0012"
+        )
+
+
 def _owner_keys(apps, schema_editor):
     Budget = apps.get_model("tenants", "Budget")
     for budget in Budget.objects.all():
@@ -435,5 +447,9 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name='budget',
             constraint=models.UniqueConstraint(fields=('tenant', 'owner_key'), name='budget_one_per_owner'),
+        ),
+        # Last, so that going back checks first.
+        migrations.RunPython(
+            migrations.RunPython.noop, _only_agent_and_tenant_budgets, elidable=False
         ),
     ]
