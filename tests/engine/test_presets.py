@@ -76,3 +76,49 @@ def test_concurrent_ensure_preset_calls_agree(tmp_path):
         "tiny-seed5"
     ]  # no staging directory left behind
     assert _digest(paths[0]) == _digest(preset_create("tiny", tmp_path / "again", seed=5))
+
+
+def test_the_real_shape_preset_has_qwen2_05b_layers_and_its_matmul_weights_are_counted(tmp_path):
+    """qwen2-0.5b: Qwen2-0.5B's decoder shape (issue 34). The weights the benchmark counts per
+    token equal the 2-D projections a generated model actually holds (checked on one layer of
+    the same shape, since the whole preset is 1.4 GB)."""
+    from safetensors.torch import load_file
+
+    from workers.engine.presets import preset_config, preset_matmul_params
+
+    c = preset_config("qwen2-0.5b")
+    assert (c["model_type"], c["hidden_size"], c["intermediate_size"]) == ("qwen2", 896, 4864)
+    assert (c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"]) == (
+        24,
+        14,
+        2,
+    )
+    assert c["head_dim"] == 64 and 350e6 <= preset_matmul_params(c) <= 370e6
+    path = preset_create("qwen2-0.5b", tmp_path / "one", num_hidden_layers=1)
+    weights = load_file(str(path / "model.safetensors"))
+    assert "model.layers.0.self_attn.q_proj.bias" in weights  # Qwen2's QKV biases
+    counted = sum(
+        t.numel() for name, t in weights.items() if t.dim() == 2 and "embed_tokens" not in name
+    )
+    assert counted == preset_matmul_params(preset_config("qwen2-0.5b", num_hidden_layers=1))
+
+
+def test_the_benchmark_measures_the_matmul_peak_and_each_systems_share():
+    import argparse
+
+    from workers.engine.bench.main import _matmul_shares, matmul_peak_gflops
+    from workers.engine.bench.results import RunResult
+    from workers.engine.bench.workload import mixed_workload
+
+    peak = matmul_peak_gflops(threads=1, size=256, seconds=0.2)
+    assert peak > 0
+    requests = mixed_workload(seed=0, num_requests=4, prompt_range=(8, 16), output_range=(4, 8))
+    done = RunResult("ours", makespan_s=2.0, num_output_tokens=20, ttft_s=[0.1])
+    idle = RunResult("static_8", makespan_s=0.0, num_output_tokens=0, ttft_s=[])
+    shares = _matmul_shares(
+        argparse.Namespace(preset="small"), peak, requests, {"ours": done, "static_8": idle}
+    )
+    tokens = sum(len(r.prompt) + r.num_output_tokens for r in requests)
+    assert shares["tokens"] == tokens and shares["peak_gflops"] == peak
+    assert shares["ours"]["gflops"] == round(2 * shares["matmul_params"] * tokens / 2.0 / 1e9, 1)
+    assert "static_8" not in shares  # a system that did not run has no rate

@@ -52,6 +52,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="requests in the mixed workload (default 64, quick 16)",
     )
+    p.add_argument(
+        "--shared-requests",
+        type=int,
+        default=None,
+        help="requests in the shared-prefix workload (default 64, quick 32; fewer for a big"
+        " preset)",
+    )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--json-out", type=Path, default=None, help="also write the result JSON here")
     p.add_argument("--preset", default="small", help="model preset (default small)")
@@ -190,6 +197,8 @@ def _mixed(args: argparse.Namespace) -> dict[str, Any]:
     shape = dict(QUICK if args.quick else FULL)
     if args.num_requests is not None:
         shape["num_requests"] = args.num_requests
+    if args.shared_requests is not None:
+        shape["shared_requests"] = max(args.shared_requests, 1)
     requests = mixed_workload(
         seed=args.seed,
         num_requests=shape["num_requests"],
@@ -203,6 +212,7 @@ def _mixed(args: argparse.Namespace) -> dict[str, Any]:
         turn_range=USER_TURN_RANGE,
         num_output_tokens=shape["shared_output"],
     )
+    peak = matmul_peak_gflops(threads=args.threads)
     best = _run_systems(_systems(args, shape, requests, shared), args.repeat)
     ours, cached, uncached = (
         best.pop("ours"),
@@ -221,6 +231,7 @@ def _mixed(args: argparse.Namespace) -> dict[str, Any]:
         "ours": ours.summary(),
         "baselines": {name: r.summary() for name, r in best.items()},
         "ratios": _ratios(ours, best),
+        "matmul": _matmul_shares(args, peak, requests, {"ours": ours, **best}),
         "shared_prefix": _shared_summary(cached, uncached, shared),
         "kv_waste": ours.extra["kv_waste"],
     }
@@ -325,6 +336,40 @@ def _cb_blocks(requests) -> int:
     """Enough 256-token pages for every request at once, like our pool: no preemption either
     side."""
     return sum(-(-(len(r.prompt) + r.num_output_tokens) // 256) for r in requests) + 8
+
+
+def matmul_peak_gflops(*, threads: int, size: int = 1024, seconds: float = 1.0) -> float:
+    """This machine's fp32 matrix-multiply rate with the benchmark's threads: square products
+    of `size`, the best of the rounds in about `seconds` (after a warm-up), in GFLOP/s."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(3):
+        torch.mm(a, b)
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        started = time.perf_counter()
+        torch.mm(a, b)
+        best = max(best, 2 * size**3 / (time.perf_counter() - started) / 1e9)
+    return round(best, 1)
+
+
+def _matmul_shares(
+    args: argparse.Namespace, peak: float, requests, results: dict[str, RunResult]
+) -> dict[str, Any]:
+    """Each system's matrix-multiply rate on the mixed workload (every prompt and output token
+    once through the model's projections and LM head: 2 FLOPs per weight), and its share of the
+    machine's peak measured in the same run. Attention's own products and recomputed tokens
+    are left out, so this is a floor of what each did."""
+    from workers.engine.presets import preset_config, preset_matmul_params
+
+    params = preset_matmul_params(preset_config(args.preset))
+    tokens = sum(len(r.prompt) + r.num_output_tokens for r in requests)
+    shares: dict[str, Any] = {"peak_gflops": peak, "matmul_params": params, "tokens": tokens}
+    for name, result in results.items():
+        if result.makespan_s:
+            rate = 2 * params * tokens / result.makespan_s / 1e9
+            shares[name] = {"gflops": round(rate, 1), "peak_fraction": round(rate / peak, 3)}
+    return shares
 
 
 def _ratios(ours: RunResult, baselines: dict[str, RunResult]) -> dict[str, dict[str, float | None]]:

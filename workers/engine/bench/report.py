@@ -54,6 +54,17 @@ def report_print(result: dict[str, Any]) -> None:
         f"{k} {v['cpu_time']}x" for k, v in result["ratios"].items() if v.get("cpu_time")
     )
     print(f"ours vs baselines in CPU seconds for the same work: {cpu}")
+    m = result.get("matmul")
+    if m:
+        shares = ", ".join(
+            f"{name} {v['gflops']} GFLOP/s ({v['peak_fraction']:.0%})"
+            for name, v in m.items()
+            if isinstance(v, dict)
+        )
+        print(
+            f"matrix multiplies ({m['matmul_params'] / 1e6:.1f} M weights x {m['tokens']} tokens;"
+            f" this machine's fp32 peak {m['peak_gflops']} GFLOP/s): {shares}"
+        )
 
 
 def _row(s: dict[str, Any], ratio: float | None) -> str:
