@@ -122,3 +122,14 @@ def test_the_benchmark_measures_the_matmul_peak_and_each_systems_share():
     assert shares["tokens"] == tokens and shares["peak_gflops"] == peak
     assert shares["ours"]["gflops"] == round(2 * shares["matmul_params"] * tokens / 2.0 / 1e9, 1)
     assert "static_8" not in shares  # a system that did not run has no rate
+
+
+def test_tpot_is_each_requests_time_per_token_after_its_first():
+    from workers.engine.bench.results import RunResult, tpots
+    from workers.engine.bench.workload import Request
+
+    requests = [Request([1, 2], 5), Request([3], 1), Request([4], 3)]
+    got = tpots(requests, ttft=[1.0, 2.0, 0.5], done=[3.0, 2.0, 1.5])
+    assert got == [0.5, 0.5]  # (3 - 1) / 4, and (1.5 - 0.5) / 2; one token has no TPOT
+    result = RunResult("ours", 3.0, 9, [1.0, 2.0, 0.5], tpot_s=got)
+    assert result.summary()["tpot_p50_ms"] == 500.0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from workers.engine.bench.results import RunResult
+from workers.engine.bench.results import RunResult, tpots
 from workers.engine.bench.workload import Request
 
 PAD_ID = 0
@@ -38,17 +38,19 @@ class _FirstToken:
 def hf_one_at_a_time(model, requests: list[Request]) -> RunResult:
     _warm_up(model)
     start, cpu_start = time.perf_counter(), time.process_time()
-    ttft = []
+    ttft, done = [], []
     for r in requests:
         first = _FirstToken()
         _generate(model, [r.prompt], r.num_output_tokens, first)
         ttft.append(first.time - start)
+        done.append(time.perf_counter() - start)
     return RunResult(
         "hf_one_at_a_time",
         time.perf_counter() - start,
         _useful(requests),
         ttft,
         time.process_time() - cpu_start,
+        tpot_s=tpots(requests, ttft, done),
     )
 
 
@@ -56,18 +58,20 @@ def hf_static_batches(model, requests: list[Request], batch_size: int) -> RunRes
     """Arrival-order batches, left-padded; a batch runs until its longest output is done."""
     _warm_up(model)
     start, cpu_start = time.perf_counter(), time.process_time()
-    ttft = []
+    ttft, done = [], []
     for i in range(0, len(requests), batch_size):
         batch = requests[i : i + batch_size]
         first = _FirstToken()
         _generate(model, [r.prompt for r in batch], max(r.num_output_tokens for r in batch), first)
         ttft.extend([first.time - start] * len(batch))
+        done.extend([time.perf_counter() - start] * len(batch))  # generate returns them all
     return RunResult(
         f"hf_static_batch_{batch_size}",
         time.perf_counter() - start,
         _useful(requests),
         ttft,
         time.process_time() - cpu_start,
+        tpot_s=tpots(requests, ttft, done),
     )
 
 
@@ -103,7 +107,12 @@ def hf_continuous_batching(
         manager.stop(block=True, timeout=10)
     num_tokens = sum(len(o.generated_tokens) for o in outputs)
     ttft = [o.timestamps[0] - start for o in outputs if o.timestamps]
-    return RunResult("hf_continuous_batching", makespan, num_tokens, ttft, cpu)
+    tpot = [
+        (o.timestamps[-1] - o.timestamps[0]) / (len(o.timestamps) - 1)
+        for o in outputs
+        if len(o.timestamps) > 1
+    ]
+    return RunResult("hf_continuous_batching", makespan, num_tokens, ttft, cpu, tpot_s=tpot)
 
 
 def _cb_collect(manager, requests: list[Request]) -> list:

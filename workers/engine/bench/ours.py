@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from workers.engine import EngineConfig, LLMEngine, SamplingParams
-from workers.engine.bench.results import RunResult
+from workers.engine.bench.results import RunResult, tpots
 from workers.engine.bench.workload import Request
 
 
@@ -25,11 +25,14 @@ def engine_run(
         for r in requests
     ]
     first: dict[str, float] = {}
+    done: dict[str, float] = {}
     num_tokens = 0
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.new_token_ids and out.request_id not in first:
                 first[out.request_id] = time.perf_counter() - start
+            if out.finished:
+                done[out.request_id] = time.perf_counter() - start
             num_tokens += len(out.new_token_ids)
     makespan = time.perf_counter() - start
     stats = engine.stats()
@@ -41,8 +44,15 @@ def engine_run(
         "batch_seqs_mean": round(stats["batch_seqs_mean"], 2),
         "num_steps": stats["num_steps"],
     }
+    ttft = [first[i] for i in ids]
     return RunResult(
-        name, makespan, num_tokens, [first[i] for i in ids], time.process_time() - cpu_start, extra
+        name,
+        makespan,
+        num_tokens,
+        ttft,
+        time.process_time() - cpu_start,
+        extra,
+        tpot_s=tpots(requests, ttft, [done[i] for i in ids]),
     )
 
 

@@ -21,7 +21,7 @@ def report_print(result: dict[str, Any]) -> None:
     )
     header = (
         f"{'system':<28}{'out tok/s':>11}{'makespan s':>12}{'TTFT p50 s':>12}{'TTFT p99 s':>12}"
-        f"{'CPU s':>9}{'ours x':>9}"
+        f"{'CPU s':>9}{'ours x':>9}{'TPOT p50 ms':>13}"
     )
     print(header)
     print("-" * len(header))
@@ -69,9 +69,10 @@ def report_print(result: dict[str, Any]) -> None:
 
 def _row(s: dict[str, Any], ratio: float | None) -> str:
     if s.get("note") and not s.get("makespan_s"):
-        return f"{s['name']:<28}{'-':>11}{'-':>12}{'-':>12}{'-':>12}{'-':>9}{'-':>9}"
+        return f"{s['name']:<28}{'-':>11}{'-':>12}{'-':>12}{'-':>12}{'-':>9}{'-':>9}{'-':>13}"
     ratio_text = "" if ratio is None else f"{ratio:.2f}"
     return (
         f"{s['name']:<28}{s['output_tok_s']:>11.1f}{s['makespan_s']:>12.2f}{s['ttft_p50_s']:>12.3f}"
         f"{s['ttft_p99_s']:>12.3f}{s['cpu_s']:>9.1f}{ratio_text:>9}"
+        f"{'' if s.get('tpot_p50_ms') is None else s['tpot_p50_ms']:>13}"
     )
