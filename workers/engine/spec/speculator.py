@@ -23,9 +23,14 @@ from workers.engine.spec.rejection import verify
 
 # How fast a request's acceptance rate follows its latest verifications (an exponential average).
 ACCEPTANCE_SMOOTHING = 0.3
-# A bucket with a cost still unmeasured explores this often (its first steps: speculate, then
-# decode plainly, so both costs are known early).
-EXPLORE_INTERVAL_UNMEASURED = 2
+# A bucket with a cost still unmeasured explores this often: its first step speculates (the
+# optimistic prior), its next two decode plainly, the fourth speculates again, so both costs
+# are known within a few steps.
+EXPLORE_INTERVAL_UNMEASURED = 4
+# A draft model that had to catch up on more tokens than this per sequence (a sequence's
+# first speculative step after a prompt or after steps without drafts) did one-off work: such
+# a step is not a measure of what speculation costs step after step, and is not recorded.
+STEADY_CATCH_UP_TOKENS = 2
 
 
 class Proposer(Protocol):
@@ -119,6 +124,7 @@ class Speculator:
             return False
         if not self.config.is_adaptive:
             return True
+        self._decided_buckets.add(cost_bucket(num_running))
         return self.is_paying(seq.spec_acceptance, num_running) != self.is_exploring(num_running)
 
     def is_paying(self, acceptance: float, num_running: int) -> bool:
@@ -129,14 +135,12 @@ class Speculator:
 
     def is_exploring(self, num_running: int) -> bool:
         """Whether this step does the opposite of the cost rule, to keep its estimates fresh:
-        every ``explore_interval``-th step of the bucket (every other one while a cost is
-        unmeasured), starting with its second."""
-        bucket = cost_bucket(num_running)
-        self._decided_buckets.add(bucket)
+        two steps in a row (the first of a sequence's speculative steps after a break is not
+        measured) out of every ``explore_interval`` of the bucket, starting with its second."""
         costs = self.costs.bucket(num_running)
         is_measured = costs.plain_s is not None and costs.draft_s is not None
         interval = self.config.explore_interval if is_measured else EXPLORE_INTERVAL_UNMEASURED
-        return self.num_decided.get(bucket, 0) % interval == 1
+        return self.num_decided.get(cost_bucket(num_running), 0) % interval in (1, 2)
 
     def propose(self, batch: ScheduledBatch) -> int:
         """Drafts for the batch's speculative sequences; returns their tokens this step (k + 1
@@ -151,9 +155,11 @@ class Speculator:
                 ks.append(n - 1)
             else:
                 seq.spec_token_ids = []
-        self._step_shape = (len(batch.seqs), sum(ks)) if is_decode_only else None
         if seqs:
             self.proposer.propose(seqs, ks)
+            if getattr(self.proposer, "max_catch_up", 0) > STEADY_CATCH_UP_TOKENS:
+                is_decode_only = False  # one-off work: not a measure of the step's cost
+        self._step_shape = (len(batch.seqs), sum(ks)) if is_decode_only else None
         for seq, k in zip(seqs, ks, strict=False):
             assert len(seq.spec_token_ids) == k, (
                 f"{seq}: proposed {len(seq.spec_token_ids)} tokens for {k} slots"
