@@ -254,6 +254,7 @@ def test_the_bench_sweep_runs_quick_with_a_ratio_and_spread_per_mode_and_batch(
             c = cell[mode]
             assert len(c["tok_s"]) == 2 and all(t > 0 for t in c["tok_s"])
             assert c["ratio_min"] <= c["ratio"] <= c["ratio_max"]
+            assert c["cpu_ratio"] is None or c["cpu_ratio"] > 0
             assert c["greedy_identical"] is True
         assert cell["none"]["ratio"] == 1.0
         assert set(cell["checks"]) == {"ngram_adaptive", "draft_adaptive"}
