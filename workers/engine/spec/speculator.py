@@ -5,9 +5,9 @@ Who speculates: the hard rules first (the request allows it, no penalties, guide
 ``min_tokens`` reached; a seeded sampled request by config alone; the optional batch cap and
 acceptance pause), then, when the config is adaptive, the measured costs: a sequence drafts
 when its smoothed acceptance makes a step with drafts yield more tokens per second than one
-without at the current batch size (``costs.speculation_pays``). Every ``explore_interval``-th
-step of a batch-size bucket does the opposite, so both costs and every sequence's acceptance
-stay measured."""
+without at the current batch size (``costs.speculation_pays``). Two steps in a row out of
+every ``explore_interval`` of a batch-size bucket do the opposite, so both costs and every
+sequence's acceptance stay measured."""
 
 from __future__ import annotations
 
