@@ -34,6 +34,7 @@ def always(method: str, k: int = 4, **kwargs) -> SpeculativeConfig:
     return SpeculativeConfig(
         method,
         num_speculative_tokens=k,
+        is_adaptive=False,
         disable_by_batch_size=None,
         min_acceptance_rate=0.0,
         **kwargs,

@@ -127,17 +127,28 @@ SPEC_METHODS = ("ngram", "draft")
 @dataclass(slots=True, frozen=True)
 class SpeculativeConfig:
     """``method="ngram"``: prompt lookup, no draft model. ``"draft"``: ``model`` is a directory
-    with the target's tokenizer. Speculation turns itself off while more than
-    ``disable_by_batch_size`` sequences run, and, per request, for ``pause_steps`` steps when
-    its acceptance rate falls below ``min_acceptance_rate``."""
+    with the target's tokenizer.
+
+    Who speculates (see ``spec/speculator.py``): with ``is_adaptive`` (the default) a sequence
+    drafts when, by the engine's measured step costs at the current batch size and the
+    request's smoothed acceptance rate, a step with drafts yields more tokens per second than
+    one without; two steps out of every ``explore_interval`` of a batch size do the opposite,
+    to keep the estimates fresh. ``is_adaptive=False``: every eligible sequence drafts
+    (forced). Either way two optional hard rules apply on top: no speculation while more than
+    ``disable_by_batch_size`` sequences run (None: no cap, the cost rule alone decides), and a
+    request whose acceptance rate falls below ``min_acceptance_rate`` (0.0: never) pauses for
+    ``pause_steps`` steps. A seeded sampled request speculates by config alone: none of these
+    rules apply to it."""
 
     method: str
     num_speculative_tokens: int = 4
     model: str | None = None
     prompt_lookup_min: int = 3
     prompt_lookup_max: int = 12
-    disable_by_batch_size: int | None = 4
-    min_acceptance_rate: float = 0.25
+    is_adaptive: bool = True
+    explore_interval: int = 64
+    disable_by_batch_size: int | None = None
+    min_acceptance_rate: float = 0.0
     pause_steps: int = 32
 
     def __post_init__(self) -> None:
@@ -151,6 +162,8 @@ class SpeculativeConfig:
             raise ValueError("the draft method needs a draft model directory")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
+        if self.explore_interval < 4:
+            raise ValueError("explore_interval must be at least 4")
         if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise ValueError("disable_by_batch_size must be at least 1 (or None: never)")
         if not 0.0 <= self.min_acceptance_rate <= 1.0:

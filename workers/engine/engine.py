@@ -207,6 +207,7 @@ class LLMEngine(BlockingHelpers):
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration over everything scheduled; return what each request gained."""
+        started = time.perf_counter()
         outputs, self._pending = self._pending, []
         started = time.perf_counter()
         batch = self.scheduler.schedule()
@@ -229,8 +230,8 @@ class LLMEngine(BlockingHelpers):
             num_generated = len(result.sampled_seqs) + sum(
                 len(o.new_token_ids) for o in spec_outputs
             )
-        if self.speculator:
-            self.speculator.end_step()
+        if self.speculator:  # its cost model times the whole step, proposals to verification
+            self.speculator.end_step(time.perf_counter() - started)
         self.stats_counters.record_step(
             batch, num_generated, self.scheduler, num_spec_tokens=num_spec_tokens
         )

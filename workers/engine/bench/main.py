@@ -89,6 +89,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         " guide: constrained decoding's cost at batch 8, not run by default)",
     )
     p.add_argument(
+        "--sweep-batches",
+        default="1,2,4,8,16",
+        help="spec: the batch sizes of the speculation sweep (comma-separated)",
+    )
+    p.add_argument(
+        "--sweep-repeat",
+        type=int,
+        default=3,
+        help="spec: repeats of the sweep, modes interleaved within each (0: no sweep)",
+    )
+    p.add_argument(
+        "--sweep-workloads",
+        default="edit",
+        help="spec: the sweep's workloads, comma-separated: edit, code",
+    )
+    p.add_argument(
         "--group-size", type=int, default=128, choices=[32, 64, 128], help="int4 group size (quant)"
     )
     p.add_argument(
@@ -170,7 +186,14 @@ def _second_half(args: argparse.Namespace, sections: list[str]) -> dict[str, Any
     }
     if "spec" in sections:
         out["speculation"] = spec_section(
-            target, draft, corpus.heldout_files, quick=args.quick, repeat=args.repeat
+            target,
+            draft,
+            corpus.heldout_files,
+            quick=args.quick,
+            repeat=args.repeat,
+            sweep_batches=tuple(int(b) for b in args.sweep_batches.split(",") if b.strip()),
+            sweep_repeat=args.sweep_repeat,
+            sweep_workloads=tuple(w.strip() for w in args.sweep_workloads.split(",") if w.strip()),
         )
         spec_print(out["speculation"])
     if "quant" in sections:

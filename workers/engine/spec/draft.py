@@ -85,6 +85,9 @@ class DraftProposer:
             dtype=dtype,
         )
         self.uniform = uniform
+        # The most tokens one sequence's draft had to catch up on in the last proposal (its
+        # prompt, or the tokens of steps it did not speculate in); 1-2 step after step.
+        self.max_catch_up = 0
 
     def lookahead(self, seq: Sequence, k: int) -> int:
         return k
@@ -94,6 +97,7 @@ class DraftProposer:
         drafts: list[list[int]] = [[] for _ in seqs]
         probs: list[list[torch.Tensor]] = [[] for _ in seqs]
         active = list(range(len(seqs)))
+        self.max_catch_up = max(s.num_tokens - s.draft_num_computed for s in seqs)
         while active:
             views = [_DraftView(seqs[i], drafts[i]) for i in active]
             num_new = [len(v.token_ids) - v.num_computed_tokens for v in views]

@@ -1,5 +1,13 @@
 """The speculation controller: who speculates this step and how far, proposals, verification,
-and vLLM's counters (drafts, draft tokens, accepted tokens, accepted per position)."""
+and vLLM's counters (drafts, draft tokens, accepted tokens, accepted per position).
+
+Who speculates: the hard rules first (the request allows it, no penalties, guide or embedding,
+``min_tokens`` reached; a seeded sampled request by config alone; the optional batch cap and
+acceptance pause), then, when the config is adaptive, the measured costs: a sequence drafts
+when its smoothed acceptance makes a step with drafts yield more tokens per second than one
+without at the current batch size (``costs.speculation_pays``). Two steps in a row out of
+every ``explore_interval`` of a batch-size bucket do the opposite, so both costs and every
+sequence's acceptance stay measured."""
 
 from __future__ import annotations
 
@@ -10,10 +18,19 @@ import torch
 from workers.engine.config import SpeculativeConfig
 from workers.engine.scheduler import ScheduledBatch
 from workers.engine.sequence import Sequence
+from workers.engine.spec.costs import StepCosts, cost_bucket, speculation_pays
 from workers.engine.spec.rejection import verify
 
 # How fast a request's acceptance rate follows its latest verifications (an exponential average).
 ACCEPTANCE_SMOOTHING = 0.3
+# A bucket with a cost still unmeasured explores this often: its first step speculates (the
+# optimistic prior), its next two decode plainly, the fourth speculates again, so both costs
+# are known within a few steps.
+EXPLORE_INTERVAL_UNMEASURED = 4
+# A draft model that had to catch up on more tokens than this per sequence (a sequence's
+# first speculative step after a prompt or after steps without drafts) did one-off work: such
+# a step is not a measure of what speculation costs step after step, and is not recorded.
+STEADY_CATCH_UP_TOKENS = 2
 
 
 class Proposer(Protocol):
@@ -70,6 +87,10 @@ class Speculator:
         self.generator = generator  # the engine sampler's: unseeded requests draw from it
         self.stats = SpecStats(config.num_speculative_tokens)
         self.step_index = 0
+        self.costs = StepCosts()
+        self.num_decided: dict[int, int] = {}  # bucket -> steps decided in it
+        self._decided_buckets: set[int] = set()  # this step's
+        self._step_shape: tuple[int, int] | None = None  # a decode-only step: (seqs, drafts)
 
     def lookahead(self, seq: Sequence, num_running: int) -> int:
         """Draft slots for a decoding sequence this step; 0: it decodes one token as usual."""
@@ -99,20 +120,46 @@ class Speculator:
             # load: its draws, hence its text, must not depend on what else was running.
             return True
         limit = self.config.disable_by_batch_size
-        return (limit is None or num_running <= limit) and seq.spec_paused_until <= self.step_index
+        if (limit is not None and num_running > limit) or seq.spec_paused_until > self.step_index:
+            return False
+        if not self.config.is_adaptive:
+            return True
+        self._decided_buckets.add(cost_bucket(num_running))
+        return self.is_paying(seq.spec_acceptance, num_running) != self.is_exploring(num_running)
+
+    def is_paying(self, acceptance: float, num_running: int) -> bool:
+        """The cost rule: whether a sequence with this acceptance speculates at this batch
+        size."""
+        costs = self.costs.bucket(num_running)
+        return speculation_pays(acceptance, costs.plain_s, costs.draft_s)
+
+    def is_exploring(self, num_running: int) -> bool:
+        """Whether this step does the opposite of the cost rule, to keep its estimates fresh:
+        two steps in a row (the first of a sequence's speculative steps after a break is not
+        measured) out of every ``explore_interval`` of the bucket, starting with its second."""
+        costs = self.costs.bucket(num_running)
+        is_measured = costs.plain_s is not None and costs.draft_s is not None
+        interval = self.config.explore_interval if is_measured else EXPLORE_INTERVAL_UNMEASURED
+        return self.num_decided.get(cost_bucket(num_running), 0) % interval in (1, 2)
 
     def propose(self, batch: ScheduledBatch) -> int:
         """Drafts for the batch's speculative sequences; returns their tokens this step (k + 1
         each)."""
         seqs, ks = [], []
+        is_decode_only = True
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=False):
-            if n > 1 and seq.num_tokens - seq.num_computed_tokens == 1:
+            is_decoding = not seq.is_embedding and seq.num_tokens - seq.num_computed_tokens == 1
+            is_decode_only = is_decode_only and is_decoding
+            if n > 1 and is_decoding:
                 seqs.append(seq)
                 ks.append(n - 1)
             else:
                 seq.spec_token_ids = []
         if seqs:
             self.proposer.propose(seqs, ks)
+            if getattr(self.proposer, "max_catch_up", 0) > STEADY_CATCH_UP_TOKENS:
+                is_decode_only = False  # one-off work: not a measure of the step's cost
+        self._step_shape = (len(batch.seqs), sum(ks)) if is_decode_only else None
         for seq, k in zip(seqs, ks, strict=False):
             assert len(seq.spec_token_ids) == k, (
                 f"{seq}: proposed {len(seq.spec_token_ids)} tokens for {k} slots"
@@ -139,5 +186,12 @@ class Speculator:
         seq.spec_draft_probs = None
         seq.draft_num_computed = min(seq.draft_num_computed, seq.num_computed_tokens)
 
-    def end_step(self) -> None:
+    def end_step(self, seconds: float) -> None:
+        """The step took ``seconds`` of wall time: a decode-only one feeds the cost model."""
+        if self._step_shape is not None:
+            self.costs.record(*self._step_shape, seconds)
+        self._step_shape = None
+        for bucket in self._decided_buckets:
+            self.num_decided[bucket] = self.num_decided.get(bucket, 0) + 1
+        self._decided_buckets.clear()
         self.step_index += 1

@@ -1,0 +1,267 @@
+"""The cost-based speculation controller: the decision rule on synthetic step costs, the
+exploration that keeps its estimates fresh, exactness with it on, and the bench's sweep."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from workers.engine import LLMEngine, SamplingParams
+from workers.engine.bench.spec import SWEEP_BATCHES, spec_print, spec_section
+from workers.engine.config import SpeculativeConfig
+from workers.engine.spec.costs import StepCosts, cost_bucket, speculation_pays
+
+
+def _throughputs(
+    *, acceptance: float, k: int, num_seqs: int, plain_s: float, draft_s: float
+) -> tuple[float, float]:
+    """Tokens per second of a step of ``num_seqs`` sequences without and with k drafts each."""
+    plain = num_seqs / (num_seqs * plain_s)
+    spec = num_seqs * (1 + acceptance * k) / (num_seqs * plain_s + num_seqs * k * draft_s)
+    return plain, spec
+
+
+def test_speculation_pays_exactly_when_it_yields_more_tokens_per_second():
+    grid = itertools.product(
+        (0.0, 0.1, 0.33, 0.5, 0.77, 0.95, 1.0),  # acceptance
+        (1, 2, 4, 8),  # k
+        (1, 4, 8, 16, 64),  # sequences
+        (0.5e-3, 2e-3, 11e-3),  # a sequence's share of a plain step
+        (0.0, 0.1e-3, 0.7e-3, 1.9e-3, 6e-3),  # what one draft token adds
+    )
+    for acceptance, k, num_seqs, plain_s, draft_s in grid:
+        plain, spec = _throughputs(
+            acceptance=acceptance, k=k, num_seqs=num_seqs, plain_s=plain_s, draft_s=draft_s
+        )
+        if abs(spec - plain) < 1e-9 * plain:
+            continue  # a tie either way
+        assert speculation_pays(acceptance, plain_s, draft_s) is (spec > plain), (
+            acceptance,
+            k,
+            num_seqs,
+            plain_s,
+            draft_s,
+        )
+    # Unmeasured: the optimistic prior speculates.
+    assert speculation_pays(0.0, None, None) and speculation_pays(0.0, 1e-3, None)
+
+
+def _measured(costs: StepCosts, *, num_seqs: int, k: int, plain_step_s: float, spec_step_s: float):
+    """Feed a bucket a plain step and a step where every sequence drafted k tokens."""
+    costs.record(num_seqs, 0, plain_step_s)
+    costs.record(num_seqs, num_seqs * k, spec_step_s)
+
+
+def test_step_costs_recover_the_synthetic_costs_and_decide_per_batch_size():
+    costs = StepCosts()
+    # Batch 16: a plain step 32 ms (2 ms a sequence); with 4 drafts each 128 ms: 1.5 ms a draft.
+    _measured(costs, num_seqs=16, k=4, plain_step_s=0.032, spec_step_s=0.128)
+    # Batch 8: 16 ms plain; 41.6 ms with 4 drafts each: 0.8 ms a draft.
+    _measured(costs, num_seqs=8, k=4, plain_step_s=0.016, spec_step_s=0.0416)
+    # Batch 1: 10 ms plain, 14 ms with 4 drafts: 1 ms a draft.
+    _measured(costs, num_seqs=1, k=4, plain_step_s=0.010, spec_step_s=0.014)
+    big, eight, one = costs.bucket(16), costs.bucket(8), costs.bucket(1)
+    assert big.plain_s == pytest.approx(2e-3) and big.draft_s == pytest.approx(1.5e-3)
+    assert eight.plain_s == pytest.approx(2e-3) and eight.draft_s == pytest.approx(0.8e-3)
+    assert one.plain_s == pytest.approx(10e-3) and one.draft_s == pytest.approx(1e-3)
+    for num_seqs, bucket in ((16, big), (8, eight), (1, one)):
+        for acceptance in (0.05, 0.3, 0.6, 0.9):
+            plain, spec = _throughputs(
+                acceptance=acceptance,
+                k=4,
+                num_seqs=num_seqs,
+                plain_s=bucket.plain_s,
+                draft_s=bucket.draft_s,
+            )
+            assert speculation_pays(acceptance, bucket.plain_s, bucket.draft_s) is (spec > plain)
+    # Batch 16 with a good acceptance (0.6): speculation must turn off; batch 8 at 0.9 and
+    # batch 1 at 0.3 it must stay on.
+    assert not speculation_pays(0.6, big.plain_s, big.draft_s)
+    assert speculation_pays(0.9, eight.plain_s, eight.draft_s)
+    assert speculation_pays(0.3, one.plain_s, one.draft_s)
+
+
+def test_a_step_with_drafts_measured_first_counts_once_the_plain_cost_is_known():
+    costs = StepCosts()
+    costs.record(4, 16, 0.030)
+    assert costs.bucket(4).draft_s is None and costs.bucket(4).pending is not None
+    costs.record(4, 0, 0.010)
+    assert costs.bucket(4).draft_s == pytest.approx((0.030 - 0.010) / 16)
+    assert [cost_bucket(n) for n in (1, 5, 8, 9, 16, 17, 64)] == [1, 5, 8, 16, 16, 32, 64]
+
+
+def _decoding(engine: LLMEngine, prompt: list[int], params: SamplingParams):
+    seq = engine.make_sequence(prompt, params)
+    seq.num_computed_tokens = seq.num_tokens - 1  # its prompt is in the cache: it decodes
+    return seq
+
+
+def _with_costs(engine: LLMEngine, num_seqs: int, *, plain_s: float, draft_s: float) -> None:
+    bucket = engine.speculator.costs.bucket(num_seqs)
+    bucket.plain_s, bucket.draft_s = plain_s, draft_s
+    engine.speculator.num_decided[cost_bucket(num_seqs)] = 3  # not an exploring step
+
+
+def test_the_controller_follows_the_costs_and_keeps_the_fixed_rules(make_engine, tiny_dir, prompts):
+    engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
+    greedy = SamplingParams(max_tokens=64, temperature=0.0)
+    spec = engine.speculator
+    # Batch 16: plain 2 ms a sequence, 1.5 ms a draft token; an acceptance of 0.6: off.
+    _with_costs(engine, 16, plain_s=2e-3, draft_s=1.5e-3)
+    seq = _decoding(engine, prompts[5], greedy)
+    seq.spec_acceptance = 0.6
+    assert spec.lookahead(seq, 16) == 0
+    # Batch 8: plain 2 ms, 0.8 ms a draft; an acceptance of 0.9: on, with k drafts.
+    _with_costs(engine, 8, plain_s=2e-3, draft_s=0.8e-3)
+    seq.spec_acceptance = 0.9
+    assert spec.lookahead(seq, 8) == 4
+    seq.spec_acceptance = 0.3
+    assert spec.lookahead(seq, 8) == 0
+    # A seeded sampled request speculates by config alone, whatever the costs.
+    seeded = _decoding(engine, prompts[5], SamplingParams(max_tokens=64, seed=3))
+    seeded.spec_acceptance = 0.0
+    assert spec.lookahead(seeded, 16) == 4
+    # Penalties never speculate, however well speculation pays.
+    _with_costs(engine, 2, plain_s=2e-3, draft_s=0.0)
+    penalised = _decoding(
+        engine, prompts[5], SamplingParams(max_tokens=64, temperature=0.0, presence_penalty=0.5)
+    )
+    assert spec.lookahead(penalised, 2) == 0
+    # The batch cap stays a hard cap on top of the costs.
+    capped = make_engine(
+        speculative=SpeculativeConfig("draft", model=str(tiny_dir), disable_by_batch_size=4)
+    )
+    _with_costs(capped, 8, plain_s=2e-3, draft_s=0.0)
+    seq = _decoding(capped, prompts[5], greedy)
+    assert capped.speculator.lookahead(seq, 8) == 0
+    assert capped.speculator.lookahead(seq, 4) == 4
+
+
+@pytest.mark.parametrize("pays", [False, True])
+def test_exploration_flips_the_rule_and_keeps_the_estimates_updating(
+    make_engine, tiny_dir, prompts, pays
+):
+    interval = 6
+    engine = make_engine(
+        speculative=SpeculativeConfig("draft", model=str(tiny_dir), explore_interval=interval)
+    )
+    spec = engine.speculator
+    # Start from costs that say always (drafts save time) or never (a draft token dearer than
+    # a second); what the engine measures then takes over, whatever it is.
+    _with_costs(engine, 4, plain_s=1e-3, draft_s=-1.0 if pays else 1.0)
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    for prompt in prompts[4:8]:
+        engine.add_request(prompt, params)
+    num_explored = num_plain = num_spec = 0
+    while engine.has_unfinished_requests():
+        running = list(engine.scheduler.running)
+        num_running = len(running)
+        if not running or any(s.is_prefilling for s in running):
+            engine.step()
+            continue
+        exploring = spec.is_exploring(num_running)
+        wanting = [
+            s
+            for s in running
+            if s.params.max_tokens - s.num_output_tokens > 1  # room for a draft
+            and spec.is_paying(s.spec_acceptance, num_running) != exploring
+        ]
+        costs = spec.costs.bucket(num_running)
+        before = (costs.plain_s, costs.draft_s, costs.num_steps)
+        drafts = engine.stats()["spec_decode_num_drafts"]
+        engine.step()
+        # Exactly the sequences the rule (flipped on an exploring step) picked drafted.
+        assert engine.stats()["spec_decode_num_drafts"] - drafts == len(wanting)
+        if wanting and spec.proposer.max_catch_up > 2:
+            assert costs.num_steps == before[2], "a draft's catching up is not measured"
+        else:
+            assert costs.num_steps == before[2] + 1, "every other decode-only step is"
+            if costs.pending is None:
+                assert (costs.plain_s, costs.draft_s) != before[:2]
+        num_explored += exploring
+        num_spec += bool(wanting)
+        num_plain += not wanting
+    assert num_explored >= 3
+    assert num_plain >= 3 and num_spec >= 3, "both kinds of step were measured again"
+    assert spec.costs.bucket(4).draft_s != (-1.0 if pays else 1.0)
+
+
+def test_a_fresh_engine_speculates_then_measures_a_plain_step(make_engine, tiny_dir, prompts):
+    engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
+    engine.generate(prompts[4:6], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    bucket = engine.speculator.costs.bucket(2)
+    assert engine.stats()["spec_decode_num_drafts"] > 0
+    assert bucket.plain_s is not None and bucket.draft_s is not None
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_greedy_output_with_the_adaptive_controller_equals_no_speculation(
+    make_engine, tiny_dir, prompts, method
+):
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    plain = make_engine().generate(prompts, params)
+    extra = {"prompt_lookup_min": 1} if method == "ngram" else {"model": str(tiny_dir)}
+    # Exploring often mixes plain and speculative steps.
+    spec = SpeculativeConfig(method, explore_interval=4, **extra)
+    for max_num_seqs in (3, 16):
+        engine = make_engine(speculative=spec, max_num_seqs=max_num_seqs)
+        outs = engine.generate(prompts, params)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+        costs = engine.speculator.costs.snapshot()
+        assert any(c["num_plain_steps"] for c in costs.values())
+        assert any(c["num_spec_steps"] for c in costs.values())
+        assert engine.stats()["spec_decode_num_drafts"] > 0
+
+
+def _heldout_files(root: Path) -> list[Path]:
+    """Source-like files long enough for the spec workloads (3 x 192 bytes and more)."""
+    root.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i in range(4):
+        body = "".join(
+            f"def f{i}_{j}(x):\n    # step {j}\n    return x * {j} + {i}\n\n" for j in range(40)
+        )
+        path = root / f"m{i}.py"
+        path.write_text(body)
+        files.append(path)
+    return files
+
+
+def test_the_bench_sweep_runs_quick_with_a_ratio_and_spread_per_mode_and_batch(
+    tiny_dir, tmp_path, capsys
+):
+    section = spec_section(
+        tiny_dir,
+        tiny_dir,
+        _heldout_files(tmp_path / "heldout"),
+        quick=True,
+        repeat=1,
+        sweep_repeat=2,
+    )
+    assert set(section["results"]) == {"code_batch1", "code_batch4", "edit_batch1", "edit_batch4"}
+    sweep = section["sweep"]
+    assert sweep["batch_sizes"] == list(SWEEP_BATCHES) == [1, 2, 4, 8, 16]
+    assert sweep["repeat"] == 2
+    modes = ["none", "ngram", "draft", "ngram_adaptive", "draft_adaptive"]
+    assert sweep["modes"] == modes
+    assert list(sweep["results"]) == ["edit"]
+    per_batch = sweep["results"]["edit"]
+    assert list(per_batch) == ["1", "2", "4", "8", "16"]
+    for cell in per_batch.values():
+        for mode in modes:
+            c = cell[mode]
+            assert len(c["tok_s"]) == 2 and all(t > 0 for t in c["tok_s"])
+            assert c["ratio_min"] <= c["ratio"] <= c["ratio_max"]
+            assert c["cpu_ratio"] is None or c["cpu_ratio"] > 0
+            assert c["greedy_identical"] is True
+        assert cell["none"]["ratio"] == 1.0
+        assert set(cell["checks"]) == {"ngram_adaptive", "draft_adaptive"}
+        for check in cell["checks"].values():
+            assert isinstance(check["at_least_none"], bool)
+            assert isinstance(check["within_5pct_of_forced"], bool)
+    assert set(sweep["costs"]) == {"ngram_adaptive", "draft_adaptive"}
+    spec_print(section)
+    printed = capsys.readouterr().out
+    assert "speculation sweep" in printed and ">= 0.95x forced" in printed
