@@ -3,8 +3,6 @@ the management API: which budgets a request counts against, all or none, a windo
 mid-window, settlement, release and the reservation's change on every window, reconciliation
 of the extra windows, the alert's scope, and the API's scopes, roles and tenant walls."""
 
-from datetime import timedelta
-
 import pytest
 from django.utils import timezone
 
@@ -309,7 +307,6 @@ def test_a_viewer_or_member_cannot_create_one_and_another_tenants_owners_are_not
     create(tenant=other_tenant, api_key=other_api_key[0], limit_microcents=0)
     held = budget_reserve(tenant=tenant, agent=agent, amount_microcents=5, request_id=rid())
     assert held.extra_windows == []
-    assert timezone.now() - held.created_at < timedelta(minutes=1)
 
 
 def test_usage_splits_and_filters_by_every_scope(
