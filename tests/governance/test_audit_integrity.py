@@ -8,6 +8,7 @@ import json
 import threading
 from datetime import timedelta
 from io import StringIO
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -321,7 +322,8 @@ def test_exports_and_filters(tenant, agent, portal_as):
     assert rows[0].startswith("id,created_at,tenant") and len(rows) == 2
     assert ",api_key.create," in rows[1]
     assert client.get(f"/portal/t/{tenant.slug}/audit.xml").status_code == 404
-    since = (timezone.localdate() + timedelta(days=1)).isoformat()
+    # The portal reads dates in the tenant's own zone (Berlin here), so "tomorrow" is its tomorrow.
+    since = (timezone.localdate(timezone=ZoneInfo(tenant.timezone)) + timedelta(days=1)).isoformat()
     assert (
         "No records match"
         in client.get(f"/portal/t/{tenant.slug}/audit/?since={since}").content.decode()
