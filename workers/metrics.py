@@ -36,7 +36,10 @@ GAUGES = {
 }
 COUNTERS = {
     "num_generated_tokens": "tokens generated",
-    "num_preemptions": "sequences preempted (recomputed later) for lack of KV blocks",
+    "num_preemptions": "sequences preempted (their KV blocks kept in the prefix cache or CPU "
+    "tier where they can be, the rest recomputed), for lack of KV blocks or for fairness",
+    "num_fair_preemptions": "of those, sequences preempted so that a tenant under its share of "
+    "the slots could run (fairness inside the batch)",
     "num_steps": "engine steps",
     "kv_tier_hits": "KV blocks copied back from the CPU tier instead of recomputed",
     "kv_tier_blocks_saved": "KV blocks copied into the CPU tier",

@@ -212,6 +212,11 @@ class EngineConfig:
     # wait for the next step). Empty: every running sequence runs every step.
     yield_lanes: tuple[str, ...] = ()
     yield_max_seqs: int = 1
+    # Fairness inside the batch: when every sequence slot is taken and a waiting sequence's
+    # tenant runs fewer than its weighted share of the slots, the running sequence of the
+    # tenant furthest over its share (the highest virtual token counter) is preempted for it
+    # (its KV blocks kept by the prefix cache or the CPU tier where they can be).
+    is_fair_preemption_enabled: bool = False
     seed: int = 0
     # torch intra-op threads; None leaves the process setting alone.
     num_threads: int | None = None

@@ -37,10 +37,12 @@ class FairSharePolicy:
         self.tenant_weights = dict(tenant_weights or {})
         self.virtual_tokens: dict[str, float] = {}
 
-    def key(self, seq: Sequence) -> tuple[int, float, int]:
+    def lane_rank(self, seq: Sequence) -> int:
         last = len(self.lanes)  # no lane, or one not named: after them all
-        lane_rank = last if seq.lane is None else self.lanes.get(seq.lane, last)
-        return lane_rank, self.virtual_tokens.get(seq.tenant, 0.0), seq.arrival_order
+        return last if seq.lane is None else self.lanes.get(seq.lane, last)
+
+    def key(self, seq: Sequence) -> tuple[int, float, int]:
+        return self.lane_rank(seq), self.virtual_tokens.get(seq.tenant, 0.0), seq.arrival_order
 
     def on_added(self, seq: Sequence, active_tenants: set[str]) -> None:
         # A tenant that was idle starts at the busiest-served active tenant's floor, so idling

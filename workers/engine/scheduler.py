@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from workers.engine.block_manager import BlockManager
@@ -40,6 +41,12 @@ class Scheduler:
     preempted, waiting sequences are admitted in policy order while the budget,
     ``max_num_seqs`` and the pool (minus a watermark) allow, each starting from its longest
     cached prefix.
+
+    With fair preemption on, a step first makes room when every slot is taken and a waiting
+    sequence's tenant runs fewer than its weighted share of the slots: the running sequence
+    of the tenant furthest over its share is preempted, and the waiting one is admitted
+    ahead of everyone (``promoted``), so one tenant's flood cannot hold every slot while
+    another tenant's request waits for one to finish.
     """
 
     def __init__(
@@ -57,6 +64,9 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_fair_preemptions = 0
+        # Waiting sequences a fair preemption made room for: admitted before the others.
+        self.promoted: list[Sequence] = []
         # When a sequence of a lane that does not yield was last seen (time.monotonic(); 0:
         # never, or no lane yields): read by callers that yield too (the batch runner).
         self.foreground_at = 0.0
@@ -76,6 +86,8 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         yielding = self._yield_room()
+        if self.config.is_fair_preemption_enabled:
+            self._preempt_for_fairness()
         budget = self._schedule_running(batch, self.config.max_num_batched_tokens, yielding)
         if not batch.num_preempted:
             self._schedule_waiting(batch, budget, yielding)
@@ -164,23 +176,73 @@ class Scheduler:
             + bm.num_free_blocks * bm.block_size
         )
 
-    def _schedule_waiting(
-        self, batch: ScheduledBatch, budget: int, yielding: list[int] | None = None
-    ) -> None:
-        """Admit waiting sequences in policy order. Keys only grow within a step (tenants are
-        charged as they are scheduled), so a heap re-checks a popped key instead of sorting
-        every waiting sequence again after each admission. One of a yielding lane beyond its
-        places waits for a later step."""
-        in_flight: set[bytes] | None = None
-        heap = [(self.policy.key(s), s.arrival_order, s) for s in self.waiting]
+    def _preempt_for_fairness(self) -> None:
+        """When every slot is taken: for each waiting sequence (in policy order) whose tenant
+        runs fewer than its weighted share of the slots even with it, preempt the running
+        sequence that sorts last (lowest lane, then the highest virtual token counter, then
+        the latest) among the tenants that stay at or above their share without it; never
+        one of a higher lane. Shares count running sequences only, so a preempted sequence
+        waiting again cannot take its slot back while its tenant is still over its share."""
+        slots = self.config.max_num_seqs
+        if len(self.running) < slots or not self.waiting:
+            return
+        running = Counter(s.tenant for s in self.running)
+        tenants = set(running) | {s.tenant for s in self.waiting}
+        if len(tenants) < 2:
+            return
+        weights: dict[str, float] = getattr(self.policy, "tenant_weights", {})
+        total = sum(weights.get(t, 1.0) for t in tenants)
+
+        def share(tenant: str) -> float:
+            return slots * weights.get(tenant, 1.0) / total
+
+        lane_rank = getattr(self.policy, "lane_rank", None) or (lambda seq: 0)
+        promoted = {id(s) for s in self.promoted}
+        for seq in sorted(self.waiting, key=self.policy.key):
+            if id(seq) in promoted or running[seq.tenant] + 1 > share(seq.tenant):
+                continue
+            victims = [
+                v
+                for v in self.running
+                if running[v.tenant] - 1 >= share(v.tenant) and lane_rank(v) >= lane_rank(seq)
+            ]
+            if not victims:
+                continue
+            victim = max(victims, key=self.policy.key)
+            self.running.remove(victim)
+            self._preempt(victim)
+            self.num_fair_preemptions += 1
+            running[victim.tenant] -= 1
+            running[seq.tenant] += 1
+            self.promoted.append(seq)
+
+    def _waiting_order(self) -> Iterator[Sequence]:
+        """Waiting sequences to try, promoted ones first, then in policy order. Keys only
+        grow within a step (tenants are charged as they are scheduled), so a heap re-checks a
+        popped key instead of sorting every waiting sequence again after each admission."""
+        promoted = [s for s in self.promoted if s.status is SequenceStatus.WAITING]
+        yield from promoted
+        skip = {id(s) for s in promoted}
+        heap = [(self.policy.key(s), s.arrival_order, s) for s in self.waiting if id(s) not in skip]
         heapq.heapify(heap)
         rekeyed: set[int] = set()
-        while budget > 0 and len(self.running) < self.config.max_num_seqs and heap:
+        while heap:
             key, order, seq = heapq.heappop(heap)
             if id(seq) not in rekeyed and (fresh := self.policy.key(seq)) != key:
                 rekeyed.add(id(seq))
                 heapq.heappush(heap, (fresh, order, seq))
                 continue
+            yield seq
+
+    def _schedule_waiting(
+        self, batch: ScheduledBatch, budget: int, yielding: list[int] | None = None
+    ) -> None:
+        """Admit waiting sequences (``_waiting_order``) while the budget and the slots allow.
+        One of a yielding lane beyond its places waits for a later step."""
+        in_flight: set[bytes] | None = None
+        for seq in self._waiting_order():
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                return
             if yielding is not None and seq.lane in self.config.yield_lanes and yielding[0] <= 0:
                 continue
             hits = self.block_manager.prefix_lookup(seq)
@@ -235,6 +297,8 @@ class Scheduler:
         self.block_manager.append_slots(seq, num_tokens)
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+        if self.promoted and seq in self.promoted:
+            self.promoted.remove(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.preempt(seq)
@@ -253,6 +317,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        if self.promoted and seq in self.promoted:
+            self.promoted.remove(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

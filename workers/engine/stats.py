@@ -91,6 +91,7 @@ class EngineStats:
             else 0.0,
             **tier_snapshot(bm.tier),
             "num_preemptions": scheduler.num_preemptions,
+            "num_fair_preemptions": scheduler.num_fair_preemptions,
             "num_running": len(scheduler.running),
             "num_waiting": len(scheduler.waiting),
             "num_steps": self.num_steps,
