@@ -164,6 +164,13 @@ FAIRLANE_MIN_SHARE_STANDARD = float(os.environ.get("FAIRLANE_MIN_SHARE_STANDARD"
 FAIRLANE_MIN_SHARE_BULK = float(os.environ.get("FAIRLANE_MIN_SHARE_BULK", "0.05"))
 # Requests a GPU worker runs at once (its runner threads); its engine batches them all.
 FAIRLANE_WORKER_CONCURRENCY = env_int("FAIRLANE_WORKER_CONCURRENCY", 64)
+# Fairness inside the batch: a worker whose slots are all taken still takes up to this many
+# requests more, of tenants under their share of its slots, and its engine preempts the
+# sequences of the tenant furthest over its share to run them (0: off, a flood holds every
+# slot until its requests finish). The engines of every mode preempt so while it is > 0.
+FAIRLANE_FAIR_EXTRA_SLOTS = env_int("FAIRLANE_FAIR_EXTRA_SLOTS", 4)
+if FAIRLANE_FAIR_EXTRA_SLOTS < 0:
+    raise ImproperlyConfigured("FAIRLANE_FAIR_EXTRA_SLOTS must be >= 0 (0: off)")
 # A worker's last free sequence slots take realtime requests only.
 FAIRLANE_REALTIME_RESERVED_SLOTS = env_int("FAIRLANE_REALTIME_RESERVED_SLOTS", 2)
 # How often an idle or full worker looks at the queue again.

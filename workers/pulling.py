@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
@@ -131,9 +132,14 @@ class Puller:
         self.models: dict[str, ModelInfo] = {}
         self.client = runtime.shared_redis
         self._elsewhere: dict[str, tuple[float, bool]] = {}
-        self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="run")
+        # Runner threads for its slots and the extra ones taken for fairness (see _fair_room).
+        self.extra = settings.FAIRLANE_FAIR_EXTRA_SLOTS
+        self.pool = ThreadPoolExecutor(
+            max_workers=concurrency + self.extra, thread_name_prefix="run"
+        )
         self.capacity = concurrency
-        self.taken: dict[str, tuple[FairQueue, str]] = {}  # request id -> (queue, queue id)
+        # request id -> (queue, queue id, tenant, its weight)
+        self.taken: dict[str, tuple[FairQueue, str, str, float]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: dict[str, threading.Thread] = {}
@@ -171,7 +177,7 @@ class Puller:
     def renew_claims(self) -> None:
         with self._lock:
             by_queue: dict[FairQueue, list[str]] = {}
-            for queue, queue_id in self.taken.values():
+            for queue, queue_id, _, _ in self.taken.values():
                 by_queue.setdefault(queue, []).append(queue_id)
         for queue, ids in by_queue.items():
             lost = queue.renew(worker=self.worker_id, ids=ids)
@@ -226,18 +232,31 @@ class Puller:
                 continue
             try:
                 free = min(engine_free_slots(engine), self.capacity - self.in_flight())
+                exclude: frozenset[str] = frozenset()
                 if free <= 0:
-                    self._stop.wait(settings.FAIRLANE_PULL_INTERVAL_SECONDS)
-                    continue
-                # The last free slots wait for realtime requests, so one is always at hand.
-                realtime_only = free <= settings.FAIRLANE_REALTIME_RESERVED_SLOTS
-                taken = queue.dequeue(worker=self.worker_id, realtime_only=realtime_only)
+                    over = self._fair_room(queue, engine)
+                    if over is None:
+                        self._stop.wait(settings.FAIRLANE_PULL_INTERVAL_SECONDS)
+                        continue
+                    exclude = over
+                # The last free slots wait for realtime requests, so one is always at hand
+                # (beyond the slots, any lane of a tenant under its share may come in).
+                realtime_only = 0 < free <= settings.FAIRLANE_REALTIME_RESERVED_SLOTS
+                taken = queue.dequeue(
+                    worker=self.worker_id, realtime_only=realtime_only, exclude=exclude
+                )
                 if taken is None:
                     queue.wait_for_work(timeout=settings.FAIRLANE_PULL_INTERVAL_SECONDS)
                     continue
+                weight = float(taken.payload.get("weight") or 1)
                 with self._lock:
                     again = taken.payload["request_id"] in self.taken
-                    self.taken[taken.payload["request_id"]] = (queue, taken.id)
+                    self.taken[taken.payload["request_id"]] = (
+                        queue,
+                        taken.id,
+                        taken.tenant,
+                        weight,
+                    )
                 if again:  # its claim lapsed while it ran here (Redis was slow): it runs on
                     logger.warning(
                         "request %s: claim lapsed and taken back; still running",
@@ -248,6 +267,23 @@ class Puller:
             except Exception:  # Redis trouble: keep pulling once it is back
                 logger.exception("pulling from %s failed", info.name)
                 self._stop.wait(1.0)
+
+    def _fair_room(self, queue: FairQueue, engine: Engine) -> frozenset[str] | None:
+        """With every slot taken: the tenants NOT to take beyond the slots (those holding their
+        weighted share of this model's slots here, or more), or None when nothing more may be
+        taken (fairness off, a vLLM engine, or the extra slots used). The engine preempts the
+        tenant furthest over its share to run what is taken (is_fair_preemption_enabled)."""
+        if self.extra <= 0 or isinstance(engine, VllmEngine):
+            return None
+        slots = min(engine.engine.config.max_num_seqs, self.capacity)
+        with self._lock:
+            mine = [(t, w) for q, _, t, w in self.taken.values() if q is queue]
+        if self.in_flight() >= self.capacity + self.extra or len(mine) >= slots + self.extra:
+            return None
+        counts = Counter(tenant for tenant, _ in mine)
+        weights = dict(mine)
+        total = sum(weights.values())
+        return frozenset(t for t, n in counts.items() if n >= slots * weights[t] / total)
 
     def _refuse_waiting(self, queue: FairQueue, info: ModelInfo, exc: ModelLoadFailed) -> None:
         """Until the model's next load attempt: when no live worker hosts it, its queued

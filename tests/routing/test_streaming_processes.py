@@ -263,3 +263,76 @@ def test_a_worker_killed_mid_stream_is_resumed_elsewhere_and_billed_once(
         server.stop()
         for worker in workers:
             worker.stop()
+
+
+def test_a_flood_holding_every_slot_does_not_make_another_tenant_wait(
+    django_db_setup, key, slow, other_api_key
+):
+    """Fairness inside the batch, over HTTP: a worker of 2 slots runs two long streams of one
+    tenant; another tenant's short request is taken beyond the slots (its tenant is under its
+    share) and its engine preempts a flood sequence for it, so it ends while the flood still
+    streams, instead of waiting for a flood request to finish. The flood is billed for what
+    it was sent."""
+    env = distributed_env(
+        FAIRLANE_ENGINE_MAX_NUM_SEQS="2",
+        FAIRLANE_WORKER_CONCURRENCY="2",
+        FAIRLANE_REALTIME_RESERVED_SLOTS="0",
+        FAIRLANE_FAIR_EXTRA_SLOTS="2",
+    )
+    worker = CeleryWorker(env, name="fair")
+    server = AsgiServer(env)
+    quiet_key = other_api_key[1]
+    try:
+
+        async def run() -> tuple[list[dict], list[int], list[str]]:
+            started = [asyncio.Event(), asyncio.Event()]
+            quiet_done = asyncio.Event()
+            counts = [0, 0]
+            ids: list[str] = []
+
+            async def flood(i: int, client: httpx.AsyncClient) -> None:
+                async with client.stream(
+                    "POST",
+                    "/v1/chat/completions",
+                    json=LONG,
+                    headers={"Authorization": f"Bearer {key}"},
+                ) as response:
+                    ids.append(response.headers["x-request-id"])
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: {"):
+                            counts[i] += 1
+                            started[i].set()
+                            if quiet_done.is_set():
+                                return  # leaving closes the connection: the flood is cancelled
+
+            async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+                floods = [asyncio.create_task(flood(i, client)) for i in range(2)]
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+                body = {**LONG, "model": "small", "max_tokens": 8, "temperature": 0}
+                body["stream_options"] = {"include_usage": True}
+                quiet = await stream_chat(client, quiet_key, body)
+                # Both flood streams were still open when the quiet answer ended.
+                assert not any(task.done() for task in floods)
+                quiet_done.set()
+                await asyncio.gather(*floods)
+            return quiet, counts, ids
+
+        quiet, counts, ids = asyncio.run(run())
+        assert quiet[-1]["usage"]["completion_tokens"] == 8
+        assert all(0 < n < LONG["max_tokens"] for n in counts)
+        for request_id in ids:
+            record = wait_for(
+                lambda rid=request_id: UsageRecord.objects.filter(request_id=rid).first()
+            )
+            assert record.status == UsageRecord.Status.CANCELLED
+            assert 0 < record.completion_tokens < LONG["max_tokens"]
+            assert record.cost_microcents == expected_cost(record)
+
+        def preempted() -> int:
+            beats = [b for b in workers_live() if "small" in b["stats"]]
+            return sum(b["stats"]["small"].get("num_fair_preemptions", 0) for b in beats)
+
+        assert wait_for(lambda: preempted() >= 1, timeout=10)
+    finally:
+        server.stop()
+        worker.stop()

@@ -161,3 +161,17 @@ def test_reserved_slots_take_realtime_only(fq):
     (rt,) = put(fq, "r", lane="realtime")
     assert fq.dequeue(worker="w", realtime_only=True).id == rt
     assert fq.dequeue(worker="w").lane == "bulk"
+
+
+def test_excluded_tenants_stay_queued_and_the_next_lowest_counter_goes(fq):
+    """A full worker takes beyond its slots only for tenants under their share: the others'
+    requests stay queued, in order, for a later dequeue."""
+    flood = put(fq, "flood", n=3)
+    put(fq, "other", n=1, cost=500)  # its counter climbs above the flood's once taken
+    (quiet,) = put(fq, "quiet", cost=1000)
+    assert fq.dequeue(worker="w", exclude=frozenset({"flood", "quiet", "other"})) is None
+    assert fq.dequeue(worker="w", exclude=frozenset({"flood", "other"})).id == quiet
+    assert fq.dequeue(worker="w", exclude=frozenset({"flood"})).tenant == "other"
+    assert fq.dequeue(worker="w", exclude=frozenset({"flood"})) is None
+    assert fq.depth(lane="standard", tenant="flood") == 3
+    assert [t.id for t in take_all(fq)] == flood

@@ -89,9 +89,13 @@ class FairQueue:
             self._run("enqueue", id, tenant, lane, weight, cost, json.dumps(payload), _now_ms())
         )
 
-    def dequeue(self, *, worker: str, realtime_only: bool = False) -> Taken | None:
+    def dequeue(
+        self, *, worker: str, realtime_only: bool = False, exclude: frozenset[str] = frozenset()
+    ) -> Taken | None:
         """The next request by lane, then fairness, claimed by `worker`; None if none waits.
-        `realtime_only` takes only realtime requests (a worker's reserved last slots)."""
+        `realtime_only` takes only realtime requests (a worker's reserved last slots);
+        `exclude` names tenants whose requests are left queued (a full worker taking beyond
+        its slots only for tenants under their share)."""
         reply = self._run(
             "dequeue",
             worker,
@@ -99,6 +103,8 @@ class FairQueue:
             _now_ms(),
             self.decay,
             1 if realtime_only else len(Lane),
+            len(exclude),
+            *sorted(exclude),
             *self._lanes,
         )
         if not reply:

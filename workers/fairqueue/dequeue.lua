@@ -2,14 +2,20 @@
 -- then choose the lane (strict priority, except a lower lane below its minimum share of recent
 -- dispatches goes first), then the backlogged tenant with the lowest virtual token counter,
 -- charge it the request's input tokens divided by its weight, and claim the request.
--- KEYS[1] prefix; ARGV: worker claim_ms now_ms decay lowest_lane, then each lane from first
--- to last and its minimum share (lowest_lane 1 takes the first lane only: a worker keeps its
--- last slots for realtime requests).
+-- KEYS[1] prefix; ARGV: worker claim_ms now_ms decay lowest_lane, the number of excluded
+-- tenants and their names, then each lane from first to last and its minimum share
+-- (lowest_lane 1 takes the first lane only: a worker keeps its last slots for realtime
+-- requests). Excluded tenants' requests stay queued: a full worker takes beyond its slots
+-- only for tenants under their share of them.
 local p, worker = KEYS[1], ARGV[1]
 local claim_ms, now, decay = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local lowest = tonumber(ARGV[5])
+local excluded, num_excluded = {}, tonumber(ARGV[6])
+for i = 7, 6 + num_excluded do
+  excluded[ARGV[i]] = true
+end
 local lanes, min_share = {}, {}
-for i = 6, #ARGV, 2 do
+for i = 7 + num_excluded, #ARGV, 2 do
   lanes[#lanes + 1] = ARGV[i]
   min_share[#min_share + 1] = tonumber(ARGV[i + 1])
 end
@@ -58,13 +64,22 @@ end
 if not chosen then return nil end
 local lane = lanes[chosen]
 
-for _ = 1, 16 do
-  local top = redis.call('ZRANGE', p .. 'active:' .. lane, 0, 0, 'WITHSCORES')
+-- The backlogged tenant with the lowest counter that is not excluded.
+local function next_tenant()
+  local top = redis.call('ZRANGE', p .. 'active:' .. lane, 0, num_excluded, 'WITHSCORES')
   if #top == 0 then
     redis.call('HSET', p .. 'depth', lane, 0)  -- repair a count that drifted
     return nil
   end
-  local tenant, counter = top[1], tonumber(top[2])
+  for i = 1, #top, 2 do
+    if not excluded[top[i]] then return top[i], tonumber(top[i + 1]) end
+  end
+  return nil
+end
+
+for _ = 1, 16 do
+  local tenant, counter = next_tenant()
+  if not tenant then return nil end
   local queue = p .. 'q:' .. lane .. ':' .. tenant
   local id = redis.call('LPOP', queue)
   if redis.call('LLEN', queue) == 0 then

@@ -206,6 +206,7 @@ def model_engine_config(info: ModelInfo) -> EngineConfig:
         max_num_seqs=settings.FAIRLANE_ENGINE_MAX_NUM_SEQS,
         max_model_len=settings.FAIRLANE_MAX_MODEL_LEN,
         num_threads=settings.FAIRLANE_ENGINE_THREADS,
+        is_fair_preemption_enabled=settings.FAIRLANE_FAIR_EXTRA_SLOTS > 0,
         **model_engine_options(info),
         **bulk_yield(),
     )

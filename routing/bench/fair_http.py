@@ -1,0 +1,263 @@
+"""`python manage.py bench fairness --http`: fairness inside the batch, over HTTP.
+
+The distributed mode as deployed (uvicorn -> admission -> the Redis fair queue -> one Celery
+GPU worker of `--slots` slots -> the stream back), with two tenants: a quiet one with
+`--quiet-clients` closed-loop clients and a flooding one with `--flood-clients`, every
+request a streamed completion of a seeded token-id prompt. Three phases of `--seconds` each,
+one worker process per configuration:
+
+  alone      the quiet tenant by itself;
+  flood/off  both tenants, FAIRLANE_FAIR_EXTRA_SLOTS=0 (a flood holds every slot: the quiet
+             tenant's request waits for a flood request to finish);
+  flood/on   both tenants, FAIRLANE_FAIR_EXTRA_SLOTS=`--extra` (the worker takes the quiet
+             tenant's request beyond its slots and its engine preempts a flood sequence).
+
+Printed: the quiet tenant's latency p50/p95 (and TTFT) per phase with its ratio to alone
+(goal with fairness on: p50 within 1.8x of alone), and the total output tokens/s under the
+flood with fairness on against off (goal: within 5 %). The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+import httpx
+from django.conf import settings
+
+from routing.bench.processes import AsgiServer, CeleryWorker
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _setup(preset: str) -> tuple[str, str, str]:
+    """Two bench tenants (quiet and flood), each with an agent, a key and budgets that never
+    run out; the model registered and enabled."""
+    from tenants.models import Agent, Budget, Scope, Tenant
+    from tenants.services.budgets import budget_create
+    from tenants.services.keys import api_key_create
+    from tenants.services.tenancy import agent_create, tenant_create
+    from workers.models import ServedModel
+    from workers.serving.registration import model_register
+
+    keys = []
+    for slug in ("bench-quiet", "bench-flood"):
+        tenant = Tenant.objects.filter(slug=slug).first() or tenant_create(
+            name=slug, slug=slug, owner=None
+        )
+        agent = Agent.objects.filter(tenant=tenant, name="bench").first() or agent_create(
+            tenant=tenant, name="bench"
+        )
+        for owner in (None, agent):
+            if not Budget.objects.filter(tenant=tenant, agent=owner).exists():
+                budget_create(tenant=tenant, agent=owner, limit_microcents=10**15)
+        keys.append(
+            api_key_create(
+                tenant=tenant, agent=agent, name="bench fairness", scopes=[Scope.INFERENCE]
+            )[1]
+        )
+    model = f"bench-{preset}"
+    model_register(name=model, source=f"preset:{preset}", description="bench fairness")
+    ServedModel.objects.filter(name=model).update(is_enabled=True)
+    return model, keys[0], keys[1]
+
+
+def _env(args, extra: int, namespace: str) -> dict:
+    return {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
+        "DJANGO_SETTINGS_MODULE": "settings",
+        "FAIRLANE_ENGINE_MODE": "distributed",
+        "FAIRLANE_ENGINE_MAX_NUM_SEQS": str(args.slots),
+        "FAIRLANE_WORKER_CONCURRENCY": str(args.slots),
+        "FAIRLANE_REALTIME_RESERVED_SLOTS": "0",
+        "FAIRLANE_FAIR_EXTRA_SLOTS": str(extra),
+        "FAIRLANE_ENGINE_THREADS": str(args.threads),
+        "FAIRLANE_HEARTBEAT_SECONDS": "1",
+        # A queue of its own, so nothing a test or an earlier run left queued reaches it.
+        "FAIRLANE_QUEUE_NAMESPACE": namespace,
+        "SECRET_KEY": settings.SECRET_KEY,
+        "LOG_LEVEL": "WARNING",
+    }
+
+
+class Client:
+    """Closed-loop streaming clients of one tenant: each sends its next request as soon as
+    the last one ended, until the phase's end; every request's (ttft, latency, tokens)."""
+
+    def __init__(self, http: httpx.AsyncClient, model: str, key: str, args, seed: int) -> None:
+        self.http, self.model, self.key, self.args = http, model, key, args
+        self.rng = random.Random(seed)
+        self.results: list[tuple[float, float, int]] = []
+
+    async def one(self, max_tokens: int) -> tuple[float, float, int]:
+        prompt = [self.rng.randrange(5, 250) for _ in range(self.args.prompt_tokens)]
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        start, first, tokens = time.perf_counter(), None, 0
+        async with self.http.stream(
+            "POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {self.key}"}
+        ) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if first is None and chunk.get("choices") and chunk["choices"][0].get("text"):
+                    first = time.perf_counter()
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+        end = time.perf_counter()
+        return (first or end) - start, end - start, tokens
+
+    async def loop(self, until: float, max_tokens: int, measure_from: float) -> None:
+        while time.perf_counter() < until:
+            sent = time.perf_counter()
+            result = await self.one(max_tokens)
+            if sent >= measure_from:
+                self.results.append(result)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def _phase(url: str, model: str, quiet_key: str, flood_key: str | None, args) -> dict:
+    """One phase: warm the model, then run the clients for --seconds (the first second not
+    measured); the quiet tenant's latencies and every client's output tokens/s."""
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+        await Client(http, model, quiet_key, args, seed=-1).one(4)  # loads the model
+        start = time.perf_counter()
+        measure_from, until = start + 1.0, start + 1.0 + args.seconds
+        quiet = [Client(http, model, quiet_key, args, seed=i) for i in range(args.quiet_clients)]
+        flood = (
+            [Client(http, model, flood_key, args, seed=1000 + i) for i in range(args.flood_clients)]
+            if flood_key
+            else []
+        )
+        await asyncio.gather(
+            *(c.loop(until, args.quiet_tokens, measure_from) for c in quiet),
+            *(c.loop(until, args.flood_tokens, measure_from) for c in flood),
+        )
+        elapsed = time.perf_counter() - measure_from
+    latencies = [r[1] * 1000 for c in quiet for r in c.results]
+    ttfts = [r[0] * 1000 for c in quiet for r in c.results]
+    tokens = sum(r[2] for c in (*quiet, *flood) for r in c.results)
+    return {
+        "quiet_requests": len(latencies),
+        "quiet_p50_ms": round(statistics.median(latencies), 1) if latencies else None,
+        "quiet_p95_ms": round(_pct(latencies, 0.95), 1) if latencies else None,
+        "quiet_ttft_p50_ms": round(statistics.median(ttfts), 1) if ttfts else None,
+        "flood_requests": sum(len(c.results) for c in flood),
+        "output_tokens_per_s": round(tokens / elapsed, 1),
+        "seconds": round(elapsed, 1),
+    }
+
+
+def _engine_stats(model: str, worker: CeleryWorker) -> dict:
+    """The worker's engine counters, from its heartbeat (one a second: wait for one sent after
+    the phase)."""
+    import redis
+
+    from workers.pools import workers_live
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    time.sleep(1.5)
+    stats = [
+        b["stats"][model]
+        for b in workers_live(client)
+        if b["id"].endswith(f":{worker.proc.pid}") and model in b.get("stats", {})
+    ]
+    return {
+        "fair_preemptions": sum(s.get("num_fair_preemptions", 0) for s in stats),
+        "preemptions": sum(s.get("num_preemptions", 0) for s in stats),
+    }
+
+
+def run_http(args) -> dict:
+    from django.db import connection
+
+    if connection.vendor != "postgresql" or not settings.REDIS_URL:
+        raise SystemExit(
+            "bench fairness --http drives the distributed mode: set DATABASE_URL to PostgreSQL "
+            "and REDIS_URL"
+        )
+    model, quiet_key, flood_key = _setup(args.preset)
+    phases: dict[str, dict] = {}
+    namespace = f"benchfair{random.randrange(1 << 30)}-"
+    server = AsgiServer(_env(args, args.extra, namespace))
+    try:
+        # One worker per configuration (its counters start at zero), one API process for all.
+        for extra, plan in ((args.extra, ("alone", "flood/on")), (0, ("flood/off",))):
+            env = _env(args, extra, namespace)
+            worker = CeleryWorker(env, concurrency=args.slots + extra + 4, name="fairness")
+            try:
+                before = {"fair_preemptions": 0, "preemptions": 0}  # a fresh worker's
+                for name in plan:
+                    flood = flood_key if name != "alone" else None
+                    phases[name] = asyncio.run(_phase(server.url, model, quiet_key, flood, args))
+                    after = _engine_stats(model, worker)
+                    phases[name].update({k: after[k] - before[k] for k in after})
+                    before = after
+                    print(f"  {name}: {phases[name]}", flush=True)
+            finally:
+                worker.stop()
+    finally:
+        server.stop()
+    phases = {name: phases[name] for name in ("alone", "flood/off", "flood/on")}
+    alone = phases["alone"]["quiet_p50_ms"]
+    result = {
+        "bench": "fairness-http",
+        "preset": args.preset,
+        "slots": args.slots,
+        "extra": args.extra,
+        "quiet_clients": args.quiet_clients,
+        "flood_clients": args.flood_clients,
+        "phases": phases,
+        "quiet_p50_ratio_off": round(phases["flood/off"]["quiet_p50_ms"] / alone, 2),
+        "quiet_p50_ratio_on": round(phases["flood/on"]["quiet_p50_ms"] / alone, 2),
+        "throughput_on_over_off": round(
+            phases["flood/on"]["output_tokens_per_s"] / phases["flood/off"]["output_tokens_per_s"],
+            3,
+        ),
+        "loadavg": Path("/proc/loadavg").read_text().split()[:3]
+        if Path("/proc/loadavg").exists()
+        else None,
+    }
+    _print(result)
+    return result
+
+
+def _print(result: dict) -> None:
+    print(
+        f"fairness inside the batch, over HTTP: {result['preset']}, one worker of "
+        f"{result['slots']} slots (+{result['extra']} for fairness), quiet tenant "
+        f"{result['quiet_clients']} clients, flood {result['flood_clients']} clients"
+    )
+    print(f"{'phase':<11}{'quiet p50':>11}{'p95':>9}{'ttft p50':>10}{'x alone':>9}{'tok/s':>9}")
+    alone = result["phases"]["alone"]["quiet_p50_ms"]
+    for name, row in result["phases"].items():
+        print(
+            f"{name:<11}{row['quiet_p50_ms']:>9.0f}ms{row['quiet_p95_ms']:>7.0f}ms"
+            f"{row['quiet_ttft_p50_ms']:>8.0f}ms{row['quiet_p50_ms'] / alone:>8.2f}x"
+            f"{row['output_tokens_per_s']:>9.0f}"
+        )
+    print(
+        f"quiet p50 under the flood: {result['quiet_p50_ratio_off']}x alone without fairness "
+        f"inside the batch, {result['quiet_p50_ratio_on']}x with it (goal <= 1.8x); total "
+        f"throughput with it {result['throughput_on_over_off']:.3f}x without (goal >= 0.95)"
+    )
