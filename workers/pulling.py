@@ -111,12 +111,16 @@ def _run_taken(
             logger.warning("request %s: not acknowledged", job.request_id, exc_info=True)
 
 
+def kv_low(stats: dict) -> bool:
+    return stats["kv_blocks_free"] <= stats["kv_blocks_total"] * 0.05
+
+
 def engine_free_slots(engine: Engine) -> int:
     """Sequences the engine can take now: free slots, or none when its KV blocks run low."""
     if isinstance(engine, VllmEngine):
         return engine.free_slots()
     stats = engine.stats()
-    if stats["kv_blocks_free"] <= stats["kv_blocks_total"] * 0.05:
+    if kv_low(stats):
         return 0
     return engine.engine.config.max_num_seqs - stats["num_running"] - stats["num_waiting"]
 
@@ -273,8 +277,8 @@ class Puller:
         weighted share of this model's slots here, or more), or None when nothing more may be
         taken (fairness off, a vLLM engine, or the extra slots used). The engine preempts the
         tenant furthest over its share to run what is taken (is_fair_preemption_enabled)."""
-        if self.extra <= 0 or isinstance(engine, VllmEngine):
-            return None
+        if self.extra <= 0 or isinstance(engine, VllmEngine) or kv_low(engine.stats()):
+            return None  # (memory, not slots, is what is short: nothing more comes in)
         slots = min(engine.engine.config.max_num_seqs, self.capacity)
         with self._lock:
             mine = [(t, w) for q, _, t, w in self.taken.values() if q is queue]
