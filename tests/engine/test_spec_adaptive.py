@@ -411,14 +411,42 @@ def test_the_bench_sweep_runs_quick_with_a_ratio_and_spread_per_mode_and_batch(
             c = cell[mode]
             assert len(c["tok_s"]) == 2 and all(t > 0 for t in c["tok_s"])
             assert c["ratio_min"] <= c["ratio"] <= c["ratio_max"]
-            assert c["cpu_ratio"] is None or c["cpu_ratio"] > 0
+            assert len(c["cpu_s"]) == 2 and all(t > 0 for t in c["cpu_s"])
+            assert c["cpu_ratio_min"] <= c["cpu_ratio"] <= c["cpu_ratio_max"]
             assert c["greedy_identical"] is True
-        assert cell["none"]["ratio"] == 1.0
-        assert set(cell["checks"]) == {"ngram_adaptive", "draft_adaptive"}
-        for check in cell["checks"].values():
-            assert isinstance(check["at_least_none"], bool)
-            assert isinstance(check["within_5pct_of_forced"], bool)
+            assert (c["draft_tokens"] > 0) is (mode != "none")
+        assert cell["none"]["ratio"] == 1.0 and cell["none"]["cpu_ratio"] == 1.0
+        assert len(cell["load_avg"]) == 2
+        assert set(cell["checks"]) == {"wall", "cpu"}
+        for measure, key in (("wall", "ratio"), ("cpu", "cpu_ratio")):
+            checks = cell["checks"][measure]
+            assert set(checks) == {"ngram_adaptive", "draft_adaptive"}
+            best = max(cell["ngram"][key], cell["draft"][key])
+            for name, check in checks.items():
+                ratio = cell[name][key]
+                assert check["at_least_none"] is (ratio >= 1.0)
+                own = cell[name.removesuffix("_adaptive")][key]
+                assert check["within_5pct_of_forced"] is (ratio >= 0.95 * own)
+                assert cell[check["best_forced"]][key] == best
+                assert check["within_5pct_of_best_forced"] is (ratio >= 0.95 * best)
     assert set(sweep["costs"]) == {"ngram_adaptive", "draft_adaptive"}
+    assert len(sweep["load_avg"]) == 2
     spec_print(section)
     printed = capsys.readouterr().out
-    assert "speculation sweep" in printed and ">= 0.95x forced" in printed
+    assert "speculation sweep" in printed and ">= 0.95x best forced" in printed
+    assert "cpu  ngram_adaptive" in printed and "wall draft_adaptive" in printed
+
+
+def test_the_sweep_alone_leaves_the_table_out(tiny_dir, tmp_path):
+    section = spec_section(
+        tiny_dir,
+        tiny_dir,
+        _heldout_files(tmp_path / "heldout"),
+        quick=True,
+        repeat=1,
+        sweep_batches=(2,),
+        sweep_repeat=1,
+        table=False,
+    )
+    assert section["results"] == {}
+    assert list(section["sweep"]["results"]["edit"]) == ["2"]
