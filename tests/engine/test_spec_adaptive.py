@@ -192,6 +192,7 @@ def test_draft_costs_are_clamped_at_zero_when_steps_with_drafts_measure_cheaper(
 def _decoding(engine: LLMEngine, prompt: list[int], params: SamplingParams):
     seq = engine.make_sequence(prompt, params)
     seq.num_computed_tokens = seq.num_tokens - 1  # its prompt is in the cache: it decodes
+    seq.spec_is_new = False  # its acceptance is what the test sets
     return seq
 
 
@@ -257,6 +258,27 @@ def test_hysteresis_keeps_a_sequence_on_or_off_near_the_break_even_point(
     fresh = _decoding(engine, prompts[6], SamplingParams(max_tokens=64, temperature=0.0))
     fresh.spec_acceptance = below
     assert spec.lookahead(fresh, 8) == 4
+
+
+def test_a_new_sequence_starts_from_the_engines_acceptance_not_an_optimistic_one(
+    make_engine, tiny_dir, prompts
+):
+    engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
+    spec = engine.speculator
+    _with_costs(engine, 8, plain_s=2e-3, draft_s=1e-3)  # break-even acceptance 0.5
+    greedy = SamplingParams(max_tokens=64, temperature=0.0)
+    first = engine.make_sequence(prompts[5], greedy)
+    first.num_computed_tokens = first.num_tokens - 1
+    # Nothing verified yet: optimistic, it drafts.
+    assert spec.lookahead(first, 8) == 4 and first.spec_acceptance == 1.0
+    # Forty verifications accept 1 draft in 4: the engine's acceptance falls towards 0.25.
+    for _ in range(40):
+        spec._record(first, 4, 1)
+    assert spec.acceptance_prior < 0.5
+    new = engine.make_sequence(prompts[6], greedy)
+    new.num_computed_tokens = new.num_tokens - 1
+    assert spec.lookahead(new, 8) == 0, "a new request below break-even does not draft"
+    assert new.spec_acceptance == spec.acceptance_prior and not new.spec_is_on
 
 
 class _StepClock:

@@ -311,7 +311,7 @@ def spec_sweep_print(sweep: dict[str, Any]) -> None:
     for workload, per_batch in sweep["results"].items():
         print(
             f"  {workload:<6}{'batch':>6}{'none tok/s':>12}{'':>2}"
-            + "".join(f"{m:<34}" for m in modes)
+            + "".join(f"{m:<36}" for m in modes)
         )
         for batch, cell in per_batch.items():
             none = statistics.median(cell["none"]["tok_s"])
@@ -323,7 +323,7 @@ def spec_sweep_print(sweep: dict[str, Any]) -> None:
                 if c["cpu_ratio"] is not None:
                     text += f" cpu {c['cpu_ratio']:.2f} [{c['cpu_ratio_min']:.2f}-"
                     text += f"{c['cpu_ratio_max']:.2f}]"
-                line += f"{text + mark:<34}"
+                line += f"{text + mark:<36}"
             print(line)
             for measure, checks in cell["checks"].items():
                 for name, check in checks.items():

@@ -5,7 +5,8 @@ Who speculates: the hard rules first (the request allows it, no penalties, guide
 ``min_tokens`` reached; a seeded sampled request by config alone; the optional batch cap and
 acceptance pause), then, when the config is adaptive, the measured costs: a sequence drafts
 when its smoothed acceptance makes a step with drafts yield more tokens per second than one
-without at the current batch size (``costs.speculation_pays``), with hysteresis: a sequence
+without at the current batch size (``costs.speculation_pays``; a new sequence's acceptance
+starts from the engine's recent one), with hysteresis: a sequence
 that speculated last time stops only once the rule fails by ``SWITCH_MARGIN``, one that did not
 starts only once it passes by as much. Two steps in a row out of every ``explore_interval`` of a
 batch-size bucket do the opposite, so both costs and every sequence's acceptance stay
@@ -27,6 +28,9 @@ from workers.engine.spec.rejection import verify
 
 # How fast a request's acceptance rate follows its latest verifications (an exponential average).
 ACCEPTANCE_SMOOTHING = 0.3
+# How fast the engine's acceptance rate, every verification's (where a new request's starts),
+# follows them: about the last 20 verifications.
+PRIOR_SMOOTHING = 0.05
 # A bucket with a cost still unmeasured explores this often: its first step speculates (the
 # optimistic prior), its next two decode plainly, the fourth speculates again, so both costs
 # are known within a few steps.
@@ -100,6 +104,10 @@ class Speculator:
         self.stats = SpecStats(config.num_speculative_tokens)
         self.step_index = 0
         self.costs = StepCosts()
+        # A new sequence's acceptance before its own verifications: the engine's lately (1.0,
+        # optimistic, until anything is verified). A request's first steps would otherwise
+        # speculate at any acceptance, and short answers are mostly first steps.
+        self.acceptance_prior = 1.0
         self.num_decided: dict[int, int] = {}  # bucket -> steps decided in it
         self._decided_buckets: set[int] = set()  # this step's
         self._step_shape: tuple[int, int] | None = None  # a decode-only step: (seqs, drafts)
@@ -138,6 +146,8 @@ class Speculator:
         if not self.config.is_adaptive:
             return True
         self._decided_buckets.add(cost_bucket(num_running))
+        if seq.spec_is_new:
+            seq.spec_acceptance, seq.spec_is_new = self.acceptance_prior, False
         seq.spec_is_on = self.is_paying(seq.spec_acceptance, num_running, is_on=seq.spec_is_on)
         return seq.spec_is_on != self.is_exploring(num_running)
 
@@ -191,6 +201,7 @@ class Speculator:
         self.stats.record(k, num_accepted)
         rate = num_accepted / k
         seq.spec_acceptance += ACCEPTANCE_SMOOTHING * (rate - seq.spec_acceptance)
+        self.acceptance_prior += PRIOR_SMOOTHING * (rate - self.acceptance_prior)
         if seq.spec_acceptance < self.config.min_acceptance_rate:
             seq.spec_paused_until = self.step_index + self.config.pause_steps
             seq.spec_acceptance = 1.0  # after the pause it gets a fresh chance
