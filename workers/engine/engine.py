@@ -207,9 +207,10 @@ class LLMEngine(BlockingHelpers):
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration over everything scheduled; return what each request gained."""
-        started = time.perf_counter()
         outputs, self._pending = self._pending, []
         started = time.perf_counter()
+        if self.speculator:
+            self.speculator.start_step()
         batch = self.scheduler.schedule()
         assert batch.seqs or not self.scheduler.has_unfinished, "the scheduler made no progress"
         if self.tier is not None:  # before the model overwrites evicted blocks
@@ -230,8 +231,8 @@ class LLMEngine(BlockingHelpers):
             num_generated = len(result.sampled_seqs) + sum(
                 len(o.new_token_ids) for o in spec_outputs
             )
-        if self.speculator:  # its cost model times the whole step, proposals to verification
-            self.speculator.end_step(time.perf_counter() - started)
+        if self.speculator:  # its cost model times the whole step, scheduling to verification
+            self.speculator.end_step()
         self.stats_counters.record_step(
             batch, num_generated, self.scheduler, num_spec_tokens=num_spec_tokens
         )

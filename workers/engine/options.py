@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -60,4 +61,8 @@ def speculator_build(
             dtype=dtype,
             uniform=lambda seq: uniform(seq, generator),
         )
-    return Speculator(spec, proposer, max_model_len=max_model_len, generator=generator)
+    # The cost model's clock: on a CPU the engine thread's CPU time (steps stretched by other
+    # processes on the machine are not longer in it); on an accelerator the host's wall time
+    # (the step waits there for the device's work, which no CPU clock sees).
+    clock = time.thread_time if device.type == "cpu" else time.perf_counter
+    return Speculator(spec, proposer, max_model_len=max_model_len, generator=generator, clock=clock)

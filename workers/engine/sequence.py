@@ -70,6 +70,8 @@ class Sequence:
         "draft_num_computed",
         "spec_acceptance",
         "spec_paused_until",
+        "spec_is_on",
+        "spec_is_new",
         "guide",
     )
 
@@ -122,12 +124,16 @@ class Sequence:
         self.top_logprobs: list[dict[int, float]] = []
         # Speculative decoding: this step's draft tokens (after the last token, not yet verified),
         # the draft model's distribution for each ([k, vocab]; None for n-gram or greedy),
-        # tokens whose K/V the draft model has in the cache, and the acceptance rate lately.
+        # tokens whose K/V the draft model has in the cache, the acceptance rate lately, and
+        # whether the adaptive controller last had it speculating (its hysteresis), and whether
+        # that controller has yet to see it (then its acceptance starts from the engine's).
         self.spec_token_ids: list[int] = []
         self.spec_draft_probs: torch.Tensor | None = None
         self.draft_num_computed = 0
         self.spec_acceptance = 1.0
         self.spec_paused_until = 0
+        self.spec_is_on = True
+        self.spec_is_new = True
         self.guide: Guide | None = None  # JSON mode, schemas, tool calls; set by the engine
 
     @property

@@ -105,6 +105,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="spec: the sweep's workloads, comma-separated: edit, code",
     )
     p.add_argument(
+        "--sweep-only",
+        action="store_true",
+        help="spec: leave out the batch 1 and 8 table, run only the sweep",
+    )
+    p.add_argument(
         "--group-size", type=int, default=128, choices=[32, 64, 128], help="int4 group size (quant)"
     )
     p.add_argument(
@@ -194,6 +199,7 @@ def _second_half(args: argparse.Namespace, sections: list[str]) -> dict[str, Any
             sweep_batches=tuple(int(b) for b in args.sweep_batches.split(",") if b.strip()),
             sweep_repeat=args.sweep_repeat,
             sweep_workloads=tuple(w.strip() for w in args.sweep_workloads.split(",") if w.strip()),
+            table=not args.sweep_only,
         )
         spec_print(out["speculation"])
     if "quant" in sections:

@@ -10,6 +10,7 @@ token by token with the target alone.
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -88,15 +89,17 @@ def spec_section(
     sweep_batches: tuple[int, ...] = SWEEP_BATCHES,
     sweep_repeat: int = 3,
     sweep_workloads: tuple[str, ...] = ("edit",),
+    table: bool = True,
 ) -> dict[str, Any]:
-    """The table (batch 1 and 8, each mode's fastest of ``repeat`` runs), then the sweep over
-    ``sweep_batches`` on ``sweep_workloads`` (``sweep_repeat`` 0: none)."""
+    """The table (batch 1 and 8, each mode's fastest of ``repeat`` runs; ``table`` False: left
+    out), then the sweep over ``sweep_batches`` on ``sweep_workloads`` (``sweep_repeat`` 0:
+    none)."""
     num = 4 if quick else 16
     workloads = spec_workloads(heldout_files, num=num, prompt_bytes=192)
     max_tokens = 32 if quick else 128
     engines = spec_engines(target, draft, k, workloads["code"][0])
     rows: dict[str, Any] = {}
-    for workload, prompts in workloads.items():
+    for workload, prompts in workloads.items() if table else ():
         for batch in (1, min(8, num)):
             best: dict[str, tuple[float, list[list[int]], float, tuple[int, int, int]]] = {}
             for _ in range(repeat):  # interleaved; each keeps its fastest run
@@ -133,36 +136,44 @@ def spec_sweep(
     repeat: int,
     max_tokens: int,
 ) -> dict[str, Any]:
-    """Every mode at every batch size, ``repeat`` times. Within a repeat the modes run one
-    after another (starting one further along each repeat), so drift on a shared machine hits
-    them alike; each run's tok/s is divided by ``none``'s of the same repeat. Per mode and
-    batch size: the median ratio and its spread (min-max over repeats); per adaptive mode,
-    whether it is at least ``none`` and at least 0.95x its forced method (medians). At batch
-    b there are max(b, prompts) requests (prompts repeated), b in flight at a time."""
+    """Every mode at every batch size, ``repeat`` rounds. Within a round every mode runs once,
+    one after another (starting one further along each round), so drift on a shared machine
+    hits them alike; each run's tok/s, and its process CPU seconds, are compared with
+    ``none``'s of the same round. Per mode and batch size: the median ratio and its spread
+    (min-max over rounds), on wall time and on CPU seconds; per adaptive mode and measure,
+    whether it is at least ``none``, at least 0.95x its own forced method and at least 0.95x
+    the best forced method (medians). At batch b there are max(b, prompts) requests (prompts
+    repeated), b in flight at a time."""
     names = list(engines)
     results: dict[str, Any] = {}
+    load_start = _load()
     for workload, prompts in workloads.items():
         per_batch: dict[str, Any] = {}
         for batch in batch_sizes:
             cell = [prompts[i % len(prompts)] for i in range(max(batch, len(prompts)))]
-            runs: dict[str, list[tuple[float, list[list[int]], float]]] = {n: [] for n in names}
+            runs: dict[str, list[tuple]] = {n: [] for n in names}
+            load = [_load()]
             for r in range(repeat):
                 for name in names[r % len(names) :] + names[: r % len(names)]:
-                    tok_s, outs, cpu, _ = _run(engines[name], cell, batch, max_tokens)
-                    runs[name].append((tok_s, outs, cpu))
+                    run = _run(engines[name], cell, batch, max_tokens)
+                    runs[name].append(run)
                     print(
-                        f"[spec sweep] {workload} batch {batch} repeat {r + 1}: {name}"
-                        f" {tok_s:.1f} tok/s",
+                        f"[spec sweep] {workload} batch {batch} round {r + 1}: {name}"
+                        f" {run[0]:.1f} tok/s, {run[2]:.2f} CPU s",
                         file=sys.stderr,
                         flush=True,
                     )
-            per_batch[str(batch)] = _sweep_cell(runs)
+            load.append(_load())
+            per_batch[str(batch)] = {**_sweep_cell(runs), "load_avg": load}
         results[workload] = per_batch
     return {
         "batch_sizes": list(batch_sizes),
         "repeat": repeat,
         "max_tokens": max_tokens,
         "modes": names,
+        # The 1-minute load average when the sweep started and ended (2 cores: above 2, the
+        # runs waited for the cores).
+        "load_avg": [load_start, _load()],
         "results": results,
         # What the adaptive engines had measured by the end: per batch-size bucket, one
         # sequence's share of a plain step, what a draft token adds, and their quotient (the
@@ -177,35 +188,67 @@ def spec_sweep(
     }
 
 
-def _sweep_cell(runs: dict[str, list[tuple[float, list[list[int]], float]]]) -> dict[str, Any]:
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+MEASURES = ("wall", "cpu")
+
+
+def _sweep_cell(runs: dict[str, list[tuple]]) -> dict[str, Any]:
     base = runs["none"]
     cell: dict[str, Any] = {}
     for name, mode_runs in runs.items():
         pairs = list(zip(mode_runs, base, strict=True))
-        ratios = sorted(run[0] / b[0] for run, b in pairs)
+        # Wall: tok/s over none's tok/s. CPU: none's CPU seconds over this mode's, for the same
+        # tokens (greedy, fixed lengths): tokens per CPU second, less hurt by descheduling.
+        wall = sorted(run[0] / b[0] for run, b in pairs)
+        cpu = sorted(b[2] / run[2] for run, b in pairs if run[2] > 0)
+        drafted = sum(run[3][1] for run in mode_runs)
+        accepted = sum(run[3][2] for run in mode_runs)
         cell[name] = {
             "tok_s": [round(run[0], 1) for run in mode_runs],
-            "ratio": round(statistics.median(ratios), 3),
-            "ratio_min": round(ratios[0], 3),
-            "ratio_max": round(ratios[-1], 3),
-            # The same work in CPU seconds (none's / this mode's): less hurt by descheduling.
-            "cpu_ratio": round(statistics.median(b[2] / run[2] for run, b in pairs if run[2]), 3)
-            if any(run[2] for run in mode_runs)
-            else None,
+            "cpu_s": [round(run[2], 2) for run in mode_runs],
+            "ratio": round(statistics.median(wall), 3),
+            "ratio_min": round(wall[0], 3),
+            "ratio_max": round(wall[-1], 3),
+            "cpu_ratio": round(statistics.median(cpu), 3) if cpu else None,
+            "cpu_ratio_min": round(cpu[0], 3) if cpu else None,
+            "cpu_ratio_max": round(cpu[-1], 3) if cpu else None,
+            # Draft tokens per run (the adaptive modes' beside their forced method's: how much
+            # they speculated) and the share accepted.
+            "draft_tokens": round(drafted / len(mode_runs)),
+            "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
             "greedy_identical": all(run[1] == b[1] for run, b in pairs),
         }
-    checks = {}
-    for name in runs:
-        forced = name.removesuffix("_adaptive")
-        if forced != name and forced in runs:
-            ratio, forced_ratio = cell[name]["ratio"], cell[forced]["ratio"]
-            checks[name] = {
-                "at_least_none": ratio >= 1.0,
-                "within_5pct_of_forced": ratio >= 0.95 * forced_ratio,
-                "vs_forced": round(ratio / forced_ratio, 3) if forced_ratio else None,
-            }
-    cell["checks"] = checks
+    cell["checks"] = {
+        measure: _checks(cell, "ratio" if measure == "wall" else "cpu_ratio")
+        for measure in MEASURES
+    }
     return cell
+
+
+def _checks(cell: dict[str, Any], key: str) -> dict[str, Any]:
+    """Per adaptive mode: >= none, >= 0.95x its own forced method, >= 0.95x the best forced
+    method (all medians of ``key``)."""
+    forced = [n for n in cell if n != "none" and not n.endswith("_adaptive")]
+    best = max(forced, key=lambda n: cell[n][key] or 0.0) if forced else None
+    checks: dict[str, Any] = {}
+    for name in cell:
+        own = name.removesuffix("_adaptive")
+        if own == name or own not in cell or cell[name][key] is None:
+            continue
+        ratio, own_ratio = cell[name][key], cell[own][key]
+        best_ratio = cell[best][key] if best else None
+        checks[name] = {
+            "at_least_none": ratio >= 1.0,
+            "within_5pct_of_forced": bool(own_ratio) and ratio >= 0.95 * own_ratio,
+            "vs_forced": round(ratio / own_ratio, 3) if own_ratio else None,
+            "best_forced": best,
+            "within_5pct_of_best_forced": bool(best_ratio) and ratio >= 0.95 * best_ratio,
+            "vs_best_forced": round(ratio / best_ratio, 3) if best_ratio else None,
+        }
+    return checks
 
 
 def _row(best: dict[str, tuple]) -> dict[str, Any]:
@@ -237,7 +280,8 @@ def spec_print(section: dict[str, Any]) -> None:
         f"  {'workload':<16}{'method':<16}{'tok/s':>9}{'x none':>8}{'CPU x':>8}{'accept':>8}"
         f"{'mean len':>10}  identical"
     )
-    print(header)
+    if section["results"]:
+        print(header)
     for workload, row in section["results"].items():
         print(f"  {workload:<16}{'none':<16}{row['none']['tok_s']:>9.1f}")
         for name, r in row.items():
@@ -257,25 +301,49 @@ def spec_print(section: dict[str, Any]) -> None:
 
 
 def spec_sweep_print(sweep: dict[str, Any]) -> None:
+    load = sweep.get("load_avg", [None, None])
     print(
-        f"speculation sweep: {sweep['max_tokens']} tokens per request, {sweep['repeat']} repeats"
-        " interleaved; tok/s ratio to none, median [min-max over repeats]"
+        f"speculation sweep: {sweep['max_tokens']} tokens per request, {sweep['repeat']} rounds,"
+        " modes interleaved; ratio to none, median [min-max over rounds], wall (tok/s) and CPU"
+        f" (process CPU seconds); load average {load[0]} at start, {load[1]} at end"
     )
     modes = [m for m in sweep["modes"] if m != "none"]
     for workload, per_batch in sweep["results"].items():
-        print(f"  {workload:<8}{'batch':>6}{'none tok/s':>12}" + "".join(f"{m:>22}" for m in modes))
+        print(
+            f"  {workload:<6}{'batch':>6}{'none tok/s':>12}{'':>2}"
+            + "".join(f"{m:<36}" for m in modes)
+        )
         for batch, cell in per_batch.items():
             none = statistics.median(cell["none"]["tok_s"])
-            line = f"  {'':<8}{batch:>6}{none:>12.1f}"
+            line = f"  {'':<6}{batch:>6}{none:>12.1f}{'':>2}"
             for m in modes:
                 c = cell[m]
                 mark = "" if c["greedy_identical"] else "!"
-                line += f"{c['ratio']:>8.2f} [{c['ratio_min']:.2f}-{c['ratio_max']:.2f}]{mark:<2}"
+                text = f"{c['ratio']:.2f} [{c['ratio_min']:.2f}-{c['ratio_max']:.2f}]"
+                if c["cpu_ratio"] is not None:
+                    text += f" cpu {c['cpu_ratio']:.2f} [{c['cpu_ratio_min']:.2f}-"
+                    text += f"{c['cpu_ratio_max']:.2f}]"
+                line += f"{text + mark:<36}"
             print(line)
-            for name, check in cell["checks"].items():
-                print(
-                    f"  {'':<14}{name}: >= none {check['at_least_none']},"
-                    f" >= 0.95x forced {check['within_5pct_of_forced']}"
-                    f" ({check['vs_forced']}x forced)"
-                )
+            for measure, checks in cell["checks"].items():
+                for name, check in checks.items():
+                    print(
+                        f"  {'':<12}{measure:<5}{name}: >= none {_yes(check['at_least_none'])},"
+                        f" >= 0.95x {name.removesuffix('_adaptive')}"
+                        f" {_yes(check['within_5pct_of_forced'])} ({check['vs_forced']}x),"
+                        f" >= 0.95x best forced ({check['best_forced']})"
+                        f" {_yes(check['within_5pct_of_best_forced'])}"
+                        f" ({check['vs_best_forced']}x)"
+                    )
+            if "load_avg" in cell:
+                print(f"  {'':<12}load average {cell['load_avg'][0]} -> {cell['load_avg'][1]}")
+    for name, buckets in sweep.get("costs", {}).items():
+        text = ", ".join(
+            f"{b}: {c['break_even_acceptance']}" for b, c in buckets.items() if c["plain_us"]
+        )
+        print(f"  {name} break-even acceptance per batch bucket: {text}")
     print("  (! after a ratio: greedy output differed from none's)")
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "NO"

@@ -4,8 +4,16 @@ A decode-only step (no prefill chunk in it) with ``num_seqs`` sequences and ``nu
 tokens in all is modelled as ``num_seqs * plain + num_drafts * draft`` seconds, per bucket of
 batch size: ``plain`` is one sequence's share of a step without speculation, ``draft`` what one
 more draft token adds (its slot in the target's pass, its verification, and the proposer's
-work for it: the draft model's passes, next to nothing for prompt lookup). Both are
-exponential averages of measured wall time, so they follow the machine and the load.
+work for it: the draft model's passes, next to nothing for prompt lookup).
+
+The seconds are the engine thread's CPU time on a CPU device (a step descheduled by other
+processes on the machine is not longer in it) and wall time on an accelerator (what the host
+waits for there is the device's work); see ``Speculator``. Each estimate is the median of the
+bucket's last ``COST_WINDOW`` samples of its kind, so a few steps stretched by a page fault, a
+collection or another process move it not at all: ``plain`` of the plain steps' per-sequence
+shares, ``draft`` of what each step with drafts took beyond ``num_seqs * plain`` (with the
+current ``plain``), per draft token. A noisy sample can make that difference negative; the
+estimate is clamped at zero (a draft token never makes a step cheaper).
 
 A sequence whose drafts are accepted at rate ``a`` (accepted / drafted) and that drafts ``k``
 tokens emits ``1 + a * k`` tokens in ``plain + k * draft`` seconds instead of 1 in ``plain``:
@@ -14,10 +22,13 @@ speculation pays exactly when ``a * plain > draft``, whatever ``k`` (``speculati
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 
-# How fast the estimates follow new measurements (weight of the newest step).
-COST_SMOOTHING = 0.2
+# Samples of each kind (plain steps, steps with drafts) kept per bucket; the estimates are
+# their medians. Odd, so the median is one sample.
+COST_WINDOW = 15
 # Batch sizes up to this many are buckets of their own; beyond it, powers of two.
 EXACT_BUCKETS = 8
 
@@ -30,32 +41,51 @@ def cost_bucket(num_seqs: int) -> int:
     return 1 << (num_seqs - 1).bit_length()
 
 
-def speculation_pays(acceptance: float, plain_s: float | None, draft_s: float | None) -> bool:
+def speculation_pays(
+    acceptance: float, plain_s: float | None, draft_s: float | None, *, margin: float = 0.0
+) -> bool:
     """Whether a sequence with this acceptance rate (accepted / drafted, smoothed) emits more
     tokens per second speculating than decoding alone, given one sequence's share of a plain
     step (``plain_s``) and the seconds one draft token adds (``draft_s``).
 
     Per step it emits ``1 + a k`` tokens in ``plain_s + k draft_s`` seconds, against 1 token in
-    ``plain_s``; the first is larger exactly when ``a plain_s > draft_s``. With either cost
-    still unmeasured the answer is yes: a fresh engine speculates (an optimistic prior) and
-    measures."""
+    ``plain_s``; the first is larger exactly when ``a plain_s > draft_s``. ``margin`` moves the
+    bar to ``(1 + margin) draft_s`` (the controller's hysteresis: a positive margin to switch on,
+    a negative one to stay on). With either cost still unmeasured the answer is yes: a fresh
+    engine speculates (an optimistic prior) and measures."""
     if plain_s is None or draft_s is None:
         return True
-    return acceptance * plain_s > draft_s
+    return acceptance * plain_s > (1.0 + margin) * draft_s
 
 
 @dataclass(slots=True)
 class BucketCosts:
-    """The estimates of one batch-size bucket (None: not measured yet)."""
+    """The samples and estimates of one batch-size bucket (None: not measured yet)."""
 
-    plain_s: float | None = None  # one sequence's share of a step without drafts
-    draft_s: float | None = None  # seconds one draft token adds to a step
+    plain_s: float | None = None  # one sequence's share of a step without drafts (median)
+    draft_s: float | None = None  # seconds one draft token adds to a step (median, >= 0)
     num_steps: int = 0  # decode-only steps measured here
     num_plain_steps: int = 0
     num_spec_steps: int = 0
-    # A step with drafts measured before any plain one: (seconds, sequences, drafts), used
-    # once the plain cost is known.
-    pending: tuple[float, int, int] | None = None
+    num_negative_drafts: int = 0  # steps with drafts that took less than their plain share
+    # The last COST_WINDOW plain steps' seconds per sequence.
+    plain_samples: deque[float] = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
+    # The last COST_WINDOW steps with drafts: (seconds, sequences, draft tokens). Kept whole,
+    # so the draft cost follows the plain cost when that moves (and a step with drafts measured
+    # before any plain one counts once the plain cost is known).
+    spec_samples: deque[tuple[float, int, int]] = field(
+        default_factory=lambda: deque(maxlen=COST_WINDOW)
+    )
+
+    def estimate(self) -> None:
+        """Recompute both medians from the samples."""
+        if self.plain_samples:
+            self.plain_s = statistics.median(self.plain_samples)
+        if self.plain_s is None or not self.spec_samples:
+            return
+        plain_s = self.plain_s
+        extras = [(s - n * plain_s) / d for s, n, d in self.spec_samples]
+        self.draft_s = max(statistics.median(extras), 0.0)
 
 
 class StepCosts:
@@ -73,26 +103,25 @@ class StepCosts:
 
     def record(self, num_seqs: int, num_drafts: int, seconds: float) -> None:
         """One decode-only step: ``num_seqs`` sequences, ``num_drafts`` draft tokens in all,
-        ``seconds`` of wall time (scheduling, proposals, the target's pass, verification)."""
+        ``seconds`` it took (scheduling, proposals, the target's pass, verification). A step
+        measured as taking no time (a clock too coarse for it) is not a sample."""
         if num_seqs < 1 or seconds <= 0.0:
             return
         costs = self.bucket(num_seqs)
         costs.num_steps += 1
         if num_drafts == 0:
             costs.num_plain_steps += 1
-            costs.plain_s = _smooth(costs.plain_s, seconds / num_seqs)
-            if costs.pending is not None:
-                (seconds, num_seqs, num_drafts), costs.pending = costs.pending, None
-                _draft_update(costs, seconds, num_seqs, num_drafts)
-            return
-        costs.num_spec_steps += 1
-        if costs.plain_s is None:
-            costs.pending = (seconds, num_seqs, num_drafts)
+            costs.plain_samples.append(seconds / num_seqs)
         else:
-            _draft_update(costs, seconds, num_seqs, num_drafts)
+            costs.num_spec_steps += 1
+            costs.spec_samples.append((seconds, num_seqs, num_drafts))
+            if costs.plain_s is not None and seconds < num_seqs * costs.plain_s:
+                costs.num_negative_drafts += 1
+        costs.estimate()
 
     def snapshot(self) -> dict[int, dict[str, float | int | None]]:
-        """Per bucket: microseconds per plain sequence and per draft token, steps measured."""
+        """Per bucket: microseconds per plain sequence and per draft token, the acceptance rate
+        above which speculating pays, steps measured."""
         return {
             key: {
                 "plain_us": None if c.plain_s is None else round(c.plain_s * 1e6, 1),
@@ -102,18 +131,7 @@ class StepCosts:
                 else None,
                 "num_plain_steps": c.num_plain_steps,
                 "num_spec_steps": c.num_spec_steps,
+                "num_negative_drafts": c.num_negative_drafts,
             }
             for key, c in sorted(self.buckets.items())
         }
-
-
-def _draft_update(costs: BucketCosts, seconds: float, num_seqs: int, num_drafts: int) -> None:
-    """What the step took beyond its plain share, per draft token (one noisy sample can be
-    negative; the average stays meaningful)."""
-    assert costs.plain_s is not None, "a draft token's cost is measured against a plain step"
-    extra = (seconds - num_seqs * costs.plain_s) / num_drafts
-    costs.draft_s = _smooth(costs.draft_s, extra)
-
-
-def _smooth(old: float | None, new: float) -> float:
-    return new if old is None else old + COST_SMOOTHING * (new - old)

@@ -5,12 +5,17 @@ Who speculates: the hard rules first (the request allows it, no penalties, guide
 ``min_tokens`` reached; a seeded sampled request by config alone; the optional batch cap and
 acceptance pause), then, when the config is adaptive, the measured costs: a sequence drafts
 when its smoothed acceptance makes a step with drafts yield more tokens per second than one
-without at the current batch size (``costs.speculation_pays``). Two steps in a row out of
-every ``explore_interval`` of a batch-size bucket do the opposite, so both costs and every
-sequence's acceptance stay measured."""
+without at the current batch size (``costs.speculation_pays``; a new sequence's acceptance
+starts from the engine's recent one), with hysteresis: a sequence
+that speculated last time stops only once the rule fails by ``SWITCH_MARGIN``, one that did not
+starts only once it passes by as much. Two steps in a row out of every ``explore_interval`` of a
+batch-size bucket do the opposite, so both costs and every sequence's acceptance stay
+measured."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -23,6 +28,9 @@ from workers.engine.spec.rejection import verify
 
 # How fast a request's acceptance rate follows its latest verifications (an exponential average).
 ACCEPTANCE_SMOOTHING = 0.3
+# How fast the engine's acceptance rate, every verification's (where a new request's starts),
+# follows them: about the last 20 verifications.
+PRIOR_SMOOTHING = 0.05
 # A bucket with a cost still unmeasured explores this often: its first step speculates (the
 # optimistic prior), its next two decode plainly, the fourth speculates again, so both costs
 # are known within a few steps.
@@ -31,6 +39,12 @@ EXPLORE_INTERVAL_UNMEASURED = 4
 # first speculative step after a prompt or after steps without drafts) did one-off work: such
 # a step is not a measure of what speculation costs step after step, and is not recorded.
 STEADY_CATCH_UP_TOKENS = 2
+# Hysteresis of the cost rule, relative to a draft token's cost: a speculating sequence stops
+# when acceptance x plain < (1 - margin) x draft, one that is not starts when it exceeds
+# (1 + margin) x draft. Inside that band either choice is within a few per cent of the other
+# (at most margin x a k / (1 + a k) of the throughput), so estimates that wobble around the
+# break-even point do not switch a sequence back and forth.
+SWITCH_MARGIN = 0.05
 
 
 class Proposer(Protocol):
@@ -80,17 +94,24 @@ class Speculator:
         *,
         max_model_len: int,
         generator: torch.Generator,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.config = config
+        self.clock = clock  # what the cost model measures a step in (seconds)
         self.proposer = proposer
         self.max_model_len = max_model_len
         self.generator = generator  # the engine sampler's: unseeded requests draw from it
         self.stats = SpecStats(config.num_speculative_tokens)
         self.step_index = 0
         self.costs = StepCosts()
+        # A new sequence's acceptance before its own verifications: the engine's lately (1.0,
+        # optimistic, until anything is verified). A request's first steps would otherwise
+        # speculate at any acceptance, and short answers are mostly first steps.
+        self.acceptance_prior = 1.0
         self.num_decided: dict[int, int] = {}  # bucket -> steps decided in it
         self._decided_buckets: set[int] = set()  # this step's
         self._step_shape: tuple[int, int] | None = None  # a decode-only step: (seqs, drafts)
+        self._step_started: float | None = None
 
     def lookahead(self, seq: Sequence, num_running: int) -> int:
         """Draft slots for a decoding sequence this step; 0: it decodes one token as usual."""
@@ -125,13 +146,17 @@ class Speculator:
         if not self.config.is_adaptive:
             return True
         self._decided_buckets.add(cost_bucket(num_running))
-        return self.is_paying(seq.spec_acceptance, num_running) != self.is_exploring(num_running)
+        if seq.spec_is_new:
+            seq.spec_acceptance, seq.spec_is_new = self.acceptance_prior, False
+        seq.spec_is_on = self.is_paying(seq.spec_acceptance, num_running, is_on=seq.spec_is_on)
+        return seq.spec_is_on != self.is_exploring(num_running)
 
-    def is_paying(self, acceptance: float, num_running: int) -> bool:
+    def is_paying(self, acceptance: float, num_running: int, *, is_on: bool = True) -> bool:
         """The cost rule: whether a sequence with this acceptance speculates at this batch
-        size."""
+        size, given whether it did last time (``is_on``: the hysteresis's side)."""
         costs = self.costs.bucket(num_running)
-        return speculation_pays(acceptance, costs.plain_s, costs.draft_s)
+        margin = -SWITCH_MARGIN if is_on else SWITCH_MARGIN
+        return speculation_pays(acceptance, costs.plain_s, costs.draft_s, margin=margin)
 
     def is_exploring(self, num_running: int) -> bool:
         """Whether this step does the opposite of the cost rule, to keep its estimates fresh:
@@ -176,6 +201,7 @@ class Speculator:
         self.stats.record(k, num_accepted)
         rate = num_accepted / k
         seq.spec_acceptance += ACCEPTANCE_SMOOTHING * (rate - seq.spec_acceptance)
+        self.acceptance_prior += PRIOR_SMOOTHING * (rate - self.acceptance_prior)
         if seq.spec_acceptance < self.config.min_acceptance_rate:
             seq.spec_paused_until = self.step_index + self.config.pause_steps
             seq.spec_acceptance = 1.0  # after the pause it gets a fresh chance
@@ -186,11 +212,15 @@ class Speculator:
         seq.spec_draft_probs = None
         seq.draft_num_computed = min(seq.draft_num_computed, seq.num_computed_tokens)
 
-    def end_step(self, seconds: float) -> None:
-        """The step took ``seconds`` of wall time: a decode-only one feeds the cost model."""
-        if self._step_shape is not None:
-            self.costs.record(*self._step_shape, seconds)
-        self._step_shape = None
+    def start_step(self) -> None:
+        """The engine starts a step (before scheduling): the cost model's clock starts."""
+        self._step_started = self.clock()
+
+    def end_step(self) -> None:
+        """The step is done (verified): a decode-only one feeds the cost model what it took."""
+        if self._step_shape is not None and self._step_started is not None:
+            self.costs.record(*self._step_shape, self.clock() - self._step_started)
+        self._step_shape = self._step_started = None
         for bucket in self._decided_buckets:
             self.num_decided[bucket] = self.num_decided.get(bucket, 0) + 1
         self._decided_buckets.clear()
