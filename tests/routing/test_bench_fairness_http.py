@@ -57,4 +57,9 @@ def test_bench_fairness_http_reports_each_phase_and_the_ratios(subprocess_env, t
     assert phases["flood/on"]["fair_preemptions"] > 0
     alone = phases["alone"]["quiet_p50_ms"]
     assert result["quiet_p50_ratio_on"] == round(phases["flood/on"]["quiet_p50_ms"] / alone, 2)
+    on, off = phases["flood/on"], phases["flood/off"]
+    for figure in ("output_tokens_per_s", "processed_tokens_per_s", "requests_per_s"):
+        assert result[f"{figure}_on_over_off"] == round(on[figure] / off[figure], 3)
+    for row in phases.values():  # prompts count in the work done
+        assert row["processed_tokens_per_s"] > row["output_tokens_per_s"]
     assert "quiet p50 under the flood" in done.stdout
