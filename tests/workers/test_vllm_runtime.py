@@ -437,8 +437,12 @@ def test_warm_shutdown_drains_the_vllm_model_then_stops_its_child(pool, llama, t
             if len(chunks) == 3 and line:
                 worker.proc.send_signal(signal.SIGTERM)  # warm shutdown
     # It ran to its end. CI saw it end without usage twice: the message carries the whole tail
-    # as text (a list there is cut short by pytest's repr) and how many chunks came.
-    tail = f"{len(chunks)} chunks; last 3: {json.dumps(chunks[-3:])}"
+    # as text (a list there is cut short by pytest's repr), how many chunks came, and both
+    # processes' last log lines (which side ended the stream: the API's drain, a run's error).
+    tail = (
+        f"{len(chunks)} chunks; last 3: {json.dumps(chunks[-3:])}\n"
+        f"--- API log:\n{llama.output()[-3000:]}\n--- worker log:\n{worker.output()[-3000:]}"
+    )
     assert (chunks[-1].get("usage") or {}).get("completion_tokens") == 150, tail
     assert worker.proc.wait(timeout=60) == 0
     record = UsageRecord.objects.get()
