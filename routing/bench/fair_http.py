@@ -4,17 +4,19 @@ The distributed mode as deployed (uvicorn -> admission -> the Redis fair queue -
 GPU worker of `--slots` slots -> the stream back), with two tenants: a quiet one with
 `--quiet-clients` closed-loop clients and a flooding one with `--flood-clients`, every
 request a streamed completion of a seeded token-id prompt. Three phases of `--seconds` each,
-one worker process per configuration:
+in this order (alone and flood/on share a worker process, flood/off has its own; one API
+process serves all three):
 
   alone      the quiet tenant by itself;
-  flood/off  both tenants, FAIRLANE_FAIR_EXTRA_SLOTS=0 (a flood holds every slot: the quiet
-             tenant's request waits for a flood request to finish);
   flood/on   both tenants, FAIRLANE_FAIR_EXTRA_SLOTS=`--extra` (the worker takes the quiet
-             tenant's request beyond its slots and its engine preempts a flood sequence).
+             tenant's request beyond its slots and its engine preempts a flood sequence);
+  flood/off  both tenants, FAIRLANE_FAIR_EXTRA_SLOTS=0 (a flood holds every slot: the quiet
+             tenant's request waits for a flood request to finish).
 
 Printed: the quiet tenant's latency p50/p95 (and TTFT) per phase with its ratio to alone
-(goal with fairness on: p50 within 1.8x of alone), and the total output tokens/s under the
-flood with fairness on against off (goal: within 5 %). The last line is one JSON object.
+(goal with fairness on: p50 within 1.8x of alone), and the throughput under the flood with
+fairness on against off (goal: within 5 %) as tokens processed (prompt + output), output
+tokens and requests per second. The last line is one JSON object.
 """
 
 from __future__ import annotations
