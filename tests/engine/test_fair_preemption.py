@@ -49,6 +49,16 @@ class Recorder:
         assert_no_leaks(self.engine)
 
 
+def _fair(make_engine, *, slots: int, policy: FairSharePolicy | None = None) -> Recorder:
+    return Recorder(
+        make_engine(
+            max_num_seqs=slots,
+            is_fair_preemption_enabled=True,
+            policy=policy or FairSharePolicy(lanes=LANES),
+        )
+    )
+
+
 def _scenario(make_engine, *, fair: bool) -> Recorder:
     run = Recorder(
         make_engine(
@@ -82,11 +92,7 @@ def test_a_quiet_tenant_runs_at_once_and_the_flood_loses_nothing(make_engine):
 def test_the_preempted_tenant_does_not_take_its_slot_back(make_engine):
     """No thrash: while the flood is over its share, its waiting sequence preempts nobody,
     and the quiet tenant is preempted by nobody, however many steps it runs."""
-    run = Recorder(
-        make_engine(
-            max_num_seqs=4, is_fair_preemption_enabled=True, policy=FairSharePolicy(lanes=LANES)
-        )
-    )
+    run = _fair(make_engine, slots=4)
     engine = run.engine
     run.fill("flood", 4)
     run.step()
@@ -107,7 +113,7 @@ def test_weights_set_the_share(make_engine):
     """Weight 3 against 1 on 4 slots: the heavy tenant may hold 3, so the light one, holding
     all 4, gives up 3 (not 2)."""
     policy = FairSharePolicy(lanes=LANES, tenant_weights={"gold": 3.0})
-    run = Recorder(make_engine(max_num_seqs=4, is_fair_preemption_enabled=True, policy=policy))
+    run = _fair(make_engine, slots=4, policy=policy)
     engine = run.engine
     run.fill("plain", 4)
     run.step()
@@ -122,11 +128,7 @@ def test_weights_set_the_share(make_engine):
 
 
 def test_a_lower_lane_never_preempts_a_higher_one(make_engine):
-    run = Recorder(
-        make_engine(
-            max_num_seqs=2, is_fair_preemption_enabled=True, policy=FairSharePolicy(lanes=LANES)
-        )
-    )
+    run = _fair(make_engine, slots=2)
     engine = run.engine
     run.fill("flood", 2, lane="realtime")
     run.step()
@@ -140,11 +142,7 @@ def test_a_lower_lane_never_preempts_a_higher_one(make_engine):
 
 
 def test_one_tenant_alone_is_never_preempted_for_itself(make_engine):
-    run = Recorder(
-        make_engine(
-            max_num_seqs=2, is_fair_preemption_enabled=True, policy=FairSharePolicy(lanes=LANES)
-        )
-    )
+    run = _fair(make_engine, slots=2)
     run.fill("flood", 2)
     run.engine.add_request([9] * 12, SHORT, request_id="flood-late", tenant="flood")
     run.to_end()
