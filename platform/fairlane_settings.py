@@ -171,6 +171,10 @@ FAIRLANE_WORKER_CONCURRENCY = env_int("FAIRLANE_WORKER_CONCURRENCY", 64)
 FAIRLANE_FAIR_EXTRA_SLOTS = env_int("FAIRLANE_FAIR_EXTRA_SLOTS", 4)
 if FAIRLANE_FAIR_EXTRA_SLOTS < 0:
     raise ImproperlyConfigured("FAIRLANE_FAIR_EXTRA_SLOTS must be >= 0 (0: off)")
+# With it: while a tenant runs under its share, the others run at most their share of each
+# engine step (the rest of their sequences wait a step). On a CPU, where a step's cost grows
+# with its sequences, the quiet tenant then decodes in smaller, faster steps.
+FAIRLANE_ENGINE_FAIR_STEP_SHARE = env_bool("FAIRLANE_ENGINE_FAIR_STEP_SHARE", False)
 # A worker's last free sequence slots take realtime requests only.
 FAIRLANE_REALTIME_RESERVED_SLOTS = env_int("FAIRLANE_REALTIME_RESERVED_SLOTS", 2)
 # How often an idle or full worker looks at the queue again.

@@ -79,6 +79,7 @@ def _env(args, extra: int, namespace: str) -> dict:
         "FAIRLANE_WORKER_CONCURRENCY": str(args.slots),
         "FAIRLANE_REALTIME_RESERVED_SLOTS": "0",
         "FAIRLANE_FAIR_EXTRA_SLOTS": str(extra),
+        "FAIRLANE_ENGINE_FAIR_STEP_SHARE": "1" if args.step_share else "0",
         "FAIRLANE_ENGINE_THREADS": str(args.threads),
         "FAIRLANE_HEARTBEAT_SECONDS": "1",
         # A queue of its own, so nothing a test or an earlier run left queued reaches it.
@@ -233,6 +234,7 @@ def run_http(args) -> dict:
         "preset": args.preset,
         "slots": args.slots,
         "extra": args.extra,
+        "step_share": args.step_share,
         "quiet_clients": args.quiet_clients,
         "flood_clients": args.flood_clients,
         "phases": phases,
@@ -255,7 +257,8 @@ def run_http(args) -> dict:
 def _print(result: dict) -> None:
     print(
         f"fairness inside the batch, over HTTP: {result['preset']}, one worker of "
-        f"{result['slots']} slots (+{result['extra']} for fairness), quiet tenant "
+        f"{result['slots']} slots (+{result['extra']} for fairness"
+        f"{', step share' if result['step_share'] else ''}), quiet tenant "
         f"{result['quiet_clients']} clients, flood {result['flood_clients']} clients"
     )
     print(

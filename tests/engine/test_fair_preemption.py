@@ -25,14 +25,18 @@ class Recorder:
         self.engine = engine
         self.tokens: dict[str, list[int]] = {}
         self.first: dict[str, int] = {}
+        self.made: list[set[str]] = []  # the requests that made tokens, step by step
         self.steps = 0
 
     def step(self) -> None:
         self.steps += 1
+        made = set()
         for out in self.engine.step():
             self.tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.new_token_ids:
                 self.first.setdefault(out.request_id, self.steps)
+                made.add(out.request_id)
+        self.made.append(made)
 
     def fill(self, tenant: str, n: int, *, lane: str | None = None) -> None:
         """n long requests of `tenant`, stepped until every one runs (all slots taken)."""
@@ -148,3 +152,40 @@ def test_one_tenant_alone_is_never_preempted_for_itself(make_engine):
     run.to_end()
     assert run.engine.stats()["num_fair_preemptions"] == 0
     assert run.first["flood-late"] > 30  # it waited for a slot, as it should
+
+
+def test_a_step_share_keeps_the_flood_to_its_share_of_each_step(make_engine):
+    """With is_fair_step_share_enabled, while the quiet tenant runs under its share, the flood
+    runs at most its share of each step (2 of 4 slots); its other sequences keep their blocks
+    and wait. The outputs are those of the run without the cap."""
+
+    def run(cap: bool) -> Recorder:
+        run = Recorder(
+            make_engine(
+                max_num_seqs=4,
+                is_fair_preemption_enabled=True,
+                is_fair_step_share_enabled=cap,
+                policy=FairSharePolicy(lanes=LANES),
+            )
+        )
+        run.fill("flood", 4)
+        run.step()
+        run.engine.add_request([9] * 12, LONG, request_id="quiet-0", tenant="quiet")
+        run.to_end()
+        return run
+
+    capped, plain = run(True), run(False)
+    assert capped.tokens == plain.tokens
+
+    def flood_beside_quiet(run: Recorder) -> list[int]:
+        """Flood sequences that made tokens in each step the quiet one decoded in."""
+        return [
+            sum(1 for r in made if r.startswith("flood"))
+            for made in run.made
+            if "quiet-0" in made and len(made) > 1
+        ]
+
+    # Capped: after the step that admits it, 2 flood sequences beside the quiet one; plain:
+    # the 3 left after the preemption.
+    assert max(flood_beside_quiet(capped)[1:]) == 2
+    assert max(flood_beside_quiet(plain)[1:]) == 3

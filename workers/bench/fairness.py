@@ -390,6 +390,12 @@ def run(argv: list[str] | None = None) -> dict:
     http.add_argument("--quiet-tokens", type=int, default=16, help="max_tokens of the quiet")
     http.add_argument("--flood-tokens", type=int, default=64, help="max_tokens of the flood")
     http.add_argument("--threads", type=int, default=2, help="torch threads of the engine")
+    http.add_argument(
+        "--step-share",
+        action="store_true",
+        help="FAIRLANE_ENGINE_FAIR_STEP_SHARE=1 in the worker: the flood runs at most its "
+        "share of each step while the quiet tenant runs",
+    )
     args = p.parse_args(argv)
     results_dir = Path(__file__).resolve().parents[2] / "bench-results"
     args.json_out = args.json_out or results_dir / (

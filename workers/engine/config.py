@@ -217,6 +217,11 @@ class EngineConfig:
     # tenant furthest over its share (the highest virtual token counter) is preempted for it
     # (its KV blocks kept by the prefix cache or the CPU tier where they can be).
     is_fair_preemption_enabled: bool = False
+    # With fair preemption: while a tenant runs fewer sequences than its share, each tenant over
+    # its share runs at most its share (rounded up) of them in a step; the rest keep their KV
+    # blocks and sit the step out. Where a step's cost grows with its sequences (the CPU), the
+    # tenant under its share then decodes in smaller, faster steps.
+    is_fair_step_share_enabled: bool = False
     seed: int = 0
     # torch intra-op threads; None leaves the process setting alone.
     num_threads: int | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -122,10 +123,11 @@ class Scheduler:
         Those of a yielding lane beyond its places sit the step out."""
         self.running.sort(key=self.policy.key)
         num_decodes_left = sum(1 for s in self.running if not s.is_prefilling)
+        caps = self._fair_step_caps()
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if self._gives_way(seq, yielding):
+            if self._gives_way(seq, yielding) or self._over_step_share(seq, caps):
                 num_decodes_left -= 0 if seq.is_prefilling else 1
                 i += 1
                 continue
@@ -158,6 +160,38 @@ class Scheduler:
             i += 1
         return budget
 
+    def _shares(self) -> tuple[Counter, dict[str, float]]:
+        """Running sequences per tenant, and each present tenant's weighted share of the slots
+        (over the tenants running or waiting)."""
+        running = Counter(s.tenant for s in self.running)
+        tenants = set(running) | {s.tenant for s in self.waiting}
+        weights: dict[str, float] = getattr(self.policy, "tenant_weights", {})
+        total = sum(weights.get(t, 1.0) for t in tenants) or 1.0
+        slots = self.config.max_num_seqs
+        return running, {t: slots * weights.get(t, 1.0) / total for t in tenants}
+
+    def _fair_step_caps(self) -> dict[str, int] | None:
+        """Sequences each tenant over its share may run this step, while another runs under
+        its share (is_fair_step_share_enabled); None: no cap this step."""
+        config = self.config
+        if not (config.is_fair_preemption_enabled and config.is_fair_step_share_enabled):
+            return None
+        running, shares = self._shares()
+        if len(running) < 2 or not any(n < shares[t] for t, n in running.items()):
+            return None
+        return {t: max(1, math.ceil(shares[t])) for t, n in running.items() if n > shares[t]}
+
+    @staticmethod
+    def _over_step_share(seq: Sequence, caps: dict[str, int] | None) -> bool:
+        """Whether `seq` sits this step out (its tenant ran its share of this step); if not
+        and its tenant is capped, it takes one of its places."""
+        if caps is None or seq.tenant not in caps:
+            return False
+        if caps[seq.tenant] <= 0:
+            return True
+        caps[seq.tenant] -= 1
+        return False
+
     def _num_draft_slots(self, seq: Sequence, budget: int) -> int:
         """Draft tokens a decoding sequence verifies this step: what its proposer wants, within the
         budget left after every other decode, and only if the pool has the blocks for all k + 1
@@ -186,25 +220,18 @@ class Scheduler:
         slots = self.config.max_num_seqs
         if len(self.running) < slots or not self.waiting:
             return
-        running = Counter(s.tenant for s in self.running)
-        tenants = set(running) | {s.tenant for s in self.waiting}
-        if len(tenants) < 2:
+        running, shares = self._shares()
+        if len(shares) < 2:
             return
-        weights: dict[str, float] = getattr(self.policy, "tenant_weights", {})
-        total = sum(weights.get(t, 1.0) for t in tenants)
-
-        def share(tenant: str) -> float:
-            return slots * weights.get(tenant, 1.0) / total
-
         lane_rank = getattr(self.policy, "lane_rank", None) or (lambda seq: 0)
         promoted = {id(s) for s in self.promoted}
         for seq in sorted(self.waiting, key=self.policy.key):
-            if id(seq) in promoted or running[seq.tenant] + 1 > share(seq.tenant):
+            if id(seq) in promoted or running[seq.tenant] + 1 > shares[seq.tenant]:
                 continue
             victims = [
                 v
                 for v in self.running
-                if running[v.tenant] - 1 >= share(v.tenant) and lane_rank(v) >= lane_rank(seq)
+                if running[v.tenant] - 1 >= shares[v.tenant] and lane_rank(v) >= lane_rank(seq)
             ]
             if not victims:
                 continue

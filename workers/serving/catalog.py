@@ -207,6 +207,7 @@ def model_engine_config(info: ModelInfo) -> EngineConfig:
         max_model_len=settings.FAIRLANE_MAX_MODEL_LEN,
         num_threads=settings.FAIRLANE_ENGINE_THREADS,
         is_fair_preemption_enabled=settings.FAIRLANE_FAIR_EXTRA_SLOTS > 0,
+        is_fair_step_share_enabled=settings.FAIRLANE_ENGINE_FAIR_STEP_SHARE,
         **model_engine_options(info),
         **bulk_yield(),
     )
