@@ -21,6 +21,7 @@ tokens and requests per second. The last line is one JSON object.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -281,3 +282,39 @@ def _print(result: dict) -> None:
         f"{result['output_tokens_per_s_on_over_off']:.3f}x, requests "
         f"{result['requests_per_s_on_over_off']:.3f}x"
     )
+
+
+def run(argv: list[str] | None = None) -> dict:
+    """`bench fairness --http` (routing/management/commands/bench.py sends it here)."""
+    p = argparse.ArgumentParser(
+        prog="manage.py bench fairness --http",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--http", action="store_true", help="(this scenario)")
+    p.add_argument("--quick", action="store_true", help="6 measured seconds per phase")
+    p.add_argument("--preset", default="tiny", help="model preset (default tiny)")
+    p.add_argument("--slots", type=int, default=8, help="the worker's sequence slots")
+    p.add_argument("--extra", type=int, default=4, help="FAIRLANE_FAIR_EXTRA_SLOTS when on")
+    p.add_argument("--quiet-clients", type=int, default=3)
+    p.add_argument("--flood-clients", type=int, default=48)
+    p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per phase")
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--quiet-tokens", type=int, default=16, help="max_tokens of the quiet")
+    p.add_argument("--flood-tokens", type=int, default=64, help="max_tokens of the flood")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of the engine")
+    p.add_argument(
+        "--step-share",
+        action="store_true",
+        help="FAIRLANE_ENGINE_FAIR_STEP_SHARE=1 in the worker: the flood runs at most its "
+        "share of each step while the quiet tenant runs",
+    )
+    p.add_argument("--json-out", type=Path, default=ROOT / "bench-results" / "fairness-http.json")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seconds = min(args.seconds, 6.0)
+    result = run_http(args)
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+    return result

@@ -368,49 +368,18 @@ def run(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--json-out",
         type=Path,
-        default=None,
-        help="default: bench-results/fairness.json (--http: fairness-http.json)",
+        default=Path(__file__).resolve().parents[2] / "bench-results" / "fairness.json",
     )
     p.add_argument("--models-dir", type=Path, default=Path("var/models"))
-    http = p.add_argument_group(
-        "--http: fairness inside the batch over HTTP (routing/bench/fair_http.py)"
-    )
-    http.add_argument(
+    p.add_argument(
         "--http",
         action="store_true",
-        help="run only the HTTP scenario: a quiet tenant alone, then beside a flood with "
-        "fairness inside the batch off and on (distributed mode: PostgreSQL and Redis)",
-    )
-    http.add_argument("--preset", default="tiny", help="model preset (default tiny)")
-    http.add_argument("--extra", type=int, default=4, help="FAIRLANE_FAIR_EXTRA_SLOTS when on")
-    http.add_argument("--quiet-clients", type=int, default=3)
-    http.add_argument("--flood-clients", type=int, default=48)
-    http.add_argument("--seconds", type=float, default=20.0, help="measured seconds per phase")
-    http.add_argument("--prompt-tokens", type=int, default=32)
-    http.add_argument("--quiet-tokens", type=int, default=16, help="max_tokens of the quiet")
-    http.add_argument("--flood-tokens", type=int, default=64, help="max_tokens of the flood")
-    http.add_argument("--threads", type=int, default=2, help="torch threads of the engine")
-    http.add_argument(
-        "--step-share",
-        action="store_true",
-        help="FAIRLANE_ENGINE_FAIR_STEP_SHARE=1 in the worker: the flood runs at most its "
-        "share of each step while the quiet tenant runs",
+        help="fairness inside the batch over HTTP instead (routing/bench/fair_http.py: "
+        "`bench fairness --http --help` for its options)",
     )
     args = p.parse_args(argv)
-    results_dir = Path(__file__).resolve().parents[2] / "bench-results"
-    args.json_out = args.json_out or results_dir / (
-        "fairness-http.json" if args.http else "fairness.json"
-    )
     if args.http:
-        from routing.bench.fair_http import run_http
-
-        if args.quick:
-            args.seconds = min(args.seconds, 6.0)
-        result = run_http(args)
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(result, indent=2))
-        print(json.dumps(result))
-        return result
+        raise SystemExit("the HTTP scenario runs as `python manage.py bench fairness --http`")
     import os
 
     client = redis.Redis.from_url(

@@ -4,7 +4,8 @@ same run and print ratios and absolute figures, the last line one JSON object.
   engine   the PyTorch engine against Hugging Face transformers (workers/engine/bench)
   serving  the full HTTP stack against the engine in-process (routing/bench/serving.py)
   fairness the Redis fair queue against FCFS, simulated workers and a real engine
-           (workers/bench/fairness.py)
+           (workers/bench/fairness.py); with --http, fairness inside the batch over the
+           distributed mode's HTTP path (routing/bench/fair_http.py)
   routing  routing decisions per policy with 100 backends, against reading the registry
            from the database each time (routing/bench/decisions.py)
   hops     our functions one chat completion passes through, counted by a profile hook
@@ -71,4 +72,7 @@ class Command(BaseCommand):
                 f"bench {name} needs the test extras ({', '.join(missing)}): "
                 "run `make test-venv` or `pip install -r requirements-test.txt`"
             )
-        importlib.import_module(BENCHES[name]).run(argv)
+        module = BENCHES[name]
+        if name == "fairness" and "--http" in argv:  # the HTTP scenario needs the platform
+            module = "routing.bench.fair_http"
+        importlib.import_module(module).run(argv)
