@@ -111,18 +111,16 @@ def _run_taken(
             logger.warning("request %s: not acknowledged", job.request_id, exc_info=True)
 
 
-def kv_low(stats: dict) -> bool:
-    return stats["kv_blocks_free"] <= stats["kv_blocks_total"] * 0.05
-
-
-def engine_free_slots(engine: Engine) -> int:
-    """Sequences the engine can take now: free slots, or none when its KV blocks run low."""
+def engine_free_slots(engine: Engine) -> tuple[int, bool]:
+    """Sequences the engine can take now (free slots, or none when its KV blocks run low), and
+    whether its memory, not its slots, is what is short. One read of its stats: it waits for
+    the engine's step to end."""
     if isinstance(engine, VllmEngine):
-        return engine.free_slots()
+        return engine.free_slots(), False
     stats = engine.stats()
-    if kv_low(stats):
-        return 0
-    return engine.engine.config.max_num_seqs - stats["num_running"] - stats["num_waiting"]
+    if stats["kv_blocks_free"] <= stats["kv_blocks_total"] * 0.05:
+        return 0, True
+    return engine.engine.config.max_num_seqs - stats["num_running"] - stats["num_waiting"], False
 
 
 class Puller:
@@ -235,10 +233,12 @@ class Puller:
                 self._stop.wait(1.0)
                 continue
             try:
-                free = min(engine_free_slots(engine), self.capacity - self.in_flight())
+                free, memory_short = engine_free_slots(engine)
+                free = min(free, self.capacity - self.in_flight())
                 exclude: frozenset[str] = frozenset()
                 if free <= 0:
-                    over = self._fair_room(queue, engine)
+                    # (memory, not slots, is what is short: nothing more comes in)
+                    over = None if memory_short else self._fair_room(queue, engine)
                     if over is None:
                         self._stop.wait(settings.FAIRLANE_PULL_INTERVAL_SECONDS)
                         continue
@@ -277,8 +277,8 @@ class Puller:
         weighted share of this model's slots here, or more), or None when nothing more may be
         taken (fairness off, a vLLM engine, or the extra slots used). The engine preempts the
         tenant furthest over its share to run what is taken (is_fair_preemption_enabled)."""
-        if self.extra <= 0 or isinstance(engine, VllmEngine) or kv_low(engine.stats()):
-            return None  # (memory, not slots, is what is short: nothing more comes in)
+        if self.extra <= 0 or isinstance(engine, VllmEngine):
+            return None
         slots = min(engine.engine.config.max_num_seqs, self.capacity)
         with self._lock:
             mine = [(t, w) for q, _, t, w in self.taken.values() if q is queue]
