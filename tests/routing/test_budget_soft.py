@@ -1,21 +1,25 @@
 """Soft budget levels on the request path (issue 32): past its soft level a `demote` budget
 sends its owner's new requests to the bulk lane, said in `x-fairlane-demoted`, at the same
 price; a `throttle` budget limits them to its requests per minute (429 with Retry-After); the
-crossing alerts once per window. Below the level nothing changes."""
+crossing alerts once per window. Below the level nothing changes. In the distributed mode a
+demoted request waits in the Redis fair queue behind other tenants' standard-lane requests."""
 
 import asyncio
 import json
 import time
+import uuid
 
 import pytest
 from channels.db import database_sync_to_async
 from django.test import AsyncClient
 from django.utils import timezone
 
-from tenants.models import AlertEvent, Lane, UsageRecord
+from tenants.models import AlertEvent, Lane, Scope, UsageRecord
 from tenants.services.alerts.evaluate import SOFT_RULE, rules_cache_clear
 from tenants.services.budgets import budget_create, budget_window_current
+from tenants.services.keys import api_key_create
 from tests.routing.conftest import PRICES
+from workers.transport import queue_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -153,3 +157,52 @@ async def test_below_the_soft_level_a_throttle_does_not_apply(key, tenant, agent
     await database_sync_to_async(soft_budget)(tenant, agent, soft_action="throttle", soft_rpm=1)
     codes = [(await post(key)).status_code for _ in range(3)]
     assert codes == [200, 200, 200]
+
+
+@pytest.fixture
+def queue(settings, distributed):
+    settings.FAIRLANE_QUEUE_NAMESPACE = f"t{uuid.uuid4().hex[:8]}-"
+    q = queue_for(distributed.redis, "tiny")
+    yield q
+    q.clear()
+
+
+async def wait_for_depth(queue, depth):
+    for _ in range(300):
+        if queue.depth() == depth:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the fair queue holds {queue.depth()} requests, not {depth}")
+
+
+async def test_a_demoted_request_waits_behind_another_tenants_standard_request(
+    queue, key, tenant, agent, other_tenant, other_agent
+):
+    """Distributed mode, no GPU worker: the test takes the queue's requests itself. The demoted
+    agent's request came first, yet another tenant's standard request, sent after it, is taken
+    before it; below the soft level the same agent would have been taken first."""
+    budget = await database_sync_to_async(soft_budget)(tenant, agent, soft_action="demote")
+    await database_sync_to_async(spend)(budget, SOFT)
+    theirs = (
+        await database_sync_to_async(api_key_create)(
+            tenant=other_tenant, agent=other_agent, scopes=[Scope.INFERENCE]
+        )
+    )[1]
+    ours = asyncio.create_task(post(key))
+    try:
+        await wait_for_depth(queue, 1)
+        assert queue.depth(lane="bulk", tenant=str(tenant.pk)) == 1
+        later = asyncio.create_task(post(theirs))
+        try:
+            await wait_for_depth(queue, 2)
+            first, second = queue.dequeue(worker="test"), queue.dequeue(worker="test")
+            assert (first.tenant, first.lane) == (str(other_tenant.pk), "standard")
+            assert (second.tenant, second.lane) == (str(tenant.pk), "bulk")
+        finally:
+            later.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await later
+    finally:
+        ours.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await ours
