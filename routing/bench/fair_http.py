@@ -17,6 +17,14 @@ Printed: the quiet tenant's latency p50/p95 (and TTFT) per phase with its ratio 
 (goal with fairness on: p50 within 1.8x of alone), and the throughput under the flood with
 fairness on against off (goal: within 5 %) as tokens processed (prompt + output), output
 tokens and requests per second. The last line is one JSON object.
+
+`--rounds N` repeats the phases N times, a fresh worker for each configuration in each round
+and the configurations' order rotated from round to round, so that a machine's drift falls
+on all of them alike. Each phase's figures are then the median over the rounds, and each
+ratio is the median of the rounds' own ratios (alone and the flood phases of one round ran
+minutes apart, not hours), printed with its range. `--with-step-share` adds a third flood
+configuration, flood/on+step (fairness on and FAIRLANE_ENGINE_FAIR_STEP_SHARE=1), measured in
+the same rounds: the comparison that decides whether the step share should be on.
 """
 
 from __future__ import annotations
@@ -70,7 +78,7 @@ def _setup(preset: str) -> tuple[str, str, str]:
     return model, keys[0], keys[1]
 
 
-def _env(args, extra: int, namespace: str) -> dict:
+def _env(args, extra: int, namespace: str, step_share: bool | None = None) -> dict:
     return {
         **os.environ,
         "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}",
@@ -80,7 +88,9 @@ def _env(args, extra: int, namespace: str) -> dict:
         "FAIRLANE_WORKER_CONCURRENCY": str(args.slots),
         "FAIRLANE_REALTIME_RESERVED_SLOTS": "0",
         "FAIRLANE_FAIR_EXTRA_SLOTS": str(extra),
-        "FAIRLANE_ENGINE_FAIR_STEP_SHARE": "1" if args.step_share else "0",
+        "FAIRLANE_ENGINE_FAIR_STEP_SHARE": "1"
+        if (args.step_share if step_share is None else step_share)
+        else "0",
         "FAIRLANE_ENGINE_THREADS": str(args.threads),
         "FAIRLANE_HEARTBEAT_SECONDS": "1",
         # A queue of its own, so nothing a test or an earlier run left queued reaches it.
@@ -198,6 +208,77 @@ def _engine_stats(model: str, worker: CeleryWorker) -> dict:
     }
 
 
+# The figures of a phase that are medians over rounds and that ratios are taken of.
+FIGURES = ("output_tokens_per_s", "processed_tokens_per_s", "requests_per_s")
+
+
+def _configs(args) -> list[tuple[str, int, bool]]:
+    """The flood configurations: (phase, FAIRLANE_FAIR_EXTRA_SLOTS, step share)."""
+    configs = [("flood/off", 0, False), ("flood/on", args.extra, args.step_share)]
+    if args.with_step_share:
+        configs.append(("flood/on+step", args.extra, True))
+    return configs
+
+
+def _round(args, server, model, quiet_key, flood_key, namespace, index) -> dict[str, dict]:
+    """One round: each configuration on a fresh worker (its counters start at zero), in an
+    order rotated by the round's index; the quiet tenant alone on the first one."""
+    configs = _configs(args)
+    shift = index % len(configs)
+    phases: dict[str, dict] = {}
+    for position, (name, extra, step_share) in enumerate(configs[shift:] + configs[:shift]):
+        env = _env(args, extra, namespace, step_share)
+        worker = CeleryWorker(env, concurrency=args.slots + max(extra, 0) + 4, name="fairness")
+        try:
+            before = {"fair_preemptions": 0, "preemptions": 0}
+            for phase in ("alone", name) if position == 0 else (name,):
+                flood = flood_key if phase != "alone" else None
+                phases[phase] = asyncio.run(_phase(server.url, model, quiet_key, flood, args))
+                after = _engine_stats(model, worker)
+                phases[phase].update({k: after[k] - before[k] for k in after})
+                before = after
+                print(f"  round {index + 1} {phase}: {phases[phase]}", flush=True)
+        finally:
+            worker.stop()
+    return phases
+
+
+def _ratios(rounds: list[dict[str, dict]], name: str) -> dict:
+    """Phase `name` against alone (quiet p50) and against flood/off (throughput): the median
+    of the rounds' own ratios, and their range."""
+    out: dict = {}
+    quiet = [r[name]["quiet_p50_ms"] / r["alone"]["quiet_p50_ms"] for r in rounds]
+    key = {"flood/off": "off", "flood/on": "on", "flood/on+step": "on_step"}[name]
+    out[f"quiet_p50_ratio_{key}"] = round(statistics.median(quiet), 2)
+    if len(rounds) > 1:
+        out[f"quiet_p50_ratio_{key}_range"] = [round(min(quiet), 2), round(max(quiet), 2)]
+    if name != "flood/off":
+        for figure in FIGURES:
+            paired = [r[name][figure] / r["flood/off"][figure] for r in rounds]
+            out[f"{figure}_{key}_over_off"] = round(statistics.median(paired), 3)
+            if len(rounds) > 1:
+                out[f"{figure}_{key}_over_off_range"] = [
+                    round(min(paired), 3),
+                    round(max(paired), 3),
+                ]
+    return out
+
+
+def _medians(rounds: list[dict[str, dict]], name: str) -> dict:
+    """A phase's figures over the rounds: the median of each (counts are summed)."""
+    rows = [r[name] for r in rounds]
+    if len(rows) == 1:
+        return rows[0]
+    out = {}
+    for figure in rows[0]:
+        values = [row[figure] for row in rows if row[figure] is not None]
+        if figure in ("quiet_requests", "flood_requests", "fair_preemptions", "preemptions"):
+            out[figure] = sum(values)
+        else:
+            out[figure] = round(statistics.median(values), 1) if values else None
+    return out
+
+
 def run_http(args) -> dict:
     from django.db import connection
 
@@ -207,29 +288,17 @@ def run_http(args) -> dict:
             "and REDIS_URL"
         )
     model, quiet_key, flood_key = _setup(args.preset)
-    phases: dict[str, dict] = {}
     namespace = f"benchfair{random.randrange(1 << 30)}-"
-    server = AsgiServer(_env(args, args.extra, namespace))
+    server = AsgiServer(_env(args, args.extra, namespace))  # one API process for every phase
     try:
-        # One worker per configuration (its counters start at zero), one API process for all.
-        for extra, plan in ((args.extra, ("alone", "flood/on")), (0, ("flood/off",))):
-            env = _env(args, extra, namespace)
-            worker = CeleryWorker(env, concurrency=args.slots + extra + 4, name="fairness")
-            try:
-                before = {"fair_preemptions": 0, "preemptions": 0}  # a fresh worker's
-                for name in plan:
-                    flood = flood_key if name != "alone" else None
-                    phases[name] = asyncio.run(_phase(server.url, model, quiet_key, flood, args))
-                    after = _engine_stats(model, worker)
-                    phases[name].update({k: after[k] - before[k] for k in after})
-                    before = after
-                    print(f"  {name}: {phases[name]}", flush=True)
-            finally:
-                worker.stop()
+        rounds = [
+            _round(args, server, model, quiet_key, flood_key, namespace, index)
+            for index in range(args.rounds)
+        ]
     finally:
         server.stop()
-    phases = {name: phases[name] for name in ("alone", "flood/off", "flood/on")}
-    alone = phases["alone"]["quiet_p50_ms"]
+    names = ["alone"] + [name for name, _, _ in _configs(args)]
+    phases = {name: _medians(rounds, name) for name in names}
     result = {
         "bench": "fairness-http",
         "preset": args.preset,
@@ -238,19 +307,15 @@ def run_http(args) -> dict:
         "step_share": args.step_share,
         "quiet_clients": args.quiet_clients,
         "flood_clients": args.flood_clients,
+        "rounds": args.rounds,
         "phases": phases,
-        "quiet_p50_ratio_off": round(phases["flood/off"]["quiet_p50_ms"] / alone, 2),
-        "quiet_p50_ratio_on": round(phases["flood/on"]["quiet_p50_ms"] / alone, 2),
-        **{
-            f"{figure}_on_over_off": round(
-                phases["flood/on"][figure] / phases["flood/off"][figure], 3
-            )
-            for figure in ("output_tokens_per_s", "processed_tokens_per_s", "requests_per_s")
-        },
+        **{k: v for name in names[1:] for k, v in _ratios(rounds, name).items()},
         "loadavg": Path("/proc/loadavg").read_text().split()[:3]
         if Path("/proc/loadavg").exists()
         else None,
     }
+    if args.rounds > 1:
+        result["each_round"] = rounds
     _print(result)
     return result
 
@@ -274,14 +339,29 @@ def _print(result: dict) -> None:
             f"{row['output_tokens_per_s']:>11.0f}{row['processed_tokens_per_s']:>11.0f}"
             f"{row['requests_per_s']:>8.1f}{row['fair_preemptions']:>14}"
         )
+    rounds = result["rounds"]
+    if rounds > 1:
+        print(f"medians of {rounds} rounds; ratios: the median of the rounds' own, [range]")
+
+    def ranged(key: str, digits: int) -> str:
+        spread = result.get(f"{key}_range")
+        text = f"{result[key]:.{digits}f}x"
+        return text + (f" [{spread[0]:.{digits}f}-{spread[1]:.{digits}f}]" if spread else "")
+
     print(
-        f"quiet p50 under the flood: {result['quiet_p50_ratio_off']}x alone without fairness "
-        f"inside the batch, {result['quiet_p50_ratio_on']}x with it (goal <= 1.8x); with it "
-        f"against without: tokens processed (prompt + output) "
-        f"{result['processed_tokens_per_s_on_over_off']:.3f}x (goal >= 0.95), output tokens "
-        f"{result['output_tokens_per_s_on_over_off']:.3f}x, requests "
-        f"{result['requests_per_s_on_over_off']:.3f}x"
+        f"quiet p50 under the flood: {ranged('quiet_p50_ratio_off', 2)} alone without "
+        f"fairness inside the batch, {ranged('quiet_p50_ratio_on', 2)} with it (goal <= 1.8x); "
+        f"with it against without: tokens processed (prompt + output) "
+        f"{ranged('processed_tokens_per_s_on_over_off', 3)} (goal >= 0.95), output tokens "
+        f"{ranged('output_tokens_per_s_on_over_off', 3)}, requests "
+        f"{ranged('requests_per_s_on_over_off', 3)}"
     )
+    if "quiet_p50_ratio_on_step" in result:
+        print(
+            f"with the step share too: quiet p50 {ranged('quiet_p50_ratio_on_step', 2)} alone; "
+            f"tokens processed {ranged('processed_tokens_per_s_on_step_over_off', 3)} of "
+            f"fairness off, output tokens {ranged('output_tokens_per_s_on_step_over_off', 3)}"
+        )
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -308,6 +388,17 @@ def run(argv: list[str] | None = None) -> dict:
         action="store_true",
         help="FAIRLANE_ENGINE_FAIR_STEP_SHARE=1 in the worker: the flood runs at most its "
         "share of each step while the quiet tenant runs",
+    )
+    p.add_argument(
+        "--with-step-share",
+        action="store_true",
+        help="a third flood configuration in the same rounds: fairness on with the step share",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds of every phase, the configurations' order rotated each round",
     )
     p.add_argument("--json-out", type=Path, default=ROOT / "bench-results" / "fairness-http.json")
     args = p.parse_args(argv)
