@@ -173,8 +173,12 @@ if FAIRLANE_FAIR_EXTRA_SLOTS < 0:
     raise ImproperlyConfigured("FAIRLANE_FAIR_EXTRA_SLOTS must be >= 0 (0: off)")
 # With it: while a tenant runs under its share, the others run at most their share of each
 # engine step (the rest of their sequences wait a step). On a CPU, where a step's cost grows
-# with its sequences, the quiet tenant then decodes in smaller, faster steps.
-FAIRLANE_ENGINE_FAIR_STEP_SHARE = env_bool("FAIRLANE_ENGINE_FAIR_STEP_SHARE", False)
+# with its sequences, the quiet tenant then decodes in smaller, faster steps (measured in
+# interleaved rounds at the same work done, docs/benchmarks.md), so it is on there; a GPU's
+# decode step costs about the same for 1 or 9 sequences, so there it is off.
+FAIRLANE_ENGINE_FAIR_STEP_SHARE = env_bool(
+    "FAIRLANE_ENGINE_FAIR_STEP_SHARE", FAIRLANE_ENGINE_DEVICE == "cpu"
+)
 # A worker's last free sequence slots take realtime requests only.
 FAIRLANE_REALTIME_RESERVED_SLOTS = env_int("FAIRLANE_REALTIME_RESERVED_SLOTS", 2)
 # How often an idle or full worker looks at the queue again.

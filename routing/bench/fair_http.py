@@ -3,15 +3,17 @@
 The distributed mode as deployed (uvicorn -> admission -> the Redis fair queue -> one Celery
 GPU worker of `--slots` slots -> the stream back), with two tenants: a quiet one with
 `--quiet-clients` closed-loop clients and a flooding one with `--flood-clients`, every
-request a streamed completion of a seeded token-id prompt. Three phases of `--seconds` each,
-in this order (alone and flood/on share a worker process, flood/off has its own; one API
-process serves all three):
+request a streamed completion of a seeded token-id prompt. Three phases of `--seconds` each
+(each flood configuration on a worker process of its own, alone on the first of them; one API
+process serves all):
 
   alone      the quiet tenant by itself;
-  flood/on   both tenants, FAIRLANE_FAIR_EXTRA_SLOTS=`--extra` (the worker takes the quiet
-             tenant's request beyond its slots and its engine preempts a flood sequence);
   flood/off  both tenants, FAIRLANE_FAIR_EXTRA_SLOTS=0 (a flood holds every slot: the quiet
-             tenant's request waits for a flood request to finish).
+             tenant's request waits for a flood request to finish);
+  flood/on   both tenants, FAIRLANE_FAIR_EXTRA_SLOTS=`--extra` (the worker takes the quiet
+             tenant's request beyond its slots and its engine preempts a flood sequence), and
+             the step share as `--step-share` / `--no-step-share` say (default: the setting's
+             default, on on the CPU).
 
 Printed: the quiet tenant's latency p50/p95 (and TTFT) per phase with its ratio to alone
 (goal with fairness on: p50 within 1.8x of alone), and the throughput under the flood with
@@ -22,9 +24,9 @@ tokens and requests per second. The last line is one JSON object.
 and the configurations' order rotated from round to round, so that a machine's drift falls
 on all of them alike. Each phase's figures are then the median over the rounds, and each
 ratio is the median of the rounds' own ratios (alone and the flood phases of one round ran
-minutes apart, not hours), printed with its range. `--with-step-share` adds a third flood
-configuration, flood/on+step (fairness on and FAIRLANE_ENGINE_FAIR_STEP_SHARE=1), measured in
-the same rounds: the comparison that decides whether the step share should be on.
+minutes apart, not hours), printed with its range. `--with-step-share` measures fairness on
+both without the step share (flood/on) and with it (flood/on+step, a third configuration) in
+the same rounds: the comparison that decided that the step share is on by default on the CPU.
 """
 
 from __future__ import annotations
@@ -214,10 +216,13 @@ FIGURES = ("output_tokens_per_s", "processed_tokens_per_s", "requests_per_s")
 
 def _configs(args) -> list[tuple[str, int, bool]]:
     """The flood configurations: (phase, FAIRLANE_FAIR_EXTRA_SLOTS, step share)."""
-    configs = [("flood/off", 0, False), ("flood/on", args.extra, args.step_share)]
     if args.with_step_share:
-        configs.append(("flood/on+step", args.extra, True))
-    return configs
+        return [
+            ("flood/off", 0, False),
+            ("flood/on", args.extra, False),
+            ("flood/on+step", args.extra, True),
+        ]
+    return [("flood/off", 0, False), ("flood/on", args.extra, args.step_share)]
 
 
 def _round(args, server, model, quiet_key, flood_key, namespace, index) -> dict[str, dict]:
@@ -328,13 +333,13 @@ def _print(result: dict) -> None:
         f"{result['quiet_clients']} clients, flood {result['flood_clients']} clients"
     )
     print(
-        f"{'phase':<11}{'quiet p50':>11}{'p95':>9}{'ttft p50':>10}{'x alone':>9}"
+        f"{'phase':<14}{'quiet p50':>11}{'p95':>9}{'ttft p50':>10}{'x alone':>9}"
         f"{'out tok/s':>11}{'all tok/s':>11}{'req/s':>8}{'fair preempt':>14}"
     )
     alone = result["phases"]["alone"]["quiet_p50_ms"]
     for name, row in result["phases"].items():
         print(
-            f"{name:<11}{row['quiet_p50_ms']:>9.0f}ms{row['quiet_p95_ms']:>7.0f}ms"
+            f"{name:<14}{row['quiet_p50_ms']:>9.0f}ms{row['quiet_p95_ms']:>7.0f}ms"
             f"{row['quiet_ttft_p50_ms']:>8.0f}ms{row['quiet_p50_ms'] / alone:>8.2f}x"
             f"{row['output_tokens_per_s']:>11.0f}{row['processed_tokens_per_s']:>11.0f}"
             f"{row['requests_per_s']:>8.1f}{row['fair_preemptions']:>14}"
@@ -385,14 +390,17 @@ def run(argv: list[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, default=2, help="torch threads of the engine")
     p.add_argument(
         "--step-share",
-        action="store_true",
-        help="FAIRLANE_ENGINE_FAIR_STEP_SHARE=1 in the worker: the flood runs at most its "
-        "share of each step while the quiet tenant runs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="FAIRLANE_ENGINE_FAIR_STEP_SHARE in the worker with fairness on (the flood runs at "
+        "most its share of each step while the quiet tenant runs); default: the setting's "
+        "default (on on the CPU)",
     )
     p.add_argument(
         "--with-step-share",
         action="store_true",
-        help="a third flood configuration in the same rounds: fairness on with the step share",
+        help="fairness on both without (flood/on) and with the step share (flood/on+step), "
+        "in the same rounds",
     )
     p.add_argument(
         "--rounds",
@@ -402,6 +410,10 @@ def run(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--json-out", type=Path, default=ROOT / "bench-results" / "fairness-http.json")
     args = p.parse_args(argv)
+    if args.with_step_share:
+        args.step_share = False  # flood/on: without it; flood/on+step: with it
+    elif args.step_share is None:
+        args.step_share = settings.FAIRLANE_ENGINE_FAIR_STEP_SHARE
     if args.quick:
         args.seconds = min(args.seconds, 6.0)
     result = run_http(args)
