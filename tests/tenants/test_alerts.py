@@ -59,6 +59,17 @@ def fired(tenant) -> Counter:
     return Counter(AlertEvent.objects.filter(tenant=tenant).values_list("rule", flat=True))
 
 
+def thresholds_fired(tenant) -> Counter:
+    """The threshold rules' events only: a committed window that spends fast is also forecast
+    to run out, and the embedded runtime's alert sweep (a thread of the test process, every
+    FAIRLANE_ALERT_SWEEP_SECONDS) may fire that forecast at any moment."""
+    return Counter(
+        AlertEvent.objects.filter(tenant=tenant, rule__startswith="threshold:").values_list(
+            "rule", flat=True
+        )
+    )
+
+
 @pytest.fixture
 def settle_now(django_capture_on_commit_callbacks):
     """spend() with the settlement's commit hooks run (the test's transaction never commits)."""
@@ -79,7 +90,7 @@ def test_64_concurrent_settlements_crossing_80_percent_fire_one_alert(tenant, ag
     budget_create(tenant=tenant, agent=agent, limit_microcents=10_000)
     alert_destination_add(tenant=tenant, kind="email", target="ops@acme.example")
     spend(tenant, agent, 7_000)  # 70 %: the 50 % rule fires
-    assert fired(tenant) == {"threshold:50": 1}
+    assert thresholds_fired(tenant) == {"threshold:50": 1}
     held = [rid() for _ in range(64)]
     for request_id in held:
         budget_reserve(tenant=tenant, agent=agent, amount_microcents=40, request_id=request_id)
@@ -99,7 +110,7 @@ def test_64_concurrent_settlements_crossing_80_percent_fire_one_alert(tenant, ag
         thread.join()
     window = BudgetWindow.objects.get(budget__agent=agent)
     assert window.spent_microcents == 7_000 + 64 * 40  # 95.6 %: 80 % crossed, 100 % not
-    assert fired(tenant) == {"threshold:50": 1, "threshold:80": 1}
+    assert thresholds_fired(tenant) == {"threshold:50": 1, "threshold:80": 1}
     event = AlertEvent.objects.get(rule="threshold:80")
     assert event.event == "threshold_crossed" and event.agent == agent
     assert AlertDelivery.objects.filter(event=event).count() == 1
