@@ -410,6 +410,8 @@ def run(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--json-out", type=Path, default=ROOT / "bench-results" / "fairness-http.json")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     if args.with_step_share:
         args.step_share = False  # flood/on: without it; flood/on+step: with it
     elif args.step_share is None:
