@@ -1,3 +1,5 @@
+import uuid
+
 import pytest
 
 from routing.backend_store import _noted
@@ -8,6 +10,7 @@ from tenants.services.keys import api_key_create
 from tests.conftest import child_env
 from tests.servers import AsgiServer
 from workers.serving.registration import model_register
+from workers.transport import queue_for
 
 PRICES = {
     "price_input_per_mtok": 10_000_000,
@@ -42,6 +45,16 @@ def slow(db):
 def key(tenant, agent, tiny):
     """A plain inference key for `agent` (Acme's support-bot)."""
     return api_key_create(tenant=tenant, agent=agent, scopes=[Scope.INFERENCE])[1]
+
+
+@pytest.fixture
+def queue(settings, distributed):
+    """`tiny`'s Redis fair queue in the distributed runtime, in a namespace of its own (no GPU
+    worker: a test takes the queue's requests itself)."""
+    settings.FAIRLANE_QUEUE_NAMESPACE = f"t{uuid.uuid4().hex[:8]}-"
+    q = queue_for(distributed.redis, "tiny")
+    yield q
+    q.clear()
 
 
 @pytest.fixture

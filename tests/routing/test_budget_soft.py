@@ -7,7 +7,6 @@ demoted request waits in the Redis fair queue behind other tenants' standard-lan
 import asyncio
 import json
 import time
-import uuid
 
 import pytest
 from channels.db import database_sync_to_async
@@ -19,7 +18,6 @@ from tenants.services.alerts.evaluate import SOFT_RULE, rules_cache_clear
 from tenants.services.budgets import budget_create, budget_window_current
 from tenants.services.keys import api_key_create
 from tests.routing.conftest import PRICES
-from workers.transport import queue_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -157,14 +155,6 @@ async def test_below_the_soft_level_a_throttle_does_not_apply(key, tenant, agent
     await database_sync_to_async(soft_budget)(tenant, agent, soft_action="throttle", soft_rpm=1)
     codes = [(await post(key)).status_code for _ in range(3)]
     assert codes == [200, 200, 200]
-
-
-@pytest.fixture
-def queue(settings, distributed):
-    settings.FAIRLANE_QUEUE_NAMESPACE = f"t{uuid.uuid4().hex[:8]}-"
-    q = queue_for(distributed.redis, "tiny")
-    yield q
-    q.clear()
 
 
 async def wait_for_depth(queue, depth):

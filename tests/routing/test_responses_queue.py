@@ -4,24 +4,14 @@ ordered with the rest by lane and tenant."""
 
 import asyncio
 import json
-import uuid
 
 import pytest
 from channels.db import database_sync_to_async
 from django.test import AsyncClient
 
 from tenants.models import Agent, Reservation
-from workers.transport import queue_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def queue(settings, distributed):
-    settings.FAIRLANE_QUEUE_NAMESPACE = f"t{uuid.uuid4().hex[:8]}-"
-    q = queue_for(distributed.redis, "tiny")
-    yield q
-    q.clear()
 
 
 async def test_a_response_waits_in_the_fair_queue_ordered_with_the_rest(
