@@ -222,6 +222,7 @@ def test_switching_on_pays_exactly_when_the_remaining_tokens_repay_the_catch_up(
     assert not switching_on_pays(0.65, 4, 32, 290, 2e-3, 1e-3, 0.1e-3)
     assert switching_on_pays(0.65, 4, 1024, 290, 2e-3, 1e-3, 0.1e-3)
     assert switching_on_pays(0.65, 4, 32, 290, 2e-3, 1e-3, None)
+    assert switching_on_pays(0.65, 4, 32, 290, None, None, 0.1e-3)
     assert not switching_on_pays(0.45, 4, 1024, 0, 2e-3, 1e-3, 0.1e-3)
 
 
@@ -262,6 +263,7 @@ def test_the_controller_follows_the_costs_and_keeps_the_fixed_rules(make_engine,
     engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
     greedy = SamplingParams(max_tokens=64, temperature=0.0)
     spec = engine.speculator
+    spec.num_waiting = 1  # requests wait for a slot: each sequence's own acceptance decides
     # Batch 16: plain 2 ms a sequence, 1.5 ms a draft token; an acceptance of 0.6: off.
     _with_costs(engine, 16, plain_s=2e-3, draft_s=1.5e-3)
     seq = _decoding(engine, prompts[5], greedy)
@@ -288,6 +290,7 @@ def test_the_controller_follows_the_costs_and_keeps_the_fixed_rules(make_engine,
         speculative=SpeculativeConfig("draft", model=str(tiny_dir), disable_by_batch_size=4)
     )
     _with_costs(capped, 8, plain_s=2e-3, draft_s=0.0)
+    capped.speculator.num_waiting = 1
     seq = _decoding(capped, prompts[5], greedy)
     assert capped.speculator.lookahead(seq, 8) == 0
     assert capped.speculator.lookahead(seq, 4) == 4
@@ -298,6 +301,7 @@ def test_hysteresis_keeps_a_sequence_on_or_off_near_the_break_even_point(
 ):
     engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
     spec = engine.speculator
+    spec.num_waiting = 1  # each sequence's own acceptance decides
     seq = _decoding(engine, prompts[5], SamplingParams(max_tokens=64, temperature=0.0))
     # Break-even acceptance 0.5 at batch 8 (plain 2 ms, draft 1 ms).
     _with_costs(engine, 8, plain_s=2e-3, draft_s=1e-3)
@@ -350,6 +354,7 @@ def test_a_draft_that_must_catch_up_is_not_switched_on_when_the_answer_cannot_re
         spec.costs.record(16, 64, 16 * 2e-3 + 64 * 1e-3 + 3200 * 0.3e-3, catch_up=3200)
     assert spec.costs.catch_up_s == pytest.approx(0.3e-3)
     spec.num_decided[16] = 3  # not an exploring step
+    spec.num_waiting = 1  # each sequence's own acceptance decides
     short = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     seq = _decoding(engine, prompts[14], short)  # 200 tokens the draft has no K/V for yet
     seq.spec_acceptance = 0.65
@@ -370,6 +375,7 @@ def test_a_draft_that_must_catch_up_is_not_switched_on_when_the_answer_cannot_re
     ngram = make_engine(speculative=SpeculativeConfig("ngram"))
     ngram.speculator.costs = spec.costs
     ngram.speculator.num_decided[16] = 3
+    ngram.speculator.num_waiting = 1
     other = _decoding(ngram, prompts[14], short)
     other.spec_acceptance = 0.65
     assert ngram.speculator.extra_catch_up(other) == 0
@@ -384,8 +390,9 @@ def test_an_exploring_step_switches_on_at_most_one_sequence_that_must_catch_up(
     _with_costs(engine, 8, plain_s=2e-3, draft_s=1e-3)  # break-even acceptance 0.5
     short = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     seqs = [_decoding(engine, prompts[i], short) for i in range(8, 16)]
+    spec.acceptance_prior = 0.3  # off by the steady rule (nothing waits: the batch decides)
     for seq in seqs:
-        seq.spec_acceptance, seq.spec_is_on = 0.3, False  # off by the steady rule
+        seq.spec_acceptance, seq.spec_is_on = 0.3, False
     spec.num_decided[8] = 1  # the first of the two exploring steps
     assert spec.is_exploring(8)
     # Every draft lags its prompt: exploring switches one of them on, not eight.
@@ -397,6 +404,43 @@ def test_an_exploring_step_switches_on_at_most_one_sequence_that_must_catch_up(
     assert spec.is_exploring(8)
     ks = [spec.lookahead(seq, 8) for seq in seqs]
     assert ks == [4, 0, 0, 4, 0, 0, 0, 0]
+
+
+def test_with_nothing_waiting_the_batch_decides_on_the_engines_acceptance(
+    make_engine, tiny_dir, prompts
+):
+    engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
+    spec = engine.speculator
+    _with_costs(engine, 4, plain_s=5e-3, draft_s=1.8e-3)  # break-even acceptance 0.36
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    seqs = [_decoding(engine, prompts[i], params) for i in range(4, 8)]
+    for seq in seqs:
+        seq.draft_num_computed = seq.num_tokens - 1  # caught up: the steady rule alone
+    spec.acceptance_prior = 0.5  # every recent verification's
+    # One sequence had two unlucky verifications (0.28), the others did well.
+    for seq, acceptance in zip(seqs, (0.28, 0.6, 0.55, 0.7), strict=True):
+        seq.spec_acceptance = acceptance
+    # Requests waiting: each sequence on its own; the unlucky one stops.
+    spec.start_step(num_waiting=3)
+    assert [spec.lookahead(seq, 4) for seq in seqs] == [0, 4, 4, 4]
+    spec.end_step()
+    # Nothing waiting: the unlucky one would decode one token a step while the others
+    # finish, the batch's tail at batch 1; all draft on the engine's acceptance, together.
+    spec.num_decided[4] = 3  # not an exploring step
+    spec.start_step(num_waiting=0)
+    assert [spec.lookahead(seq, 4) for seq in seqs] == [4, 4, 4, 4]
+    spec.end_step()
+    # And stop together when the engine's acceptance falls below break-even.
+    spec.num_decided[4] = 3
+    spec.acceptance_prior = 0.3
+    spec.start_step(num_waiting=0)
+    assert [spec.lookahead(seq, 4) for seq in seqs] == [0, 0, 0, 0]
+    # The engine tells the speculator how many wait at each step's start.
+    engine.add_request(prompts[9], params)
+    engine.step()
+    assert spec.num_waiting == 1
+    engine.step()
+    assert spec.num_waiting == 0
 
 
 class _StepClock:
@@ -461,7 +505,7 @@ def test_exploration_flips_the_rule_and_keeps_the_estimates_updating(
                 continue  # no room for a draft
             catch_up = spec.extra_catch_up(s)
             on = spec.is_paying(
-                s.spec_acceptance,
+                spec.decision_acceptance(s),
                 num_running,
                 is_on=s.spec_is_on,
                 catch_up=catch_up,

@@ -91,8 +91,9 @@ def switching_on_pays(
     Speculating, it emits ``1 + a k`` tokens a step in ``plain_s + k draft_s`` seconds, which
     plain steps would take ``(1 + a k) plain_s`` for: ``k (a plain_s - draft_s)`` saved a step,
     ``remaining / (1 + a k)`` steps. ``margin`` is the hysteresis of ``speculation_pays``. No
-    catch-up, or a cost still unmeasured: only the steady rule decides (the optimistic
-    prior)."""
+    catch-up, or a cost still unmeasured: only the steady rule decides (the optimistic prior:
+    a fresh batch-size bucket drafts once for every sequence, catch-up included, and so
+    measures what drafting costs there with the whole batch drafting)."""
     if not speculation_pays(acceptance, plain_s, draft_s, margin=margin):
         return False
     if catch_up <= 0 or catch_up_s is None or plain_s is None or draft_s is None or k <= 0:
