@@ -14,7 +14,14 @@ import pytest
 from workers.engine import LLMEngine, SamplingParams
 from workers.engine.bench.spec import SWEEP_BATCHES, spec_print, spec_section
 from workers.engine.config import SpeculativeConfig
-from workers.engine.spec.costs import COST_WINDOW, StepCosts, cost_bucket, speculation_pays
+from workers.engine.spec.costs import (
+    COST_WINDOW,
+    MIN_CATCH_UP_SAMPLE_TOKENS,
+    StepCosts,
+    cost_bucket,
+    speculation_pays,
+    switching_on_pays,
+)
 from workers.engine.spec.speculator import SWITCH_MARGIN
 
 
@@ -189,6 +196,56 @@ def test_draft_costs_are_clamped_at_zero_when_steps_with_drafts_measure_cheaper(
     assert bucket.num_steps == 2 * COST_WINDOW
 
 
+def test_switching_on_pays_exactly_when_the_remaining_tokens_repay_the_catch_up():
+    grid = itertools.product(
+        (0.3, 0.55, 0.65, 0.9),  # acceptance
+        (1, 4),  # k
+        (4, 32, 128, 1024),  # tokens left to emit
+        (0, 50, 300),  # tokens to catch up on
+        (2e-3, 20e-3),  # a sequence's share of a plain step
+        (0.5e-3, 1e-3),  # what a draft token adds
+        (0.02e-3, 0.1e-3),  # what a token caught up on costs
+    )
+    for acceptance, k, remaining, catch_up, plain_s, draft_s, catch_up_s in grid:
+        # Seconds to emit the remaining tokens: plainly, or speculating after the catch-up.
+        plain = remaining * plain_s
+        steps = remaining / (1 + acceptance * k)
+        spec = catch_up * catch_up_s + steps * (plain_s + k * draft_s)
+        if abs(spec - plain) < 1e-9 * plain:
+            continue
+        pays = switching_on_pays(acceptance, k, remaining, catch_up, plain_s, draft_s, catch_up_s)
+        assert pays is (spec < plain), (acceptance, k, remaining, catch_up, plain_s, draft_s)
+    # The batch-16 case of the sweep: acceptance 0.65 above a break-even of 0.5, but 32 tokens
+    # left do not repay a 290-token prompt's catch-up; 1024 would; the catch-up's cost
+    # unmeasured, the steady rule alone decides (the optimistic prior).
+    assert speculation_pays(0.65, 2e-3, 1e-3)
+    assert not switching_on_pays(0.65, 4, 32, 290, 2e-3, 1e-3, 0.1e-3)
+    assert switching_on_pays(0.65, 4, 1024, 290, 2e-3, 1e-3, 0.1e-3)
+    assert switching_on_pays(0.65, 4, 32, 290, 2e-3, 1e-3, None)
+    assert switching_on_pays(0.65, 4, 32, 290, None, None, 0.1e-3)
+    assert not switching_on_pays(0.45, 4, 1024, 0, 2e-3, 1e-3, 0.1e-3)
+
+
+def test_a_catch_up_step_measures_the_catch_up_cost_and_not_the_draft_cost():
+    costs = StepCosts()
+    # Batch 4: 2 ms a sequence, 0.5 ms a draft token; a draft model's token caught up on
+    # costs 0.1 ms. A catch-up step before the bucket is measured is no sample.
+    costs.record(4, 16, 4 * 2e-3 + 16 * 0.5e-3 + 400 * 0.1e-3, catch_up=400)
+    assert costs.catch_up_s is None and costs.num_catch_up_steps == 0
+    _measured(costs, num_seqs=4, k=4, plain_step_s=4 * 2e-3, spec_step_s=4 * 2e-3 + 16 * 0.5e-3)
+    bucket = costs.bucket(4)
+    for catch_up in (400, 64, MIN_CATCH_UP_SAMPLE_TOKENS):
+        costs.record(4, 16, 4 * 2e-3 + 16 * 0.5e-3 + catch_up * 0.1e-3, catch_up=catch_up)
+    assert costs.catch_up_s == pytest.approx(0.1e-3) and costs.num_catch_up_steps == 3
+    assert costs.catch_up_us() == pytest.approx(100.0)
+    # Neither a sample of the plain nor of the draft cost (the old rule's "one-off work").
+    assert bucket.num_steps == 2 and bucket.draft_s == pytest.approx(0.5e-3)
+    # A few tokens' catch-up is lost in the noise: not a sample of anything.
+    costs.record(4, 16, 1.0, catch_up=MIN_CATCH_UP_SAMPLE_TOKENS - 1)
+    assert costs.num_catch_up_steps == 3 and bucket.num_steps == 2
+    assert costs.catch_up_s == pytest.approx(0.1e-3)
+
+
 def _decoding(engine: LLMEngine, prompt: list[int], params: SamplingParams):
     seq = engine.make_sequence(prompt, params)
     seq.num_computed_tokens = seq.num_tokens - 1  # its prompt is in the cache: it decodes
@@ -206,6 +263,7 @@ def test_the_controller_follows_the_costs_and_keeps_the_fixed_rules(make_engine,
     engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
     greedy = SamplingParams(max_tokens=64, temperature=0.0)
     spec = engine.speculator
+    spec.num_waiting = 1  # requests wait for a slot: each sequence's own acceptance decides
     # Batch 16: plain 2 ms a sequence, 1.5 ms a draft token; an acceptance of 0.6: off.
     _with_costs(engine, 16, plain_s=2e-3, draft_s=1.5e-3)
     seq = _decoding(engine, prompts[5], greedy)
@@ -232,6 +290,7 @@ def test_the_controller_follows_the_costs_and_keeps_the_fixed_rules(make_engine,
         speculative=SpeculativeConfig("draft", model=str(tiny_dir), disable_by_batch_size=4)
     )
     _with_costs(capped, 8, plain_s=2e-3, draft_s=0.0)
+    capped.speculator.num_waiting = 1
     seq = _decoding(capped, prompts[5], greedy)
     assert capped.speculator.lookahead(seq, 8) == 0
     assert capped.speculator.lookahead(seq, 4) == 4
@@ -242,6 +301,7 @@ def test_hysteresis_keeps_a_sequence_on_or_off_near_the_break_even_point(
 ):
     engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
     spec = engine.speculator
+    spec.num_waiting = 1  # each sequence's own acceptance decides
     seq = _decoding(engine, prompts[5], SamplingParams(max_tokens=64, temperature=0.0))
     # Break-even acceptance 0.5 at batch 8 (plain 2 ms, draft 1 ms).
     _with_costs(engine, 8, plain_s=2e-3, draft_s=1e-3)
@@ -279,6 +339,108 @@ def test_a_new_sequence_starts_from_the_engines_acceptance_not_an_optimistic_one
     new.num_computed_tokens = new.num_tokens - 1
     assert spec.lookahead(new, 8) == 0, "a new request below break-even does not draft"
     assert new.spec_acceptance == spec.acceptance_prior and not new.spec_is_on
+
+
+def test_a_draft_that_must_catch_up_is_not_switched_on_when_the_answer_cannot_repay_it(
+    make_engine, tiny_dir, prompts
+):
+    engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
+    spec = engine.speculator
+    # Batch 16 as the sweep measured it, fed as steps: 2 ms a sequence, 1 ms a draft token
+    # (break-even acceptance 0.5), and catch-up steps at 0.3 ms a token.
+    for _ in range(3):
+        spec.costs.record(16, 0, 16 * 2e-3)
+        spec.costs.record(16, 64, 16 * 2e-3 + 64 * 1e-3)
+        spec.costs.record(16, 64, 16 * 2e-3 + 64 * 1e-3 + 3200 * 0.3e-3, catch_up=3200)
+    assert spec.costs.catch_up_s == pytest.approx(0.3e-3)
+    spec.num_decided[16] = 3  # not an exploring step
+    spec.num_waiting = 1  # each sequence's own acceptance decides
+    short = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    seq = _decoding(engine, prompts[14], short)  # 200 tokens the draft has no K/V for yet
+    seq.spec_acceptance = 0.65
+    assert spec.extra_catch_up(seq) == seq.num_tokens - 2
+    # By the steady rule it pays (0.65 > 0.5): the old controller drafted, and paid 198 tokens'
+    # catch-up (59 ms) to save 32 x 4 x (1.3 - 1) / 3.6 = 10.7 ms.
+    assert speculation_pays(seq.spec_acceptance, 2e-3, 1e-3)
+    assert spec.lookahead(seq, 16) == 0 and not seq.spec_is_on
+    # A long answer repays it: on.
+    long = _decoding(engine, prompts[14], SamplingParams(max_tokens=256, temperature=0.0))
+    long.spec_acceptance = 0.65
+    assert spec.lookahead(long, 16) == 4 and long.spec_is_on
+    # A draft already caught up (it drafted last step) has nothing to repay: on.
+    seq.draft_num_computed = seq.num_tokens - 1
+    seq.spec_is_on = True
+    assert spec.extra_catch_up(seq) == 0 and spec.lookahead(seq, 16) == 4
+    # An n-gram proposer has no model to catch up: the steady rule alone.
+    ngram = make_engine(speculative=SpeculativeConfig("ngram"))
+    ngram.speculator.costs = spec.costs
+    ngram.speculator.num_decided[16] = 3
+    ngram.speculator.num_waiting = 1
+    other = _decoding(ngram, prompts[14], short)
+    other.spec_acceptance = 0.65
+    assert ngram.speculator.extra_catch_up(other) == 0
+    assert ngram.speculator.is_paying(0.65, 16, catch_up=0, remaining=32)
+
+
+def test_an_exploring_step_switches_on_at_most_one_sequence_that_must_catch_up(
+    make_engine, tiny_dir, prompts
+):
+    engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
+    spec = engine.speculator
+    _with_costs(engine, 8, plain_s=2e-3, draft_s=1e-3)  # break-even acceptance 0.5
+    short = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    seqs = [_decoding(engine, prompts[i], short) for i in range(8, 16)]
+    spec.acceptance_prior = 0.3  # off by the steady rule (nothing waits: the batch decides)
+    for seq in seqs:
+        seq.spec_acceptance, seq.spec_is_on = 0.3, False
+    spec.num_decided[8] = 1  # the first of the two exploring steps
+    assert spec.is_exploring(8)
+    # Every draft lags its prompt: exploring switches one of them on, not eight.
+    assert [spec.lookahead(seq, 8) for seq in seqs] == [4] + [0] * 7
+    # A sequence whose draft is caught up is switched on as before (no one-off work).
+    seqs[3].draft_num_computed = seqs[3].num_tokens - 1
+    spec.end_step()  # the second exploring step: the one switched on drafts again
+    seqs[0].draft_num_computed = seqs[0].num_tokens - 1
+    assert spec.is_exploring(8)
+    ks = [spec.lookahead(seq, 8) for seq in seqs]
+    assert ks == [4, 0, 0, 4, 0, 0, 0, 0]
+
+
+def test_with_nothing_waiting_the_batch_decides_on_the_engines_acceptance(
+    make_engine, tiny_dir, prompts
+):
+    engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
+    spec = engine.speculator
+    _with_costs(engine, 4, plain_s=5e-3, draft_s=1.8e-3)  # break-even acceptance 0.36
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    seqs = [_decoding(engine, prompts[i], params) for i in range(4, 8)]
+    for seq in seqs:
+        seq.draft_num_computed = seq.num_tokens - 1  # caught up: the steady rule alone
+    spec.acceptance_prior = 0.5  # every recent verification's
+    # One sequence had two unlucky verifications (0.28), the others did well.
+    for seq, acceptance in zip(seqs, (0.28, 0.6, 0.55, 0.7), strict=True):
+        seq.spec_acceptance = acceptance
+    # Requests waiting: each sequence on its own; the unlucky one stops.
+    spec.start_step(num_waiting=3)
+    assert [spec.lookahead(seq, 4) for seq in seqs] == [0, 4, 4, 4]
+    spec.end_step()
+    # Nothing waiting: the unlucky one would decode one token a step while the others
+    # finish, the batch's tail at batch 1; all draft on the engine's acceptance, together.
+    spec.num_decided[4] = 3  # not an exploring step
+    spec.start_step(num_waiting=0)
+    assert [spec.lookahead(seq, 4) for seq in seqs] == [4, 4, 4, 4]
+    spec.end_step()
+    # And stop together when the engine's acceptance falls below break-even.
+    spec.num_decided[4] = 3
+    spec.acceptance_prior = 0.3
+    spec.start_step(num_waiting=0)
+    assert [spec.lookahead(seq, 4) for seq in seqs] == [0, 0, 0, 0]
+    # The engine tells the speculator how many wait at each step's start.
+    engine.add_request(prompts[9], params)
+    engine.step()
+    assert spec.num_waiting == 1
+    engine.step()
+    assert spec.num_waiting == 0
 
 
 class _StepClock:
@@ -328,6 +490,7 @@ def test_exploration_flips_the_rule_and_keeps_the_estimates_updating(
     for prompt in prompts[4:8]:
         engine.add_request(prompt, params)
     num_explored = num_plain = num_spec = 0
+    caught_up_at = -2  # the last step exploring switched on a sequence that had to catch up
     while engine.has_unfinished_requests():
         running = list(engine.scheduler.running)
         num_running = len(running)
@@ -335,12 +498,25 @@ def test_exploration_flips_the_rule_and_keeps_the_estimates_updating(
             engine.step()
             continue
         exploring = spec.is_exploring(num_running)
-        wanting = [
-            s
-            for s in running
-            if s.params.max_tokens - s.num_output_tokens > 1  # room for a draft
-            and spec.is_paying(s.spec_acceptance, num_running, is_on=s.spec_is_on) != exploring
-        ]
+        wanting = []
+        for s in running:
+            remaining = s.params.max_tokens - s.num_output_tokens
+            if remaining <= 1:
+                continue  # no room for a draft
+            catch_up = spec.extra_catch_up(s)
+            on = spec.is_paying(
+                spec.decision_acceptance(s),
+                num_running,
+                is_on=s.spec_is_on,
+                catch_up=catch_up,
+                remaining=remaining,
+            )
+            if exploring and (on or not catch_up):
+                on = not on
+            elif exploring and spec.step_index - caught_up_at > 1:
+                on, caught_up_at = True, spec.step_index  # one such sequence, not all
+            if on:
+                wanting.append(s)
         costs = spec.costs.bucket(num_running)
         before = (costs.num_spec_steps, costs.num_plain_steps, costs.num_steps)
         drafts = engine.stats()["spec_decode_num_drafts"]

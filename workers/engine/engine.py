@@ -210,7 +210,7 @@ class LLMEngine(BlockingHelpers):
         outputs, self._pending = self._pending, []
         started = time.perf_counter()
         if self.speculator:
-            self.speculator.start_step()
+            self.speculator.start_step(num_waiting=len(self.scheduler.waiting))
         batch = self.scheduler.schedule()
         assert batch.seqs or not self.scheduler.has_unfinished, "the scheduler made no progress"
         if self.tier is not None:  # before the model overwrites evicted blocks

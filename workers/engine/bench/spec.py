@@ -185,6 +185,15 @@ def spec_sweep(
             and engine.config.speculative is not None
             and engine.config.speculative.is_adaptive
         },
+        # What a token a draft model catches up on costs (microseconds), as the adaptive
+        # engines had measured it by the end (None: not measured, or no draft model).
+        "catch_up_us": {
+            name: engine.speculator.costs.catch_up_us()
+            for name, engine in engines.items()
+            if engine.speculator is not None
+            and engine.config.speculative is not None
+            and engine.config.speculative.is_adaptive
+        },
     }
 
 
@@ -341,6 +350,9 @@ def spec_sweep_print(sweep: dict[str, Any]) -> None:
         text = ", ".join(
             f"{b}: {c['break_even_acceptance']}" for b, c in buckets.items() if c["plain_us"]
         )
+        catch_up = sweep.get("catch_up_us", {}).get(name)
+        if catch_up is not None:
+            text += f"; catch-up {catch_up} us a token"
         print(f"  {name} break-even acceptance per batch bucket: {text}")
     print("  (! after a ratio: greedy output differed from none's)")
 

@@ -18,6 +18,15 @@ estimate is clamped at zero (a draft token never makes a step cheaper).
 A sequence whose drafts are accepted at rate ``a`` (accepted / drafted) and that drafts ``k``
 tokens emits ``1 + a * k`` tokens in ``plain + k * draft`` seconds instead of 1 in ``plain``:
 speculation pays exactly when ``a * plain > draft``, whatever ``k`` (``speculation_pays``).
+
+A draft model also has one-off work: before a sequence's first draft (and after steps without
+drafts) it catches up on the tokens it has no K/V for, the prompt the first time. A step where
+it did (more than ``STEADY_CATCH_UP_TOKENS`` for some sequence) is no sample of ``draft``; what
+it took beyond ``num_seqs * plain + num_drafts * draft``, per token caught up on beyond the
+steady ones, is a sample of ``catch_up`` (one estimate for all buckets: it is the draft model's
+prefill, whoever else is in the step). Switching a sequence on pays only if what its drafts
+save over its remaining tokens exceeds what its catch-up costs (``switching_on_pays``): with
+short answers after long prompts, it does not.
 """
 
 from __future__ import annotations
@@ -31,6 +40,12 @@ from dataclasses import dataclass, field
 COST_WINDOW = 15
 # Batch sizes up to this many are buckets of their own; beyond it, powers of two.
 EXACT_BUCKETS = 8
+# Tokens a draft model catches up on per sequence step after step (the last token, and the
+# bonus token after a fully accepted draft): part of what a draft token costs, not catch-up.
+STEADY_CATCH_UP_TOKENS = 2
+# A step whose catch-up beyond the steady tokens is smaller than this is no sample of the
+# catch-up cost (what a few tokens add is lost in a step's noise), nor of the draft cost.
+MIN_CATCH_UP_SAMPLE_TOKENS = 16
 
 
 def cost_bucket(num_seqs: int) -> int:
@@ -56,6 +71,36 @@ def speculation_pays(
     if plain_s is None or draft_s is None:
         return True
     return acceptance * plain_s > (1.0 + margin) * draft_s
+
+
+def switching_on_pays(
+    acceptance: float,
+    k: int,
+    remaining: int,
+    catch_up: int,
+    plain_s: float | None,
+    draft_s: float | None,
+    catch_up_s: float | None,
+    *,
+    margin: float = 0.0,
+) -> bool:
+    """Whether drafting ``k`` tokens a step for the ``remaining`` tokens of a sequence saves
+    more than its draft model's catching up on ``catch_up`` tokens first costs
+    (``catch_up_s`` each).
+
+    Speculating, it emits ``1 + a k`` tokens a step in ``plain_s + k draft_s`` seconds, which
+    plain steps would take ``(1 + a k) plain_s`` for: ``k (a plain_s - draft_s)`` saved a step,
+    ``remaining / (1 + a k)`` steps. ``margin`` is the hysteresis of ``speculation_pays``. No
+    catch-up, or a cost still unmeasured: only the steady rule decides (the optimistic prior:
+    a fresh batch-size bucket drafts once for every sequence, catch-up included, and so
+    measures what drafting costs there with the whole batch drafting)."""
+    if not speculation_pays(acceptance, plain_s, draft_s, margin=margin):
+        return False
+    if catch_up <= 0 or catch_up_s is None or plain_s is None or draft_s is None or k <= 0:
+        return True
+    a = acceptance
+    saved = remaining * k * (a * plain_s - (1.0 + margin) * draft_s) / (1.0 + a * k)
+    return saved > catch_up * catch_up_s
 
 
 @dataclass(slots=True)
@@ -93,6 +138,11 @@ class StepCosts:
 
     def __init__(self) -> None:
         self.buckets: dict[int, BucketCosts] = {}
+        # Seconds per token a draft model catches up on (beyond the steady ones), the median
+        # of the last COST_WINDOW catch-up steps' (None: not measured yet).
+        self.catch_up_s: float | None = None
+        self.catch_up_samples: deque[float] = deque(maxlen=COST_WINDOW)
+        self.num_catch_up_steps = 0
 
     def bucket(self, num_seqs: int) -> BucketCosts:
         key = cost_bucket(num_seqs)
@@ -101,13 +151,27 @@ class StepCosts:
             costs = self.buckets[key] = BucketCosts()
         return costs
 
-    def record(self, num_seqs: int, num_drafts: int, seconds: float) -> None:
+    def record(self, num_seqs: int, num_drafts: int, seconds: float, *, catch_up: int = 0) -> None:
         """One decode-only step: ``num_seqs`` sequences, ``num_drafts`` draft tokens in all,
-        ``seconds`` it took (scheduling, proposals, the target's pass, verification). A step
-        measured as taking no time (a clock too coarse for it) is not a sample."""
+        ``seconds`` it took (scheduling, proposals, the target's pass, verification), and
+        ``catch_up`` tokens the draft model caught up on beyond the steady ones. A step with
+        catch-up is a sample of the catch-up cost alone (given the bucket's estimates, once
+        known; a few tokens' worth is no sample); a step measured as taking no time (a clock
+        too coarse for it) is not a sample."""
         if num_seqs < 1 or seconds <= 0.0:
             return
         costs = self.bucket(num_seqs)
+        if catch_up > 0:
+            if (
+                catch_up >= MIN_CATCH_UP_SAMPLE_TOKENS
+                and costs.plain_s is not None
+                and costs.draft_s is not None
+            ):
+                steady = num_seqs * costs.plain_s + num_drafts * costs.draft_s
+                self.num_catch_up_steps += 1
+                self.catch_up_samples.append((seconds - steady) / catch_up)
+                self.catch_up_s = max(statistics.median(self.catch_up_samples), 0.0)
+            return
         costs.num_steps += 1
         if num_drafts == 0:
             costs.num_plain_steps += 1
@@ -135,3 +199,7 @@ class StepCosts:
             }
             for key, c in sorted(self.buckets.items())
         }
+
+    def catch_up_us(self) -> float | None:
+        """Microseconds per token a draft model catches up on (None: not measured yet)."""
+        return None if self.catch_up_s is None else round(self.catch_up_s * 1e6, 1)

@@ -92,6 +92,10 @@ class DraftProposer:
     def lookahead(self, seq: Sequence, k: int) -> int:
         return k
 
+    def catch_up(self, seq: Sequence) -> int:
+        """Tokens of ``seq`` the draft has no K/V for: its next proposal's first pass."""
+        return seq.num_tokens - seq.draft_num_computed
+
     def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
         """Fill each sequence's ``spec_token_ids`` (k of them) and ``spec_draft_probs``."""
         drafts: list[list[int]] = [[] for _ in seqs]

@@ -6,11 +6,17 @@ Who speculates: the hard rules first (the request allows it, no penalties, guide
 acceptance pause), then, when the config is adaptive, the measured costs: a sequence drafts
 when its smoothed acceptance makes a step with drafts yield more tokens per second than one
 without at the current batch size (``costs.speculation_pays``; a new sequence's acceptance
-starts from the engine's recent one), with hysteresis: a sequence
+starts from the engine's recent one; with no request waiting for a slot, every sequence
+decides on the engine's acceptance, see ``decision_acceptance``), with hysteresis: a sequence
 that speculated last time stops only once the rule fails by ``SWITCH_MARGIN``, one that did not
-starts only once it passes by as much. Two steps in a row out of every ``explore_interval`` of a
-batch-size bucket do the opposite, so both costs and every sequence's acceptance stay
-measured."""
+starts only once it passes by as much. A sequence whose draft model would first have to catch
+up (its prompt, or the tokens of its steps without drafts) starts only if its drafts would save
+more over its remaining tokens than the catch-up costs (``costs.switching_on_pays``, the
+catch-up measured per token like the other costs). Two steps in a row out of every
+``explore_interval`` of a batch-size bucket do the opposite, so both costs and every sequence's
+acceptance stay measured, except that an exploring step switches on at most one sequence that
+would have to catch up: that is the one-off work the rule declined, and paying it for every
+sequence of the batch cost more than speculation could win back at large batch sizes."""
 
 from __future__ import annotations
 
@@ -23,7 +29,12 @@ import torch
 from workers.engine.config import SpeculativeConfig
 from workers.engine.scheduler import ScheduledBatch
 from workers.engine.sequence import Sequence
-from workers.engine.spec.costs import StepCosts, cost_bucket, speculation_pays
+from workers.engine.spec.costs import (
+    STEADY_CATCH_UP_TOKENS,
+    StepCosts,
+    cost_bucket,
+    switching_on_pays,
+)
 from workers.engine.spec.rejection import verify
 
 # How fast a request's acceptance rate follows its latest verifications (an exponential average).
@@ -35,10 +46,6 @@ PRIOR_SMOOTHING = 0.05
 # optimistic prior), its next two decode plainly, the fourth speculates again, so both costs
 # are known within a few steps.
 EXPLORE_INTERVAL_UNMEASURED = 4
-# A draft model that had to catch up on more tokens than this per sequence (a sequence's
-# first speculative step after a prompt or after steps without drafts) did one-off work: such
-# a step is not a measure of what speculation costs step after step, and is not recorded.
-STEADY_CATCH_UP_TOKENS = 2
 # Hysteresis of the cost rule, relative to a draft token's cost: a speculating sequence stops
 # when acceptance x plain < (1 - margin) x draft, one that is not starts when it exceeds
 # (1 + margin) x draft. Inside that band either choice is within a few per cent of the other
@@ -50,6 +57,9 @@ SWITCH_MARGIN = 0.05
 class Proposer(Protocol):
     def lookahead(self, seq: Sequence, k: int) -> int:
         """Draft slots to reserve for ``seq`` this step (at most ``k``)."""
+
+    # Optional: ``catch_up(seq) -> int``, the tokens the proposer must process for ``seq``
+    # before its first draft (a draft model's tokens without K/V); without it, none.
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
         """Set ``spec_token_ids`` (``ks[i]`` tokens) and ``spec_draft_probs`` of each sequence."""
@@ -110,21 +120,29 @@ class Speculator:
         self.acceptance_prior = 1.0
         self.num_decided: dict[int, int] = {}  # bucket -> steps decided in it
         self._decided_buckets: set[int] = set()  # this step's
-        self._step_shape: tuple[int, int] | None = None  # a decode-only step: (seqs, drafts)
+        # The last step an exploring step switched on a sequence that had to catch up (one in
+        # two exploring steps: enough to keep the draft cost and acceptance measured, at one
+        # catch-up's price).
+        self._explored_catch_up_step = -2
+        # A decode-only step: (seqs, drafts, catch-up tokens beyond the steady ones).
+        self._step_shape: tuple[int, int, int] | None = None
         self._step_started: float | None = None
+        # Requests waiting for a slot when the step started (the engine tells ``start_step``):
+        # none, and the batch decides on one acceptance (``decision_acceptance``).
+        self.num_waiting = 0
 
     def lookahead(self, seq: Sequence, num_running: int) -> int:
         """Draft slots for a decoding sequence this step; 0: it decodes one token as usual."""
         seq.spec_token_ids = []
-        if not self._is_speculating(seq, num_running):
-            return 0
         # Never draft past max_tokens (one more token always comes from the target) or the context.
         k = min(
             self.config.num_speculative_tokens,
             seq.params.max_tokens - seq.num_output_tokens - 1,
             self.max_model_len - seq.num_tokens,
         )
-        return self.proposer.lookahead(seq, k) if k > 0 else 0
+        if k <= 0 or not self._is_speculating(seq, num_running):
+            return 0
+        return self.proposer.lookahead(seq, k)
 
     def _is_speculating(self, seq: Sequence, num_running: int) -> bool:
         params = seq.params
@@ -148,15 +166,71 @@ class Speculator:
         self._decided_buckets.add(cost_bucket(num_running))
         if seq.spec_is_new:
             seq.spec_acceptance, seq.spec_is_new = self.acceptance_prior, False
-        seq.spec_is_on = self.is_paying(seq.spec_acceptance, num_running, is_on=seq.spec_is_on)
-        return seq.spec_is_on != self.is_exploring(num_running)
+        catch_up = self.extra_catch_up(seq)
+        seq.spec_is_on = self.is_paying(
+            self.decision_acceptance(seq),
+            num_running,
+            is_on=seq.spec_is_on,
+            catch_up=catch_up,
+            remaining=params.max_tokens - seq.num_output_tokens,
+        )
+        if not self.is_exploring(num_running):
+            return seq.spec_is_on
+        if seq.spec_is_on or not catch_up:
+            return not seq.spec_is_on
+        if self.step_index - self._explored_catch_up_step <= 1:
+            return False  # one in the two exploring steps: the second measures its drafts
+        self._explored_catch_up_step = self.step_index
+        return True
 
-    def is_paying(self, acceptance: float, num_running: int, *, is_on: bool = True) -> bool:
+    def decision_acceptance(self, seq: Sequence) -> float:
+        """The acceptance the cost rule weighs for ``seq``: its own while requests wait for a
+        slot, else the engine's.
+
+        The rule values a token at a sequence's share of a step, which is what finishing early
+        is worth when a waiting request takes the slot. With nothing waiting it frees nothing:
+        the batch takes as many steps as its slowest sequence, and a step costs little less with
+        one sequence fewer (on a CPU a plain step at batch 4 cost 22 ms, at batch 1 16 ms). A
+        sequence switched off on a few unlucky verifications (its acceptance is an average of a
+        handful) then decodes one token a step while the others finish, and the batch's tail
+        runs plainly at batch 1 or 2: the sweep measured draft adaptive below both forced draft
+        and ``none`` that way. Drafting together or not at all, on the acceptance of every
+        recent verification, is what the rule's comparison means for a batch, and it is far
+        less noisy than one sequence's."""
+        return seq.spec_acceptance if self.num_waiting else self.acceptance_prior
+
+    def extra_catch_up(self, seq: Sequence) -> int:
+        """Tokens the proposer must catch up on for ``seq`` before drafting, beyond the steady
+        ones (0 for a proposer without a model of its own)."""
+        catch_up = getattr(self.proposer, "catch_up", None)
+        return 0 if catch_up is None else max(catch_up(seq) - STEADY_CATCH_UP_TOKENS, 0)
+
+    def is_paying(
+        self,
+        acceptance: float,
+        num_running: int,
+        *,
+        is_on: bool = True,
+        catch_up: int = 0,
+        remaining: int = 0,
+    ) -> bool:
         """The cost rule: whether a sequence with this acceptance speculates at this batch
-        size, given whether it did last time (``is_on``: the hysteresis's side)."""
+        size, given whether it did last time (``is_on``: the hysteresis's side), and, if its
+        draft model must first catch up on ``catch_up`` tokens, whether the ``remaining``
+        tokens it may still emit repay that."""
         costs = self.costs.bucket(num_running)
         margin = -SWITCH_MARGIN if is_on else SWITCH_MARGIN
-        return speculation_pays(acceptance, costs.plain_s, costs.draft_s, margin=margin)
+        k = min(self.config.num_speculative_tokens, remaining - 1)
+        return switching_on_pays(
+            acceptance,
+            k,
+            remaining,
+            catch_up,
+            costs.plain_s,
+            costs.draft_s,
+            self.costs.catch_up_s,
+            margin=margin,
+        )
 
     def is_exploring(self, num_running: int) -> bool:
         """Whether this step does the opposite of the cost rule, to keep its estimates fresh:
@@ -180,11 +254,11 @@ class Speculator:
                 ks.append(n - 1)
             else:
                 seq.spec_token_ids = []
+        # Before proposing: what the draft model catches up on (a sample of that cost only).
+        catch_up = sum(self.extra_catch_up(seq) for seq in seqs)
         if seqs:
             self.proposer.propose(seqs, ks)
-            if getattr(self.proposer, "max_catch_up", 0) > STEADY_CATCH_UP_TOKENS:
-                is_decode_only = False  # one-off work: not a measure of the step's cost
-        self._step_shape = (len(batch.seqs), sum(ks)) if is_decode_only else None
+        self._step_shape = (len(batch.seqs), sum(ks), catch_up) if is_decode_only else None
         for seq, k in zip(seqs, ks, strict=False):
             assert len(seq.spec_token_ids) == k, (
                 f"{seq}: proposed {len(seq.spec_token_ids)} tokens for {k} slots"
@@ -212,14 +286,18 @@ class Speculator:
         seq.spec_draft_probs = None
         seq.draft_num_computed = min(seq.draft_num_computed, seq.num_computed_tokens)
 
-    def start_step(self) -> None:
-        """The engine starts a step (before scheduling): the cost model's clock starts."""
+    def start_step(self, *, num_waiting: int = 0) -> None:
+        """The engine starts a step (before scheduling), ``num_waiting`` requests waiting for a
+        slot: the cost model's clock starts."""
+        self.num_waiting = num_waiting
         self._step_started = self.clock()
 
     def end_step(self) -> None:
         """The step is done (verified): a decode-only one feeds the cost model what it took."""
         if self._step_shape is not None and self._step_started is not None:
-            self.costs.record(*self._step_shape, self.clock() - self._step_started)
+            num_seqs, num_drafts, catch_up = self._step_shape
+            seconds = self.clock() - self._step_started
+            self.costs.record(num_seqs, num_drafts, seconds, catch_up=catch_up)
         self._step_shape = self._step_started = None
         for bucket in self._decided_buckets:
             self.num_decided[bucket] = self.num_decided.get(bucket, 0) + 1
