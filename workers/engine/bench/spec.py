@@ -166,6 +166,13 @@ def spec_sweep(
             load.append(_load())
             per_batch[str(batch)] = {**_sweep_cell(runs), "load_avg": load}
         results[workload] = per_batch
+    adaptive = {  # the adaptive engines' cost models
+        name: engine.speculator.costs
+        for name, engine in engines.items()
+        if engine.speculator is not None
+        and engine.config.speculative is not None
+        and engine.config.speculative.is_adaptive
+    }
     return {
         "batch_sizes": list(batch_sizes),
         "repeat": repeat,
@@ -178,22 +185,10 @@ def spec_sweep(
         # What the adaptive engines had measured by the end: per batch-size bucket, one
         # sequence's share of a plain step, what a draft token adds, and their quotient (the
         # acceptance rate above which speculating pays).
-        "costs": {
-            name: engine.speculator.costs.snapshot()
-            for name, engine in engines.items()
-            if engine.speculator is not None
-            and engine.config.speculative is not None
-            and engine.config.speculative.is_adaptive
-        },
+        "costs": {name: costs.snapshot() for name, costs in adaptive.items()},
         # What a token a draft model catches up on costs (microseconds), as the adaptive
         # engines had measured it by the end (None: not measured, or no draft model).
-        "catch_up_us": {
-            name: engine.speculator.costs.catch_up_us()
-            for name, engine in engines.items()
-            if engine.speculator is not None
-            and engine.config.speculative is not None
-            and engine.config.speculative.is_adaptive
-        },
+        "catch_up_us": {name: costs.catch_up_us() for name, costs in adaptive.items()},
     }
 
 
