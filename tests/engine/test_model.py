@@ -79,6 +79,21 @@ def test_checkpoint_variants_load_and_match_hf(tmp_path, overrides):
     torch.testing.assert_close(_dense_logits(ours, ids), ref, atol=ATOL, rtol=0)
 
 
+def test_the_benchmarks_hf_side_runs_the_same_qwen2_model(tmp_path):
+    """`bench engine --preset qwen2-0.5b` compares against transformers on the same weights:
+    its loader keeps Qwen2's QKV biases (a Llama class would drop them with a warning)."""
+    from workers.engine.bench.hf import hf_model_load
+
+    path = preset_create("tiny", tmp_path / "qwen2", seed=4, model_type="qwen2")
+    hf = hf_model_load(path)
+    assert hf.model.layers[0].self_attn.q_proj.bias is not None
+    ours = model_load(path, device=torch.device("cpu"), dtype=torch.float32, max_positions=1024)
+    ids = torch.randint(5, 261, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(_dense_logits(ours, ids), ref, atol=ATOL, rtol=0)
+
+
 def test_legacy_rope_theta_config_loads(tmp_path):
     """Older config.json files carry rope_theta/rope_scaling instead of rope_parameters."""
     path = preset_create("tiny", tmp_path / "legacy", seed=0, rope_theta=1234.0)

@@ -15,9 +15,11 @@ PAD_ID = 0
 
 
 def hf_model_load(model_dir: Path):
-    from transformers import LlamaForCausalLM
+    """The architecture config.json names (Qwen2 keeps its QKV biases, which transformers'
+    Llama class would drop and warn about), so both systems run the same model."""
+    from transformers import AutoModelForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # fixed output lengths, like ignore_eos
     model.generation_config.pad_token_id = PAD_ID
     return model
