@@ -95,8 +95,8 @@ def paged_attention(
             o = _fresh_prefill(query, k[group.rows], v[group.rows], scale)
         else:
             k_blocks, v_blocks = workspace.get(k_cache, group.block_ids.numel())
-            torch.index_select(k_cache, 1, group.block_ids, out=k_blocks)
-            torch.index_select(v_cache, 1, group.block_ids, out=v_blocks)
+            _blocks_gather(k_cache, group.block_ids, k_blocks)
+            _blocks_gather(v_cache, group.block_ids, v_blocks)
             # [B, kv_heads, num_keys, head_dim], a view of the gathered blocks
             keys = k_blocks.view(kv_heads, group.num_seqs, -1, head_dim).transpose(0, 1)
             values = v_blocks.view(kv_heads, group.num_seqs, -1, head_dim).transpose(0, 1)
@@ -113,6 +113,19 @@ def paged_attention(
             )
             out.index_copy_(0, group.out_rows, o.index_select(0, group.out_index))
     return out
+
+
+def _blocks_gather(cache: torch.Tensor, block_ids: torch.Tensor, out: torch.Tensor) -> None:
+    """`cache`'s blocks `block_ids` into `out` ([kv_heads, len(block_ids), block_size, head_dim]).
+    On the CPU, one index_select along the first dimension per KV head: ATen copies whole rows
+    there, where a select along the blocks' dimension (1) goes element by element; the gather
+    was the largest op after the projections in a decode step's profile (`python -m
+    workers.engine.bench.profile_step`), and this way takes about half its time."""
+    if cache.device.type != "cpu":
+        torch.index_select(cache, 1, block_ids, out=out)
+        return
+    for head in range(cache.shape[0]):
+        torch.index_select(cache[head], 0, block_ids, out=out[head])
 
 
 def _fresh_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
