@@ -16,6 +16,11 @@ FORWARDED_ALLOW_IPS ?=
 
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/fairlane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+# pytest-xdist workers `make test` runs the suite on, a test file each at a time (its module's
+# servers start once); each has its own test database and Redis database (tests/xdist_env.py).
+# Most of the suite waits on the processes it starts, so 2 workers on 2 cores take about a
+# third of one's time. TEST_WORKERS=0: one process, no xdist.
+TEST_WORKERS ?= 2
 
 .PHONY: run lint test venv test-venv docs services chromium demo-key manage worker beat bench smoke clean sbom gpu-check
 
@@ -75,7 +80,7 @@ lint: test-venv
 test: test-venv services chromium docs lint
 	$(PY) manage.py collectstatic --noinput -v0
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
-		FAIRLANE_DB_POOL_SIZE=0 $(PY) -m pytest $(ARGS)
+		FAIRLANE_DB_POOL_SIZE=0 $(PY) -m pytest -p tests.xdist_env -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 demo-key: venv
 	$(PY) manage.py demo_setup --new-key --base-url http://$(HOST):$(PORT)

@@ -324,8 +324,10 @@ def test_a_flood_holding_every_slot_does_not_make_another_tenant_wait(
             record = wait_for(
                 lambda rid=request_id: UsageRecord.objects.filter(request_id=rid).first()
             )
-            assert record.status == UsageRecord.Status.CANCELLED
-            assert 0 < record.completion_tokens < LONG["max_tokens"]
+            # What the worker generated, against what the client read before it left.
+            sent = (record.status, record.completion_tokens, counts)
+            assert record.status == UsageRecord.Status.CANCELLED, sent
+            assert 0 < record.completion_tokens < LONG["max_tokens"], sent
             assert record.cost_microcents == expected_cost(record)
 
         def preempted() -> int:
