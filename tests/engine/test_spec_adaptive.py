@@ -22,7 +22,7 @@ from workers.engine.spec.costs import (
     speculation_pays,
     switching_on_pays,
 )
-from workers.engine.spec.speculator import SWITCH_MARGIN
+from workers.engine.spec.speculator import EXPLORE_BACKOFF_MAX, SWITCH_MARGIN
 
 
 def _throughputs(
@@ -535,6 +535,42 @@ def test_exploration_flips_the_rule_and_keeps_the_estimates_updating(
     assert num_explored >= 3
     assert num_plain >= 3 and num_spec >= 3, "both kinds of step were measured again"
     assert spec.costs.bucket(4).draft_s != (-1.0 if pays else 1.0)
+
+
+def test_exploration_backs_off_while_it_confirms_the_rule_and_resets_when_it_changes(
+    make_engine, prompts
+):
+    """An exploration costs what the rule saves; while each one leaves the verdict as it was,
+    the bucket explores half as often, down to once in EXPLORE_BACKOFF_MAX intervals, and a
+    verdict that changed brings it back to every interval."""
+    engine = make_engine(speculative=SpeculativeConfig("ngram", prompt_lookup_min=1))
+    spec = engine.speculator
+    interval = spec.config.explore_interval
+    bucket = spec.costs.bucket(4)
+    bucket.plain_s, bucket.draft_s = 1e-3, 1e-3  # break-even acceptance 1.0: never pays
+    spec.acceptance_prior = 0.3
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    seqs = [_decoding(engine, prompts[i], params) for i in range(4, 8)]
+    explored = []
+    for n in range(EXPLORE_BACKOFF_MAX * interval * 3 + 2 * interval + 4):
+        if n == EXPLORE_BACKOFF_MAX * interval * 2 + 8:
+            bucket.draft_s, spec.acceptance_prior = 1e-4, 0.9  # now it pays
+        spec.start_step()
+        if spec.is_exploring(4):
+            explored.append(n)
+        for seq in seqs:
+            spec.lookahead(seq, 4)
+        spec.end_step()
+    pairs = [n for n in explored if n % 2]
+    assert explored == [p + i for p in pairs for i in (0, 1)], "two steps in a row each time"
+    # The first exploration records the verdict; each that confirms it doubles the interval
+    # (the next exploration comes at the next multiple of the new one, plus one).
+    gaps = [b - a for a, b in itertools.pairwise(pairs)]
+    top = EXPLORE_BACKOFF_MAX * interval
+    assert gaps[:6] == [interval, interval, 2 * interval, 4 * interval, top, top]
+    # The exploration after the costs changed finds the verdict changed: every interval again.
+    changed = next(i for i, p in enumerate(pairs) if p > 2 * top + 8)
+    assert gaps[changed] == interval
 
 
 def test_a_fresh_engine_speculates_then_measures_a_plain_step(make_engine, tiny_dir, prompts):

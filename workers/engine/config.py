@@ -133,7 +133,8 @@ class SpeculativeConfig:
     drafts when, by the engine's measured step costs at the current batch size and the
     request's smoothed acceptance rate, a step with drafts yields more tokens per second than
     one without; two steps out of every ``explore_interval`` of a batch size do the opposite,
-    to keep the estimates fresh. ``is_adaptive=False``: every eligible sequence drafts
+    to keep the estimates fresh (the interval doubles, up to 8 times, while each exploration
+    confirms the rule's verdict). ``is_adaptive=False``: every eligible sequence drafts
     (forced). Either way two optional hard rules apply on top: no speculation while more than
     ``disable_by_batch_size`` sequences run (None: no cap, the cost rule alone decides), and a
     request whose acceptance rate falls below ``min_acceptance_rate`` (0.0: never) pauses for

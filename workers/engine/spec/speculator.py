@@ -14,7 +14,9 @@ up (its prompt, or the tokens of its steps without drafts) starts only if its dr
 more over its remaining tokens than the catch-up costs (``costs.switching_on_pays``, the
 catch-up measured per token like the other costs). Two steps in a row out of every
 ``explore_interval`` of a batch-size bucket do the opposite, so both costs and every sequence's
-acceptance stay measured, except that an exploring step switches on at most one sequence that
+acceptance stay measured (the interval doubles, up to ``EXPLORE_BACKOFF_MAX`` times, while each
+exploration leaves the rule's verdict as it was, and is back at ``explore_interval`` once one
+changes it), except that an exploring step switches on at most one sequence that
 would have to catch up: that is the one-off work the rule declined, and paying it for every
 sequence of the batch cost more than speculation could win back at large batch sizes."""
 
@@ -33,6 +35,7 @@ from workers.engine.spec.costs import (
     STEADY_CATCH_UP_TOKENS,
     StepCosts,
     cost_bucket,
+    speculation_pays,
     switching_on_pays,
 )
 from workers.engine.spec.rejection import verify
@@ -52,6 +55,11 @@ EXPLORE_INTERVAL_UNMEASURED = 4
 # (at most margin x a k / (1 + a k) of the throughput), so estimates that wobble around the
 # break-even point do not switch a sequence back and forth.
 SWITCH_MARGIN = 0.05
+# Exploring costs what the rule saves: a step that drafts where drafting does not pay (or does
+# not where it does). Where each exploration confirms the rule's verdict (at the engine's
+# acceptance, with the estimates it refreshed), the bucket's interval doubles, up to this many
+# times ``explore_interval``; a verdict that changed brings it back to ``explore_interval``.
+EXPLORE_BACKOFF_MAX = 8
 
 
 class Proposer(Protocol):
@@ -120,6 +128,12 @@ class Speculator:
         self.acceptance_prior = 1.0
         self.num_decided: dict[int, int] = {}  # bucket -> steps decided in it
         self._decided_buckets: set[int] = set()  # this step's
+        # Measured buckets whose step this one explores (this step's), and per bucket the
+        # exploration interval's multiple of ``explore_interval`` (its backoff) and the rule's
+        # verdict after its last exploration.
+        self._explored_buckets: set[int] = set()
+        self.explore_backoff: dict[int, int] = {}
+        self._explore_verdicts: dict[int, bool] = {}
         # The last step an exploring step switched on a sequence that had to catch up (one in
         # two exploring steps: enough to keep the draft cost and acceptance measured, at one
         # catch-up's price).
@@ -176,6 +190,8 @@ class Speculator:
         )
         if not self.is_exploring(num_running):
             return seq.spec_is_on
+        if self._is_measured(num_running):
+            self._explored_buckets.add(cost_bucket(num_running))
         if seq.spec_is_on or not catch_up:
             return not seq.spec_is_on
         if self.step_index - self._explored_catch_up_step <= 1:
@@ -235,11 +251,36 @@ class Speculator:
     def is_exploring(self, num_running: int) -> bool:
         """Whether this step does the opposite of the cost rule, to keep its estimates fresh:
         two steps in a row (the first of a sequence's speculative steps after a break is not
-        measured) out of every ``explore_interval`` of the bucket, starting with its second."""
+        measured) out of every ``explore_interval`` of the bucket (times its backoff), starting
+        with its second."""
+        return self.num_decided.get(cost_bucket(num_running), 0) % self._explore_interval(
+            num_running
+        ) in (1, 2)
+
+    def _is_measured(self, num_running: int) -> bool:
         costs = self.costs.bucket(num_running)
-        is_measured = costs.plain_s is not None and costs.draft_s is not None
-        interval = self.config.explore_interval if is_measured else EXPLORE_INTERVAL_UNMEASURED
-        return self.num_decided.get(cost_bucket(num_running), 0) % interval in (1, 2)
+        return costs.plain_s is not None and costs.draft_s is not None
+
+    def _explore_interval(self, num_running: int) -> int:
+        if not self._is_measured(num_running):
+            return EXPLORE_INTERVAL_UNMEASURED
+        backoff = self.explore_backoff.get(cost_bucket(num_running), 1)
+        return self.config.explore_interval * backoff
+
+    def _explored(self, bucket: int) -> None:
+        """The second step of an exploration of ``bucket`` is measured: back the interval off
+        if the rule's verdict, at the engine's acceptance, is the one the last exploration left
+        (the first only records it), else start again from ``explore_interval``."""
+        costs = self.costs.buckets[bucket]
+        verdict = speculation_pays(self.acceptance_prior, costs.plain_s, costs.draft_s)
+        last = self._explore_verdicts.get(bucket)
+        backoff = self.explore_backoff.get(bucket, 1)
+        if last is None or last == verdict:
+            backoff = backoff if last is None else min(backoff * 2, EXPLORE_BACKOFF_MAX)
+        else:
+            backoff = 1
+        self.explore_backoff[bucket] = backoff
+        self._explore_verdicts[bucket] = verdict
 
     def propose(self, batch: ScheduledBatch) -> int:
         """Drafts for the batch's speculative sequences; returns their tokens this step (k + 1
@@ -300,6 +341,13 @@ class Speculator:
             self.costs.record(num_seqs, num_drafts, seconds, catch_up=catch_up)
         self._step_shape = self._step_started = None
         for bucket in self._decided_buckets:
-            self.num_decided[bucket] = self.num_decided.get(bucket, 0) + 1
+            num_decided = self.num_decided.get(bucket, 0)
+            if (
+                bucket in self._explored_buckets
+                and num_decided % self._explore_interval(bucket) == 2
+            ):
+                self._explored(bucket)
+            self.num_decided[bucket] = num_decided + 1
         self._decided_buckets.clear()
+        self._explored_buckets.clear()
         self.step_index += 1
