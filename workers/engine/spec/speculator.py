@@ -132,7 +132,7 @@ class Speculator:
         # exploration interval's multiple of ``explore_interval`` (its backoff) and the rule's
         # verdict after its last exploration.
         self._explored_buckets: set[int] = set()
-        self.explore_backoff: dict[int, int] = {}
+        self._explore_backoff: dict[int, int] = {}
         self._explore_verdicts: dict[int, bool] = {}
         # The last step an exploring step switched on a sequence that had to catch up (one in
         # two exploring steps: enough to keep the draft cost and acceptance measured, at one
@@ -190,7 +190,7 @@ class Speculator:
         )
         if not self.is_exploring(num_running):
             return seq.spec_is_on
-        if self._is_measured(num_running):
+        if self._is_measured(cost_bucket(num_running)):
             self._explored_buckets.add(cost_bucket(num_running))
         if seq.spec_is_on or not catch_up:
             return not seq.spec_is_on
@@ -253,19 +253,17 @@ class Speculator:
         two steps in a row (the first of a sequence's speculative steps after a break is not
         measured) out of every ``explore_interval`` of the bucket (times its backoff), starting
         with its second."""
-        return self.num_decided.get(cost_bucket(num_running), 0) % self._explore_interval(
-            num_running
-        ) in (1, 2)
+        bucket = cost_bucket(num_running)
+        return self.num_decided.get(bucket, 0) % self._explore_interval(bucket) in (1, 2)
 
-    def _is_measured(self, num_running: int) -> bool:
-        costs = self.costs.bucket(num_running)
+    def _is_measured(self, bucket: int) -> bool:
+        costs = self.costs.bucket(bucket)
         return costs.plain_s is not None and costs.draft_s is not None
 
-    def _explore_interval(self, num_running: int) -> int:
-        if not self._is_measured(num_running):
+    def _explore_interval(self, bucket: int) -> int:
+        if not self._is_measured(bucket):
             return EXPLORE_INTERVAL_UNMEASURED
-        backoff = self.explore_backoff.get(cost_bucket(num_running), 1)
-        return self.config.explore_interval * backoff
+        return self.config.explore_interval * self._explore_backoff.get(bucket, 1)
 
     def _explored(self, bucket: int) -> None:
         """The second step of an exploration of ``bucket`` is measured: back the interval off
@@ -274,12 +272,11 @@ class Speculator:
         costs = self.costs.buckets[bucket]
         verdict = speculation_pays(self.acceptance_prior, costs.plain_s, costs.draft_s)
         last = self._explore_verdicts.get(bucket)
-        backoff = self.explore_backoff.get(bucket, 1)
-        if last is None or last == verdict:
-            backoff = backoff if last is None else min(backoff * 2, EXPLORE_BACKOFF_MAX)
-        else:
-            backoff = 1
-        self.explore_backoff[bucket] = backoff
+        if last is not None:
+            backoff = self._explore_backoff.get(bucket, 1)
+            self._explore_backoff[bucket] = (
+                min(backoff * 2, EXPLORE_BACKOFF_MAX) if last == verdict else 1
+            )
         self._explore_verdicts[bucket] = verdict
 
     def propose(self, batch: ScheduledBatch) -> int:
