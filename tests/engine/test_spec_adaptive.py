@@ -14,6 +14,7 @@ import pytest
 from workers.engine import LLMEngine, SamplingParams
 from workers.engine.bench.spec import SWEEP_BATCHES, spec_print, spec_section
 from workers.engine.config import SpeculativeConfig
+from workers.engine.spec.choice import MethodChoice
 from workers.engine.spec.costs import (
     COST_WINDOW,
     MIN_CATCH_UP_SAMPLE_TOKENS,
@@ -260,7 +261,9 @@ def _with_costs(engine: LLMEngine, num_seqs: int, *, plain_s: float, draft_s: fl
 
 
 def test_the_controller_follows_the_costs_and_keeps_the_fixed_rules(make_engine, tiny_dir, prompts):
-    engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
+    engine = make_engine(
+        speculative=SpeculativeConfig("draft", model=str(tiny_dir), also_prompt_lookup=False)
+    )
     greedy = SamplingParams(max_tokens=64, temperature=0.0)
     spec = engine.speculator
     spec.num_waiting = 1  # requests wait for a slot: each sequence's own acceptance decides
@@ -287,7 +290,9 @@ def test_the_controller_follows_the_costs_and_keeps_the_fixed_rules(make_engine,
     assert spec.lookahead(penalised, 2) == 0
     # The batch cap stays a hard cap on top of the costs.
     capped = make_engine(
-        speculative=SpeculativeConfig("draft", model=str(tiny_dir), disable_by_batch_size=4)
+        speculative=SpeculativeConfig(
+            "draft", model=str(tiny_dir), disable_by_batch_size=4, also_prompt_lookup=False
+        )
     )
     _with_costs(capped, 8, plain_s=2e-3, draft_s=0.0)
     capped.speculator.num_waiting = 1
@@ -299,7 +304,9 @@ def test_the_controller_follows_the_costs_and_keeps_the_fixed_rules(make_engine,
 def test_hysteresis_keeps_a_sequence_on_or_off_near_the_break_even_point(
     make_engine, tiny_dir, prompts
 ):
-    engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
+    engine = make_engine(
+        speculative=SpeculativeConfig("draft", model=str(tiny_dir), also_prompt_lookup=False)
+    )
     spec = engine.speculator
     spec.num_waiting = 1  # each sequence's own acceptance decides
     seq = _decoding(engine, prompts[5], SamplingParams(max_tokens=64, temperature=0.0))
@@ -323,7 +330,9 @@ def test_hysteresis_keeps_a_sequence_on_or_off_near_the_break_even_point(
 def test_a_new_sequence_starts_from_the_engines_acceptance_not_an_optimistic_one(
     make_engine, tiny_dir, prompts
 ):
-    engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
+    engine = make_engine(
+        speculative=SpeculativeConfig("draft", model=str(tiny_dir), also_prompt_lookup=False)
+    )
     spec = engine.speculator
     _with_costs(engine, 8, plain_s=2e-3, draft_s=1e-3)  # break-even acceptance 0.5
     greedy = SamplingParams(max_tokens=64, temperature=0.0)
@@ -333,7 +342,7 @@ def test_a_new_sequence_starts_from_the_engines_acceptance_not_an_optimistic_one
     assert spec.lookahead(first, 8) == 4 and first.spec_acceptance == 1.0
     # Forty verifications accept 1 draft in 4: the engine's acceptance falls towards 0.25.
     for _ in range(40):
-        spec._record(first, 4, 1)
+        spec.record_verification(first, 4, 1)
     assert spec.acceptance_prior < 0.5
     new = engine.make_sequence(prompts[6], greedy)
     new.num_computed_tokens = new.num_tokens - 1
@@ -344,7 +353,9 @@ def test_a_new_sequence_starts_from_the_engines_acceptance_not_an_optimistic_one
 def test_a_draft_that_must_catch_up_is_not_switched_on_when_the_answer_cannot_repay_it(
     make_engine, tiny_dir, prompts
 ):
-    engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
+    engine = make_engine(
+        speculative=SpeculativeConfig("draft", model=str(tiny_dir), also_prompt_lookup=False)
+    )
     spec = engine.speculator
     # Batch 16 as the sweep measured it, fed as steps: 2 ms a sequence, 1 ms a draft token
     # (break-even acceptance 0.5), and catch-up steps at 0.3 ms a token.
@@ -385,7 +396,9 @@ def test_a_draft_that_must_catch_up_is_not_switched_on_when_the_answer_cannot_re
 def test_an_exploring_step_switches_on_at_most_one_sequence_that_must_catch_up(
     make_engine, tiny_dir, prompts
 ):
-    engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
+    engine = make_engine(
+        speculative=SpeculativeConfig("draft", model=str(tiny_dir), also_prompt_lookup=False)
+    )
     spec = engine.speculator
     _with_costs(engine, 8, plain_s=2e-3, draft_s=1e-3)  # break-even acceptance 0.5
     short = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
@@ -409,7 +422,9 @@ def test_an_exploring_step_switches_on_at_most_one_sequence_that_must_catch_up(
 def test_with_nothing_waiting_the_batch_decides_on_the_engines_acceptance(
     make_engine, tiny_dir, prompts
 ):
-    engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
+    engine = make_engine(
+        speculative=SpeculativeConfig("draft", model=str(tiny_dir), also_prompt_lookup=False)
+    )
     spec = engine.speculator
     _with_costs(engine, 4, plain_s=5e-3, draft_s=1.8e-3)  # break-even acceptance 0.36
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
@@ -480,7 +495,9 @@ def test_exploration_flips_the_rule_and_keeps_the_estimates_updating(
 ):
     interval = 6
     engine = make_engine(
-        speculative=SpeculativeConfig("draft", model=str(tiny_dir), explore_interval=interval)
+        speculative=SpeculativeConfig(
+            "draft", model=str(tiny_dir), explore_interval=interval, also_prompt_lookup=False
+        )
     )
     spec = engine.speculator
     # Start from costs that say always (drafts save time) or never (a draft token dearer than
@@ -574,7 +591,9 @@ def test_exploration_backs_off_while_it_confirms_the_rule_and_resets_when_it_cha
 
 
 def test_a_fresh_engine_speculates_then_measures_a_plain_step(make_engine, tiny_dir, prompts):
-    engine = make_engine(speculative=SpeculativeConfig("draft", model=str(tiny_dir)))
+    engine = make_engine(
+        speculative=SpeculativeConfig("draft", model=str(tiny_dir), also_prompt_lookup=False)
+    )
     engine.generate(prompts[4:6], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
     bucket = engine.speculator.costs.bucket(2)
     assert engine.stats()["spec_decode_num_drafts"] > 0
@@ -593,16 +612,25 @@ def test_greedy_output_with_the_adaptive_controller_equals_no_speculation(
     spec = SpeculativeConfig(method, explore_interval=4, **extra)
     for max_num_seqs in (3, 16):
         engine = make_engine(speculative=spec, max_num_seqs=max_num_seqs)
+        # A draft model, adaptive: it and prompt lookup, chosen per batch size.
+        speculators = (
+            list(engine.speculator.methods.values())
+            if isinstance(engine.speculator, MethodChoice)
+            else [engine.speculator]
+        )
+        assert len(speculators) == (2 if method == "draft" else 1)
         if is_noisy:
             # Step costs drawn at random over three orders of magnitude: the estimates, hence
-            # who speculates, change from step to step; the text must not.
+            # who speculates (and with which method), change from step to step; the text must
+            # not.
             rng = random.Random(max_num_seqs)
-            engine.speculator.clock = _StepClock(rng.uniform(1e-4, 1e-1) for _ in itertools.count())
+            for speculator in speculators:
+                speculator.clock = _StepClock(rng.uniform(1e-4, 1e-1) for _ in itertools.count())
         outs = engine.generate(prompts, params)
         assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
-        costs = engine.speculator.costs.snapshot()
-        assert any(c["num_plain_steps"] for c in costs.values())
-        assert any(c["num_spec_steps"] for c in costs.values())
+        costs = [c for s in speculators for c in s.costs.snapshot().values()]
+        assert any(c["num_plain_steps"] for c in costs)
+        assert any(c["num_spec_steps"] for c in costs)
         assert engine.stats()["spec_decode_num_drafts"] > 0
 
 
@@ -663,12 +691,22 @@ def test_the_bench_sweep_runs_quick_with_a_ratio_and_spread_per_mode_and_batch(
                 assert check["within_5pct_of_forced"] is (ratio >= 0.95 * own)
                 assert cell[check["best_forced"]][key] == best
                 assert check["within_5pct_of_best_forced"] is (ratio >= 0.95 * best)
-    assert set(sweep["costs"]) == {"ngram_adaptive", "draft_adaptive"}
+    # Draft adaptive chooses between its draft model and prompt lookup: the costs of each.
+    assert set(sweep["costs"]) == {
+        "ngram_adaptive",
+        "draft_adaptive/ngram",
+        "draft_adaptive/draft",
+    }
+    choice = sweep["choices"]["draft_adaptive"]
+    assert set(choice["methods"]) == {"ngram", "draft"}
+    assert set(choice["chosen"].values()) <= {"ngram", "draft"}
+    assert sum(n for m in choice["methods"].values() for n in m["steps"].values()) > 0
     assert len(sweep["load_avg"]) == 2
     spec_print(section)
     printed = capsys.readouterr().out
     assert "speculation sweep" in printed and ">= 0.95x best forced" in printed
     assert "cpu  ngram_adaptive" in printed and "wall draft_adaptive" in printed
+    assert "draft_adaptive chose per batch bucket" in printed
 
 
 def test_the_sweep_alone_leaves_the_table_out(tiny_dir, tmp_path):

@@ -139,7 +139,12 @@ class SpeculativeConfig:
     ``disable_by_batch_size`` sequences run (None: no cap, the cost rule alone decides), and a
     request whose acceptance rate falls below ``min_acceptance_rate`` (0.0: never) pauses for
     ``pause_steps`` steps. A seeded sampled request speculates by config alone: none of these
-    rules apply to it."""
+    rules apply to it.
+
+    ``also_prompt_lookup`` (the draft method, adaptive): prompt lookup is a second method, and
+    each batch size's steps go to whichever of the two predicts more tokens per second from
+    its measured costs and acceptance (``spec/choice.py``). Its n-gram sizes are
+    ``prompt_lookup_min`` and ``prompt_lookup_max``."""
 
     method: str
     num_speculative_tokens: int = 4
@@ -151,6 +156,7 @@ class SpeculativeConfig:
     disable_by_batch_size: int | None = None
     min_acceptance_rate: float = 0.0
     pause_steps: int = 32
+    also_prompt_lookup: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:

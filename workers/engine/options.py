@@ -13,6 +13,7 @@ from workers.engine.errors import UnsupportedModel
 from workers.engine.model.llama import LlamaModel
 from workers.engine.quant import quantization_config_read, quantize_model
 from workers.engine.sampler import uniform
+from workers.engine.spec.choice import MethodChoice
 from workers.engine.spec.draft import DraftProposer
 from workers.engine.spec.ngram import NgramProposer
 from workers.engine.spec.speculator import Proposer, Speculator
@@ -43,11 +44,16 @@ def speculator_build(
     dtype: torch.dtype,
     generator: torch.Generator,
     proposer: Proposer | None,
-) -> Speculator | None:
-    """The speculator ``config.speculative`` asks for; ``proposer`` replaces its proposer."""
+) -> Speculator | MethodChoice | None:
+    """The speculator ``config.speculative`` asks for: with a draft model, adaptive, the choice
+    between it and prompt lookup (spec/choice.py). ``proposer`` replaces its proposer (the only
+    method then)."""
     spec = config.speculative
     if spec is None:
         return None
+    is_chosen = (
+        proposer is None and spec.method == "draft" and spec.is_adaptive and spec.also_prompt_lookup
+    )
     if proposer is None and spec.method == "ngram":
         proposer = NgramProposer(min_n=spec.prompt_lookup_min, max_n=spec.prompt_lookup_max)
     elif proposer is None:
@@ -65,4 +71,14 @@ def speculator_build(
     # processes on the machine are not longer in it); on an accelerator the host's wall time
     # (the step waits there for the device's work, which no CPU clock sees).
     clock = time.thread_time if device.type == "cpu" else time.perf_counter
-    return Speculator(spec, proposer, max_model_len=max_model_len, generator=generator, clock=clock)
+    speculator = Speculator(
+        spec, proposer, max_model_len=max_model_len, generator=generator, clock=clock
+    )
+    if not is_chosen:
+        return speculator
+    # A draft model, adaptive: prompt lookup is the second method, chosen per batch size.
+    ngram = NgramProposer(min_n=spec.prompt_lookup_min, max_n=spec.prompt_lookup_max)
+    lookup = Speculator(spec, ngram, max_model_len=max_model_len, generator=generator, clock=clock)
+    # Prompt lookup first: a new batch size measures it first (it has nothing to catch up on),
+    # then probes the draft model beside it.
+    return MethodChoice({"ngram": lookup, "draft": speculator}, configured="draft")

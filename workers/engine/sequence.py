@@ -72,6 +72,7 @@ class Sequence:
         "spec_paused_until",
         "spec_is_on",
         "spec_is_new",
+        "spec_method",
         "guide",
     )
 
@@ -134,6 +135,7 @@ class Sequence:
         self.spec_paused_until = 0
         self.spec_is_on = True
         self.spec_is_new = True
+        self.spec_method = ""  # the method it last decided under (spec/choice.py)
         self.guide: Guide | None = None  # JSON mode, schemas, tool calls; set by the engine
 
     @property

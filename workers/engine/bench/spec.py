@@ -19,6 +19,8 @@ from typing import Any
 
 from workers.engine import EngineConfig, LLMEngine, SamplingParams
 from workers.engine.config import SpeculativeConfig
+from workers.engine.spec.choice import MethodChoice
+from workers.engine.spec.costs import StepCosts
 from workers.engine.training.data import encode_bytes
 
 EDIT_INSTRUCTION = b"\n\n# The same code again, with comments removed:\n\n"
@@ -166,13 +168,18 @@ def spec_sweep(
             load.append(_load())
             per_batch[str(batch)] = {**_sweep_cell(runs), "load_avg": load}
         results[workload] = per_batch
-    adaptive = {  # the adaptive engines' cost models
-        name: engine.speculator.costs
-        for name, engine in engines.items()
-        if engine.speculator is not None
-        and engine.config.speculative is not None
-        and engine.config.speculative.is_adaptive
-    }
+    adaptive: dict[str, StepCosts] = {}  # the adaptive engines' cost models
+    choices: dict[str, dict] = {}  # an engine with a method choice: what it chose and measured
+    for name, engine in engines.items():
+        speculator = engine.speculator
+        if speculator is None or not speculator.config.is_adaptive:
+            continue
+        if isinstance(speculator, MethodChoice):
+            choices[name] = speculator.snapshot()
+            for method, inner in speculator.methods.items():
+                adaptive[f"{name}/{method}"] = inner.costs
+        else:
+            adaptive[name] = speculator.costs
     return {
         "batch_sizes": list(batch_sizes),
         "repeat": repeat,
@@ -189,6 +196,8 @@ def spec_sweep(
         # What a token a draft model catches up on costs (microseconds), as the adaptive
         # engines had measured it by the end (None: not measured, or no draft model).
         "catch_up_us": {name: costs.catch_up_us() for name, costs in adaptive.items()},
+        # Per batch-size bucket, the method its steps went to, and the steps each method had.
+        "choices": choices,
     }
 
 
@@ -349,6 +358,14 @@ def spec_sweep_print(sweep: dict[str, Any]) -> None:
         if catch_up is not None:
             text += f"; catch-up {catch_up} us a token"
         print(f"  {name} break-even acceptance per batch bucket: {text}")
+    for name, choice in sweep.get("choices", {}).items():
+        steps = "; ".join(
+            f"{method} (acceptance {m['acceptance']}, drafted/accepted a try {m['per_try']}) "
+            + ", ".join(f"{b}: {n}" for b, n in m["steps"].items())
+            for method, m in choice["methods"].items()
+        )
+        chosen = ", ".join(f"{b}: {method}" for b, method in choice["chosen"].items())
+        print(f"  {name} chose per batch bucket: {chosen}; steps per method and bucket: {steps}")
     print("  (! after a ratio: greedy output differed from none's)")
 
 

@@ -73,6 +73,19 @@ def speculation_pays(
     return acceptance * plain_s > (1.0 + margin) * draft_s
 
 
+def tokens_per_second(
+    accepted: float, drafted: float, plain_s: float | None, draft_s: float | None
+) -> float | None:
+    """One sequence's tokens per second at a batch size, with the better of speculating and
+    not: a sequence that verifies ``drafted`` draft tokens a step on average (0 where its
+    method had nothing to propose) and has ``accepted`` of them accepted emits ``1 + accepted``
+    tokens in ``plain_s + drafted draft_s``, against 1 in ``plain_s``. What the method choice
+    (spec/choice.py) compares methods by. None: a cost not measured yet."""
+    if plain_s is None or draft_s is None or plain_s <= 0.0:
+        return None
+    return max((1.0 + accepted) / (plain_s + max(drafted, 0.0) * draft_s), 1.0 / plain_s)
+
+
 def switching_on_pays(
     acceptance: float,
     k: int,

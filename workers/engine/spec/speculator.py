@@ -45,6 +45,11 @@ ACCEPTANCE_SMOOTHING = 0.3
 # How fast the engine's acceptance rate, every verification's (where a new request's starts),
 # follows them: about the last 20 verifications.
 PRIOR_SMOOTHING = 0.05
+# How fast what a method's tries yield (``tries_yield``) follows them: about the last 100. The
+# method choice switches on it, and a draft model taken back must catch up first, so it follows
+# a workload's average, not the ups and downs within one answer (prompt lookup's yield swung
+# from 0.4 to 1.0 accepted tokens a try within the edit workload's answers over 20 tries).
+TRIES_SMOOTHING = 0.01
 # A bucket with a cost still unmeasured explores this often: its first step speculates (the
 # optimistic prior), its next two decode plainly, the fourth speculates again, so both costs
 # are known within a few steps.
@@ -126,6 +131,13 @@ class Speculator:
         # optimistic, until anything is verified). A request's first steps would otherwise
         # speculate at any acceptance, and short answers are mostly first steps.
         self.acceptance_prior = 1.0
+        # Per try (a sequence the rule let speculate): the draft tokens it verified and the
+        # tokens accepted of them, smoothed (TRIES_SMOOTHING) from no prior (an average of the
+        # tries so far until there are enough; a try prompt lookup found nothing for counts 0
+        # and 0). What the method choice (spec/choice.py) compares methods by:
+        # 1 + accepted tokens a step for the drafted ones' cost, where the acceptance alone
+        # would miss how often a method has nothing to propose.
+        self._drafted = self._accepted = self._tries_weight = 0.0
         self.num_decided: dict[int, int] = {}  # bucket -> steps decided in it
         self._decided_buckets: set[int] = set()  # this step's
         # Measured buckets whose step this one explores (this step's), and per bucket the
@@ -144,6 +156,9 @@ class Speculator:
         # Requests waiting for a slot when the step started (the engine tells ``start_step``):
         # none, and the batch decides on one acceptance (``decision_acceptance``).
         self.num_waiting = 0
+        # Set by the method choice (spec/choice.py) for its probing steps of this method: every
+        # eligible sequence drafts, at most one that must catch up in two steps.
+        self.is_probing = False
 
     def lookahead(self, seq: Sequence, num_running: int) -> int:
         """Draft slots for a decoding sequence this step; 0: it decodes one token as usual."""
@@ -156,7 +171,22 @@ class Speculator:
         )
         if k <= 0 or not self._is_speculating(seq, num_running):
             return 0
-        return self.proposer.lookahead(seq, k)
+        n = self.proposer.lookahead(seq, k)
+        if n == 0:  # nothing to propose: a try that drafted and gained nothing
+            self._tried(0, 0)
+        return n
+
+    def _tried(self, num_drafted: int, num_accepted: int) -> None:
+        self._drafted += TRIES_SMOOTHING * (num_drafted - self._drafted)
+        self._accepted += TRIES_SMOOTHING * (num_accepted - self._accepted)
+        self._tries_weight += TRIES_SMOOTHING * (1.0 - self._tries_weight)
+
+    @property
+    def tries_yield(self) -> tuple[float, float] | None:
+        """Draft tokens verified and tokens accepted per try, smoothed (None: no try yet)."""
+        if not self._tries_weight:
+            return None
+        return self._drafted / self._tries_weight, self._accepted / self._tries_weight
 
     def _is_speculating(self, seq: Sequence, num_running: int) -> bool:
         params = seq.params
@@ -181,6 +211,8 @@ class Speculator:
         if seq.spec_is_new:
             seq.spec_acceptance, seq.spec_is_new = self.acceptance_prior, False
         catch_up = self.extra_catch_up(seq)
+        if self.is_probing:
+            return self._switches_on_exploring(catch_up)
         seq.spec_is_on = self.is_paying(
             self.decision_acceptance(seq),
             num_running,
@@ -192,10 +224,16 @@ class Speculator:
             return seq.spec_is_on
         if self._is_measured(cost_bucket(num_running)):
             self._explored_buckets.add(cost_bucket(num_running))
-        if seq.spec_is_on or not catch_up:
-            return not seq.spec_is_on
+        return not seq.spec_is_on and self._switches_on_exploring(catch_up)
+
+    def _switches_on_exploring(self, catch_up: int) -> bool:
+        """Whether an exploring (or probing) step switches on a sequence that the rule left
+        off: yes, unless its draft model must first catch up and another did in this step or
+        the last (one in two such steps: the second measures its drafts)."""
+        if not catch_up:
+            return True
         if self.step_index - self._explored_catch_up_step <= 1:
-            return False  # one in the two exploring steps: the second measures its drafts
+            return False
         self._explored_catch_up_step = self.step_index
         return True
 
@@ -306,14 +344,16 @@ class Speculator:
     def verify(self, seqs: list[Sequence], logits: torch.Tensor) -> list[list[int]]:
         emitted = verify(seqs, logits, self.generator)
         for seq, tokens in zip(seqs, emitted, strict=False):
-            self._record(seq, len(seq.spec_token_ids), len(tokens) - 1)
+            self.record_verification(seq, len(seq.spec_token_ids), len(tokens) - 1)
         return emitted
 
-    def _record(self, seq: Sequence, k: int, num_accepted: int) -> None:
+    def record_verification(self, seq: Sequence, k: int, num_accepted: int) -> None:
+        """``seq`` verified ``k`` drafts and ``num_accepted`` of them were accepted."""
         self.stats.record(k, num_accepted)
         rate = num_accepted / k
         seq.spec_acceptance += ACCEPTANCE_SMOOTHING * (rate - seq.spec_acceptance)
         self.acceptance_prior += PRIOR_SMOOTHING * (rate - self.acceptance_prior)
+        self._tried(k, num_accepted)
         if seq.spec_acceptance < self.config.min_acceptance_rate:
             seq.spec_paused_until = self.step_index + self.config.pause_steps
             seq.spec_acceptance = 1.0  # after the pause it gets a fresh chance
@@ -324,18 +364,26 @@ class Speculator:
         seq.spec_draft_probs = None
         seq.draft_num_computed = min(seq.draft_num_computed, seq.num_computed_tokens)
 
+    def unmeasured_step(self) -> None:
+        """This step is no sample of this method's costs (the method choice's: another method
+        drafted in it too)."""
+        self._step_shape = None
+
     def start_step(self, *, num_waiting: int = 0) -> None:
         """The engine starts a step (before scheduling), ``num_waiting`` requests waiting for a
         slot: the cost model's clock starts."""
         self.num_waiting = num_waiting
         self._step_started = self.clock()
 
-    def end_step(self) -> None:
-        """The step is done (verified): a decode-only one feeds the cost model what it took."""
+    def end_step(self) -> tuple[int, int, int, float] | None:
+        """The step is done (verified): a decode-only one feeds the cost model what it took.
+        Returns that sample (sequences, draft tokens, catch-up tokens, seconds), if any."""
+        sample = None
         if self._step_shape is not None and self._step_started is not None:
             num_seqs, num_drafts, catch_up = self._step_shape
             seconds = self.clock() - self._step_started
             self.costs.record(num_seqs, num_drafts, seconds, catch_up=catch_up)
+            sample = (num_seqs, num_drafts, catch_up, seconds)
         self._step_shape = self._step_started = None
         for bucket in self._decided_buckets:
             num_decided = self.num_decided.get(bucket, 0)
@@ -348,3 +396,4 @@ class Speculator:
         self._decided_buckets.clear()
         self._explored_buckets.clear()
         self.step_index += 1
+        return sample
