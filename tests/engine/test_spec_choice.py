@@ -59,7 +59,7 @@ def _measured(choice: MethodChoice, name: str, bucket: int, *, plain_s, draft_s,
     costs = speculator.costs.bucket(bucket)
     costs.plain_s, costs.draft_s = plain_s, draft_s
     for _ in range(60):
-        speculator._tried(drafted, accepted)
+        speculator.record_try(drafted, accepted)
 
 
 def test_each_bucket_goes_to_the_method_that_predicts_more_with_hysteresis_and_probes(
@@ -202,3 +202,47 @@ def test_a_sequence_the_draft_model_declines_for_its_catch_up_is_offered_to_prom
     assert choice.chosen[1] == "draft"
     assert short.spec_token_ids == half[:2]
     choice.end_step()
+
+
+def test_prompt_lookup_is_scored_on_the_text_of_sequences_the_draft_model_serves(
+    make_engine, tiny_dir, prompts
+):
+    engine = make_engine(speculative=_draft_config(tiny_dir, prompt_lookup_min=1))
+    choice = engine.speculator
+    for name in choice.names:  # both measured at batch 1; only the draft model has tries
+        costs = choice.methods[name].costs.bucket(1)
+        costs.plain_s, costs.draft_s = 10e-3, 1e-3
+    draft, lookup = choice.methods["draft"], choice.methods["ngram"]
+    for _ in range(60):
+        draft.record_try(4, 3)
+    draft.num_decided[1] = 3  # no exploring step
+    half = prompts[10][:30]
+    seq = engine.make_sequence(half + half, SamplingParams(max_tokens=100, temperature=0.0))
+    seq.num_computed_tokens = seq.num_tokens - 1
+
+    def step() -> None:
+        choice.start_step()
+        assert choice.lookahead(seq, 1) == 4 and seq.spec_method == "draft"
+        choice.end_step()
+
+    step()
+    # What prompt lookup would propose at position 60: what followed the first half.
+    assert seq.spec_shadow == (60, half[:4])
+    assert lookup.tries_yield is None
+    # The target emits the first two of them, then another token, then one more.
+    seq.token_ids += [half[0], half[1], half[2] + 1]
+    step()  # not known yet: the fourth token is not there
+    assert lookup.tries_yield is None and seq.spec_shadow[0] == 60
+    seq.token_ids.append(half[3])
+    step()
+    # Scored: 4 proposed, 2 accepted (a draft stops at its first miss); a new proposal from 64.
+    assert lookup.tries_yield == pytest.approx((4.0, 2.0))
+    assert seq.spec_shadow is not None and seq.spec_shadow[0] == 64
+    # Prompt lookup never ran, and a sampled request is not scored (its text is a draw).
+    assert not any(name == "ngram" for name, _ in choice.num_method_steps)
+    sampled = engine.make_sequence(half + half, SamplingParams(max_tokens=100, temperature=1.0))
+    sampled.num_computed_tokens = sampled.num_tokens - 1
+    choice.start_step()
+    choice.lookahead(sampled, 1)
+    choice.end_step()
+    assert sampled.spec_shadow is None

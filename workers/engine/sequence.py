@@ -73,6 +73,7 @@ class Sequence:
         "spec_is_on",
         "spec_is_new",
         "spec_method",
+        "spec_shadow",
         "guide",
     )
 
@@ -136,6 +137,9 @@ class Sequence:
         self.spec_is_on = True
         self.spec_is_new = True
         self.spec_method = ""  # the method it last decided under (spec/choice.py)
+        # Prompt lookup's proposal at a position, scored once the text there is known
+        # (spec/choice.py): (position, proposed tokens).
+        self.spec_shadow: tuple[int, list[int]] | None = None
         self.guide: Guide | None = None  # JSON mode, schemas, tool calls; set by the engine
 
     @property

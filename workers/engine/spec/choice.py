@@ -15,20 +15,25 @@ whether to draft at all: not speculating stays the third choice. A plain step me
 plain step costs whichever method it went to, so it is recorded for every method.
 
 Per bucket, the steps go to the method that predicts the most tokens per second
-(``costs.tokens_per_second`` at its engine-wide acceptance), with hysteresis: another method
+(``costs.tokens_per_second``, from the bucket's costs and what the method's recent tries
+yielded: draft tokens verified and tokens accepted per try), with hysteresis: another method
 takes a bucket only when it predicts ``CHOICE_MARGIN`` more than the current one. A method not
 measured in a bucket yet gets its steps there until it has had ``MEASURE_STEPS`` decode-only
 ones (prompt lookup first: it has nothing to catch up on; the draft model then by probing,
-below, beside it). Every ``CHOICE_PROBE_INTERVAL`` steps of a bucket (``PROBE_INTERVAL_UNMEASURED``
-while it is not measured there), the method not chosen gets
+below, beside it). Every ``CHOICE_PROBE_INTERVAL`` steps of a bucket
+(``PROBE_INTERVAL_UNMEASURED`` while it is not measured there), the method not chosen gets
 ``CHOICE_PROBE_STEPS`` steps in which it drafts for every eligible sequence (a draft model
 switching on at most one sequence that must first catch up, in two steps), so that its costs
-and acceptance stay measured and a change in the text is seen.
+and yield stay measured and a change in the text is seen.
 
 A sequence that the batch's method declines because its draft model would first have to
 catch up (the rule's ``switching_on_pays``: the few tokens left of an answer do not repay it)
 is offered to the method that has nothing to catch up on; such a step, like one where a
 seeded request drafts with its own method beside the batch's, measures neither method's costs.
+Prompt lookup's yield is also scored where it does not run, for next to nothing: on a greedy
+sequence another method serves, what it would propose at a position is compared with the
+tokens the target emits there (``_shadow``).
+
 A sequence that moves to another method starts there from that method's engine-wide
 acceptance, as a new request would (``Sequence.spec_method``). A draft model falls behind on a
 sequence's tokens while prompt lookup serves it; its cost rule charges that catch-up when the
@@ -44,6 +49,7 @@ import torch
 from workers.engine.scheduler import ScheduledBatch
 from workers.engine.sequence import Sequence
 from workers.engine.spec.costs import cost_bucket, tokens_per_second
+from workers.engine.spec.ngram import NgramProposer, ngram_propose
 from workers.engine.spec.rejection import verify
 from workers.engine.spec.speculator import SpecStats, Speculator
 
@@ -71,6 +77,10 @@ class MethodChoice:
         self.methods = methods  # in the order a new batch size measures them
         self.names = list(methods)
         self.configured = configured  # a seeded sampled request's, always
+        # Prompt lookup's method, if one: scored on the text of sequences it does not serve.
+        self._lookup = next(
+            (n for n, s in methods.items() if isinstance(s.proposer, NgramProposer)), None
+        )
         self.config = methods[self.names[0]].config
         self.stats: SpecStats = methods[self.names[0]].stats  # one set of vLLM's counters
         for speculator in methods.values():
@@ -97,6 +107,8 @@ class MethodChoice:
             # Its draws, hence its text, must not depend on what else runs (Speculator): its
             # method is the configured one whatever the batch's is.
             name = self.configured
+        if params.is_greedy and name != self._lookup:
+            self._shadow(seq)
         k = self._lookahead(name, seq, num_running)
         speculator = self.methods[name]
         if k or name != self._active or speculator.is_probing or not speculator.extra_catch_up(seq):
@@ -107,6 +119,33 @@ class MethodChoice:
             if other != name and not self.methods[other].extra_catch_up(seq):
                 return self._lookahead(other, seq, num_running)
         return 0
+
+    def _shadow(self, seq: Sequence) -> None:
+        """Prompt lookup's yield on a greedy sequence another method serves, for next to
+        nothing: what it would propose now is scored against the tokens the target emits there
+        (a greedy text is the same whichever method drafts), as a try of prompt lookup's."""
+        if self._lookup is None:
+            return
+        lookup = self.methods[self._lookup]
+        pending = seq.spec_shadow
+        if pending is not None:
+            position, proposal = pending
+            if len(seq.token_ids) < position + max(len(proposal), 1):
+                return  # not known yet
+            emitted = seq.token_ids[position : position + len(proposal)]
+            accepted = 0
+            for proposed, token in zip(proposal, emitted, strict=True):
+                if proposed != token:
+                    break
+                accepted += 1
+            lookup.record_try(len(proposal), accepted)
+        proposer = lookup.proposer
+        assert isinstance(proposer, NgramProposer)
+        k = min(
+            self.config.num_speculative_tokens, seq.params.max_tokens - seq.num_output_tokens - 1
+        )
+        proposal = ngram_propose(seq.token_ids, k=k, min_n=proposer.min_n, max_n=proposer.max_n)
+        seq.spec_shadow = (len(seq.token_ids), proposal) if k > 0 else None
 
     def _lookahead(self, name: str, seq: Sequence, num_running: int) -> int:
         if seq.spec_method != name:

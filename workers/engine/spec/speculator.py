@@ -173,10 +173,11 @@ class Speculator:
             return 0
         n = self.proposer.lookahead(seq, k)
         if n == 0:  # nothing to propose: a try that drafted and gained nothing
-            self._tried(0, 0)
+            self.record_try(0, 0)
         return n
 
-    def _tried(self, num_drafted: int, num_accepted: int) -> None:
+    def record_try(self, num_drafted: int, num_accepted: int) -> None:
+        """A try that verified ``num_drafted`` drafts, ``num_accepted`` of them accepted."""
         self._drafted += TRIES_SMOOTHING * (num_drafted - self._drafted)
         self._accepted += TRIES_SMOOTHING * (num_accepted - self._accepted)
         self._tries_weight += TRIES_SMOOTHING * (1.0 - self._tries_weight)
@@ -353,7 +354,7 @@ class Speculator:
         rate = num_accepted / k
         seq.spec_acceptance += ACCEPTANCE_SMOOTHING * (rate - seq.spec_acceptance)
         self.acceptance_prior += PRIOR_SMOOTHING * (rate - self.acceptance_prior)
-        self._tried(k, num_accepted)
+        self.record_try(k, num_accepted)
         if seq.spec_acceptance < self.config.min_acceptance_rate:
             seq.spec_paused_until = self.step_index + self.config.pause_steps
             seq.spec_acceptance = 1.0  # after the pause it gets a fresh chance
