@@ -53,7 +53,8 @@ class Command(BaseCommand):
             "--speculative-method",
             choices=["ngram", "draft"],
             default="",
-            help="speculative decoding: n-gram prompt lookup, or a draft model",
+            help="speculative decoding: n-gram prompt lookup, or a draft model (which also "
+            "gets prompt lookup, chosen per batch size by measured costs)",
         )
         parser.add_argument(
             "--speculative-tokens", type=int, default=4, help="draft tokens per step (1-16)"
