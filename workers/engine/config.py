@@ -143,8 +143,8 @@ class SpeculativeConfig:
 
     ``also_prompt_lookup`` (the draft method, adaptive): prompt lookup is a second method, and
     each batch size's steps go to whichever of the two predicts more tokens per second from
-    its measured costs and acceptance (``spec/choice.py``). Its n-gram sizes are
-    ``prompt_lookup_min`` and ``prompt_lookup_max``."""
+    its measured step costs and what its recent tries yielded (``spec/choice.py``). Its n-gram
+    sizes are ``prompt_lookup_min`` and ``prompt_lookup_max``."""
 
     method: str
     num_speculative_tokens: int = 4
