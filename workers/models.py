@@ -73,6 +73,11 @@ class ServedModel(models.Model):
         help_text="the draft model's source (preset:<name>[@seed] or an absolute path), "
         "same tokenizer",
     )
+    speculative_draft_only = models.BooleanField(
+        default=False,
+        help_text="the draft model alone; off: prompt lookup too, the engine choosing per "
+        "batch size the method its measured costs favour",
+    )
     # The pool of GPU workers hosting it, as the autoscaler (deploy/k8s) reads it from
     # fairlane_model_replicas_min/max: never fewer than min, never more than max.
     min_replicas = models.PositiveSmallIntegerField(
@@ -108,6 +113,10 @@ class ServedModel(models.Model):
         if self.speculative_draft and self.speculative_method != "draft":
             raise ValidationError(
                 {"speculative_draft": "A draft model is used by the draft method only."}
+            )
+        if self.speculative_draft_only and self.speculative_method != "draft":
+            raise ValidationError(
+                {"speculative_draft_only": "Draft-only applies to the draft method only."}
             )
 
 

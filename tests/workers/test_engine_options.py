@@ -14,7 +14,7 @@ from workers.artifacts.load import artifact_check
 from workers.artifacts.verify import TRUSTED
 from workers.engine import SamplingParams
 from workers.models import ServedModel
-from workers.serving.catalog import ModelInfo, model_engine_options, model_get
+from workers.serving.catalog import ModelInfo, model_dir, model_engine_options, model_get
 from workers.serving.registration import model_register
 
 pytestmark = pytest.mark.django_db
@@ -48,6 +48,7 @@ def test_model_register_records_engine_options_that_reach_the_engine_config(data
     )
     out = capsys.readouterr().out
     assert "quantization int4 (groups of 32)" in out and "speculation draft, k=3" in out
+    assert "and prompt lookup (chosen per batch size)" in out
     info = model_get(name="code")
     assert (
         ModelInfo(**json.loads(json.dumps(info.to_dict()))) == info
@@ -57,6 +58,31 @@ def test_model_register_records_engine_options_that_reach_the_engine_config(data
     spec = options["speculative"]
     assert (spec.method, spec.num_speculative_tokens) == ("draft", 3)
     assert spec.model == str(data / "models" / "tiny-seed1")
+    assert spec.also_prompt_lookup  # a draft model also gets prompt lookup, by default
+
+
+def test_a_draft_model_alone_gets_no_method_choice(data, capsys):
+    """`--speculative-draft-only` reaches the engine: its speculator is the draft model's
+    alone, where the default builds the choice between it and prompt lookup."""
+    from workers.engine import EngineConfig, LLMEngine
+    from workers.engine.spec.choice import MethodChoice
+    from workers.engine.spec.speculator import Speculator
+
+    common = ("--speculative-method", "draft", "--speculative-draft", "preset:tiny@1")
+    call_command("model_register", "alone", "preset:tiny", *common, "--speculative-draft-only")
+    assert "draft preset:tiny@1 alone" in capsys.readouterr().out
+    call_command("model_register", "both", "preset:tiny", *common)
+    assert ServedModel.objects.get(name="alone").speculative_draft_only
+    assert not ServedModel.objects.get(name="both").speculative_draft_only
+    built = {}
+    for name in ("alone", "both"):
+        info = model_get(name=name)
+        assert ModelInfo(**json.loads(json.dumps(info.to_dict()))) == info
+        options = model_engine_options(info)
+        engine = LLMEngine(EngineConfig(model=str(model_dir(info.source)), **options))
+        built[name] = engine.speculator
+    assert type(built["alone"]) is Speculator
+    assert isinstance(built["both"], MethodChoice)
 
 
 def test_a_model_without_options_gets_none(data):
@@ -75,6 +101,7 @@ def test_a_model_without_options_gets_none(data):
         ({"speculative_method": "draft", "speculative_draft": "preset:nope"}, "speculative_draft"),
         ({"speculative_method": "draft", "speculative_draft": "relative/dir"}, "speculative_draft"),
         ({"speculative_method": "ngram", "speculative_tokens": 17}, "speculative_tokens"),
+        ({"speculative_method": "ngram", "speculative_draft_only": True}, "speculative_draft_only"),
         ({"speculative_method": "eagle"}, "speculative_method"),
         ({"quantization": "int3"}, "quantization"),
         ({"quantization": "int4", "quantization_group_size": 48}, "quantization_group_size"),
@@ -87,6 +114,7 @@ def test_bad_engine_options_are_refused_and_change_nothing(data, options, param)
     assert caught.value.param == param
     row = ServedModel.objects.get(name="m")
     assert (row.quantization, row.speculative_method, row.speculative_draft) == ("", "", "")
+    assert not row.speculative_draft_only
 
 
 def test_the_command_reports_a_bad_option_in_one_line(data):

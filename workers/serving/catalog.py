@@ -43,6 +43,7 @@ class ModelInfo:
     speculative_method: str = ""
     speculative_tokens: int = 4
     speculative_draft: str = ""
+    speculative_draft_only: bool = False  # the draft model without prompt lookup beside it
     runtime: str = "engine"  # "engine" (ours) or "vllm" (a managed `vllm serve` child)
     # The version: its label ("" for a model without versions: its implicit one), and the
     # digest of its signed manifest (its system_fingerprint).
@@ -73,6 +74,7 @@ class ModelInfo:
             speculative_method=row.speculative_method,
             speculative_tokens=row.speculative_tokens,
             speculative_draft=row.speculative_draft,
+            speculative_draft_only=row.speculative_draft_only,
             runtime=row.runtime,
         )
 
@@ -190,7 +192,10 @@ def model_engine_options(info: ModelInfo) -> dict[str, Any]:
     if info.speculative_method:
         draft = str(model_dir(info.speculative_draft)) if info.speculative_draft else None
         options["speculative"] = SpeculativeConfig(
-            info.speculative_method, num_speculative_tokens=info.speculative_tokens, model=draft
+            info.speculative_method,
+            num_speculative_tokens=info.speculative_tokens,
+            model=draft,
+            also_prompt_lookup=not info.speculative_draft_only,
         )
     return options
 

@@ -28,6 +28,7 @@ def model_register(
     speculative_method: str = "",
     speculative_tokens: int = 4,
     speculative_draft: str = "",
+    speculative_draft_only: bool = False,
     runtime: str = str(ServedModel.Runtime.ENGINE),
     version: str = "",
     canary_weight: int | None = None,
@@ -37,7 +38,8 @@ def model_register(
     """Add a model to the registry, or update the one with that name, with the provenance of
     its signed manifest (refused if a worker would refuse to load it), its runtime (our engine
     or vLLM) and our engine's options: quantization at load (int8 / int4) and speculative
-    decoding (ngram / draft). With `version`, `source` is that version of the model: the one
+    decoding (ngram / draft; a draft model also gets prompt lookup, chosen per batch size,
+    unless `speculative_draft_only`). With `version`, `source` is that version of the model: the one
     it serves from now on (a swap), or with `canary_weight` a canary taking that percentage of
     its requests (workers/serving/versions.py)."""
     model_source_check(source)
@@ -68,6 +70,7 @@ def model_register(
     row.quantization, row.quantization_group_size = quantization, quantization_group_size
     row.speculative_method, row.speculative_tokens = speculative_method, speculative_tokens
     row.speculative_draft = speculative_draft
+    row.speculative_draft_only = speculative_draft_only
     row.runtime = runtime
     if min_replicas is not None:
         row.min_replicas = min_replicas

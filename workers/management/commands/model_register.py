@@ -83,6 +83,11 @@ class Command(BaseCommand):
             default="",
             help="the draft model (preset:<name>[@seed] or an absolute path), same tokenizer",
         )
+        parser.add_argument(
+            "--speculative-draft-only",
+            action="store_true",
+            help="the draft model alone: no prompt lookup chosen beside it per batch size",
+        )
 
     def handle(
         self,
@@ -98,6 +103,7 @@ class Command(BaseCommand):
         speculative_method,
         speculative_tokens,
         speculative_draft,
+        speculative_draft_only,
         runtime,
         version,
         canary,
@@ -118,6 +124,7 @@ class Command(BaseCommand):
                 speculative_method=speculative_method,
                 speculative_tokens=speculative_tokens,
                 speculative_draft=speculative_draft,
+                speculative_draft_only=speculative_draft_only,
                 runtime=runtime,
                 version=version,
                 canary_weight=canary,
@@ -148,6 +155,15 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  speculation {row.speculative_method}, k={row.speculative_tokens}"
                 + (f", draft {row.speculative_draft}" if row.speculative_draft else "")
+                + (
+                    (
+                        " alone"
+                        if row.speculative_draft_only
+                        else ", and prompt lookup (chosen per batch size)"
+                    )
+                    if row.speculative_method == "draft"
+                    else ""
+                )
             )
         if row.manifest_digest:
             self.stdout.write(
