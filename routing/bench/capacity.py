@@ -1,21 +1,28 @@
 """`python manage.py bench capacity`: the capacity planner's prediction against the real thing.
 
 1. Calibrate: the real engine (the preset, as the workers start it, with `--max-num-seqs`)
-   stepped over the planner's grid in this process; the step-time model fitted to it.
-2. Predict: one worker's capacity (its saturation rate, or with `--p95-ms` the knee: the
-   highest rate whose p95 latency meets it), and at `--fractions` of it (0.5, 0.8, 0.95) the
-   p50/p95 TTFT and latency and the throughput, for the very arrival schedule (seeded Poisson,
-   the same lengths) that step 3 sends.
-3. Measure: the same schedule, open loop, through the real HTTP path of the distributed mode
+   stepped over the planner's grid in this process; the step-time model fitted to it (A).
+2. Calibrate through the path (the default; `--ramp 0` skips it): `--ramp` requests whose
+   arrival rate rises from 0.2x to 1.4x A's capacity, sent through the system; the steps the
+   worker itself recorded meanwhile (under the path's own load: its runner threads, the API
+   process, Redis) are fitted again (P), as `capacity_plan` fits a live worker's steps.
+3. Predict: one worker's capacity (its saturation rate, or with `--p95-ms` the knee: the
+   highest rate whose p95 latency meets it) from P (from A with `--ramp 0`), and at
+   `--fractions` of it (0.5, 0.8, 0.95) the p50/p95 TTFT and latency and the throughput, for
+   the very arrival schedule (seeded Poisson, the same lengths) that step 4 sends.
+4. Measure: the same schedule, open loop, through the real HTTP path of the distributed mode
    (uvicorn -> admission -> the Redis fair queue -> one Celery GPU worker -> the stream back;
-   `--direct`: straight into an in-process AsyncEngine instead).
+   `--direct`: straight into an in-process AsyncEngine instead); then a backlog (`--requests`
+   all sent at once), whose completions per second are the measured saturation rate: the knee
+   of a run without `--p95-ms`.
 The fixed latency outside the engine (the HTTP path's own) is measured first, one light
-request at a time, and given to the simulation as its `overhead_s`. Printed: predicted
-against measured with the error in per cent (A); then the same predictions from the steps
-the worker itself recorded (what `capacity_plan` reads without --calibrate), during the
-first level only (B: out of sample for the later levels) and during all of them (C: in
-sample, the simulation's own error when it has the step times the worker had). The last
-line is one JSON object.
+request at a time, less what each fit says the engine's steps took, and given to the
+simulation as its `overhead_s`. Printed: predicted against measured with the error in per
+cent, from A; from P (out of sample: no level's steps are in it); and from the steps the
+worker recorded during every level (C: in sample, the simulation's own error when it has the
+step times the worker had). `--ramp-again` sends the ramp once more after the levels and
+predicts from its steps too (P2): where P2 and P differ, the machine changed speed during the
+run. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import random
 import statistics
@@ -52,6 +60,7 @@ from workers.engine.planner.simulate import LANES, arrivals_draw, percentile
 
 ROOT = Path(__file__).resolve().parents[2]
 WARMUP = 0.1
+LETTERS = {"calibration": "A", "path": "P", "path_again": "P2", "all_levels": "C"}  # as printed
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -68,6 +77,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--p95-ms", type=float, default=None, help="capacity = the knee for it")
     p.add_argument("--fractions", default="0.5,0.8,0.95", help="of the predicted capacity")
     p.add_argument("--requests", type=int, default=200, help="arrivals per level")
+    p.add_argument(
+        "--ramp",
+        type=int,
+        default=150,
+        help="requests of the calibration through the path (0: none)",
+    )
+    p.add_argument("--no-backlog", action="store_true", help="skip the saturation level")
+    p.add_argument(
+        "--ramp-again", action="store_true", help="the ramp once more after the levels (P2)"
+    )
     p.add_argument("--quick-calibration", action="store_true", help="the small grid")
     p.add_argument("--direct", action="store_true", help="drive an in-process engine")
     p.add_argument("--seed", type=int, default=0)
@@ -247,7 +266,10 @@ async def _drive(
     return results
 
 
-def _measured(results: list[tuple], outputs: list[int]) -> dict:
+def _measured(results: list[tuple], outputs: list[int], *, is_backlog: bool = False) -> dict:
+    """The figures the simulation predicts, over the requests after the first WARMUP share;
+    throughput over the arrivals' span, or for a backlog (everything sent at once) over the
+    middle of the completions, as the simulation counts them."""
     skip = int(len(results) * WARMUP)
     measured = results[skip:]
     itl = sorted(
@@ -258,6 +280,9 @@ def _measured(results: list[tuple], outputs: list[int]) -> dict:
     ttft = sorted(r[1] for r in measured)
     e2e = sorted(r[2] for r in measured)
     begin, end = measured[0][0], max(r[0] for r in results)
+    if is_backlog:  # sent at once (the sends themselves spread over some milliseconds)
+        ends = sorted(r[3] for r in results)
+        begin, end = ends[len(ends) // 10], ends[(len(ends) * 9) // 10]
     done = [i for i, r in enumerate(results) if begin <= r[3] <= end]
     return {
         "ttft_p50": percentile(ttft, 0.5),
@@ -278,21 +303,49 @@ def _schedule(mix: Mix, rate: float, n: int, seed: int) -> list[tuple[float, lis
     ]
 
 
-def _overhead(system, model: StepTimeModel, seed: int) -> tuple[float, float]:
-    """The path's own latency before the first token and after the last: light requests
-    (64 prompt tokens, 2 output tokens) one at a time, measured minus the engine's steps."""
+def _ramp(mix: Mix, low: float, high: float, n: int, seed: int) -> list[tuple[float, list, int]]:
+    """``n`` requests of the mix, Poisson, the rate rising linearly from ``low`` to ``high``/s:
+    steps of every batch size, from one sequence to a full engine with a queue."""
+    gaps, at, ramp = random.Random(seed + 5), 0.0, []
+    for i, (_, prompt, output) in enumerate(_schedule(mix, 1.0, n, seed)):
+        at += gaps.expovariate(low + (high - low) * i / max(n - 1, 1))
+        ramp.append((at, prompt, output))
+    return ramp
+
+
+def _light(system, seed: int) -> list[tuple[float, float]]:
+    """Light requests (64 prompt tokens, 2 output tokens) one at a time: (ttft, e2e) each,
+    the first two (warming the path) left out."""
     rng = random.Random(seed + 7)
-    before, after = [], []
+    timings = []
     for _ in range(10):
         prompt = [rng.randint(37, 131) for _ in range(64)]
-        ttft, e2e = asyncio.run(system.one(prompt, 2))
-        before.append(ttft - model.seconds(64, 0, 0))
-        after.append(e2e - ttft - model.seconds(0, 1, 66))
-    return max(statistics.median(before[2:]), 0.0), max(statistics.median(after[2:]), 0.0)
+        timings.append(asyncio.run(system.one(prompt, 2)))
+    return timings[2:]
 
 
-def _row(level: float, rate: float, predicted, measured: dict) -> dict:
-    row = {"fraction": level, "rate": rate}
+def _overhead(light: list[tuple[float, float]], model: StepTimeModel) -> tuple[float, float]:
+    """The path's own latency before the first token and after the last: the light requests'
+    times less the steps ``model`` says the engine took for them."""
+    before = [ttft - model.seconds(64, 0, 0) for ttft, _ in light]
+    after = [e2e - ttft - model.seconds(0, 1, 66) for ttft, e2e in light]
+    return max(statistics.median(before), 0.0), max(statistics.median(after), 0.0)
+
+
+def _fit_print(name: str, fit: StepTimeModel, shape: ServerShape, saturation: float) -> None:
+    print(
+        f"  {name}: {fit.num_samples} steps, {fit.base * 1e3:.3f} ms + "
+        f"{fit.per_prefill_token * 1e6:.2f} us/prefill token + {fit.per_decode_seq * 1e6:.2f} "
+        f"us/decode + {fit.per_context_token * 1e9:.2f} ns/context token (median error "
+        f"{fit.median_rel_error:.0%}); outside the engine {shape.overhead_s * 1e3:.1f} ms before "
+        f"the first token, {shape.tail_s * 1e3:.1f} ms after the last; predicted saturation "
+        f"{saturation:.2f} req/s"
+    )
+
+
+def _row(level: float | None, rate: float, predicted, measured: dict) -> dict:
+    """One level's figures; a backlog's fraction and rate are None (all sent at once)."""
+    row = {"fraction": level, "rate": rate if math.isfinite(rate) else None}
     for name in ("ttft_p50", "ttft_p95", "e2e_p50", "e2e_p95", "throughput_rps", "itl_p50"):
         guess, real = getattr(predicted, name), measured[name]
         row[name] = {
@@ -325,7 +378,12 @@ def _print(rows: list[dict], title: str) -> None:
                 if name != "throughput_rps"
                 else f"{c['predicted']:.2f}/{c['measured']:.2f} ({c['error_pct']:+.0f}%)"
             )
-        print(f"  {row['fraction']:4.0%} {row['rate']:7.2f} | " + " | ".join(cells))
+        load = (
+            "backlog     "
+            if row["fraction"] is None
+            else (f"{row['fraction']:4.0%} {row['rate']:7.2f}")
+        )
+        print(f"  {load} | " + " | ".join(cells))
 
 
 def _capacity_kind(p95_ms: float | None) -> str:
@@ -362,82 +420,116 @@ def run(argv: list[str] | None = None) -> dict:
         _require_distributed()
     model, key, plain = (None, None, None) if args.direct else _setup(args.preset)
     system = Direct(path, args) if args.direct else Distributed(model, plain, args)
+
+    def fitted(step_model: StepTimeModel) -> tuple[ServerShape, float]:
+        """The shape with the path's latency outside the engine by this fit, and the knee."""
+        before, after = _overhead(light, step_model)
+        fitted_shape = replace(shape, overhead_s=before, tail_s=after)
+        return fitted_shape, capacity_search(step_model, fitted_shape, mix, targets, seed=args.seed)
+
     try:
-        overhead, tail = _overhead(system, fit, args.seed)
-        shape = replace(shape, overhead_s=overhead, tail_s=tail)
-        capacity = capacity_search(fit, shape, mix, targets, seed=args.seed)
+        light = _light(system, args.seed)
+        shape_a, capacity_a = fitted(fit)
         print(
             f"capacity bench: {args.preset}, max_num_seqs {args.max_num_seqs}, "
             f"{args.threads} thread(s), {'direct' if args.direct else 'HTTP, distributed'}; "
-            f"prompts {args.prompt_tokens}, outputs {args.output_tokens} tokens"
+            f"prompts {args.prompt_tokens}, outputs {args.output_tokens} tokens; reserved "
+            f"slots {shape.reserved_slots}; capacity = {_capacity_kind(args.p95_ms)}"
         )
-        print(
-            f"  fit on {fit.num_samples} steps ({calibration_s:.0f} s): "
-            f"{fit.base * 1e3:.3f} ms + {fit.per_prefill_token * 1e6:.2f} us/prefill token + "
-            f"{fit.per_decode_seq * 1e6:.2f} us/decode + {fit.per_context_token * 1e9:.2f} "
-            f"ns/context token; median error {fit.median_rel_error:.0%}"
+        _fit_print(
+            f"A. the calibration in this process ({calibration_s:.0f} s)", fit, shape_a, capacity_a
         )
-        print(
-            f"  outside the engine: {overhead * 1e3:.1f} ms before the first token, "
-            f"{tail * 1e3:.1f} ms after the last; reserved slots {shape.reserved_slots}; "
-            "predicted capacity "
-            f"{capacity:.2f} req/s ({_capacity_kind(args.p95_ms)})"
-        )
-        rows, levels, step_rows, first_rows = [], [], {}, {}
-        fractions = [float(f) for f in args.fractions.split(",")]
-        for i, fraction in enumerate(fractions):
-            rate, seed = fraction * capacity, args.seed + 10 * (i + 1)
-            schedule = _schedule(mix, rate, args.requests, seed)
-            predicted = simulate(fit, shape, mix, rate, num_requests=args.requests, seed=seed)
-            results = asyncio.run(_drive(system, schedule, step_rows))
-            first_rows = first_rows or dict(step_rows)
-            measured = _measured(results, [job[2] for job in schedule])
-            rows.append(_row(fraction, rate, predicted, measured))
-            levels.append((fraction, rate, seed, measured))
-        _print(
-            rows, "  A. predicted from the calibration (this process, before the run) / measured:"
-        )
-        refits = {}
-        for name, source, title in (
-            (
-                "first_level",
-                first_rows,
-                "  B. predicted from the steps the worker recorded during the first level only"
-                " (out of sample for the others)",
-            ),
-            (
-                "all_levels",
-                step_rows,
-                "  C. predicted from the steps the worker recorded during every level"
-                " (in sample: the simulation's own error given the step times)",
-            ),
-        ):
-            samples_seen = [StepSample.from_row(r) for r in source.values()]
-            if len(samples_seen) < 4:
-                continue
-            refit = step_model_fit(samples_seen)
-            saturation = capacity_search(refit, shape, mix, Targets(), seed=args.seed)
-            refit_rows = []
-            for fraction, rate, seed, measured in levels:
-                again = simulate(refit, shape, mix, rate, num_requests=args.requests, seed=seed)
-                refit_rows.append(_row(fraction, rate, again, measured))
-            _print(refit_rows, f"{title}, {len(samples_seen)} steps:")
-            print(
-                f"     fit: {refit.base * 1e3:.3f} ms + {refit.per_prefill_token * 1e6:.2f} "
-                f"us/prefill token + {refit.per_decode_seq * 1e6:.2f} us/decode + "
-                f"{refit.per_context_token * 1e9:.2f} ns/context token (median error "
-                f"{refit.median_rel_error:.0%}); predicted saturation {saturation:.2f} req/s"
+        fits: dict[str, tuple[StepTimeModel, ServerShape]] = {"calibration": (fit, shape_a)}
+        capacity, ramp_s = capacity_a, 0.0
+        if args.ramp:
+            ramp_rows: dict[tuple, list] = {}
+            ramp = _ramp(mix, 0.2 * capacity_a, 1.4 * capacity_a, args.ramp, args.seed + 5)
+            before = set(system.step_rows())  # the light requests' steps
+            started = time.perf_counter()
+            asyncio.run(_drive(system, ramp, ramp_rows))
+            ramp_s = time.perf_counter() - started
+            path_fit = step_model_fit(
+                StepSample.from_row(r) for k, r in ramp_rows.items() if k not in before
             )
-            refits[name] = {
-                "step_model": refit.to_dict(),
+            shape_p, capacity = fitted(path_fit)
+            fits["path"] = (path_fit, shape_p)
+            _fit_print(
+                f"P. the worker's steps during {args.ramp} requests through the path, "
+                f"{0.2 * capacity_a:.2f} to {1.4 * capacity_a:.2f} req/s ({ramp_s:.0f} s)",
+                path_fit,
+                shape_p,
+                capacity,
+            )
+        print(f"  levels at fractions of {capacity:.2f} req/s ({'P' if args.ramp else 'A'})")
+        step_rows: dict[tuple, list] = {}
+        before = set(system.step_rows())  # the light requests' and the ramp's steps
+        levels = [
+            (float(f), float(f) * capacity, args.seed + 10 * (i + 1))
+            for i, f in enumerate(args.fractions.split(","))
+        ]
+        if not args.no_backlog:
+            levels.append((None, math.inf, args.seed + 10 * (len(levels) + 1)))
+        measured_levels = []
+        for fraction, rate, seed in levels:
+            schedule = _schedule(mix, rate, args.requests, seed)
+            results = asyncio.run(_drive(system, schedule, step_rows))
+            outputs = [job[2] for job in schedule]
+            measured = _measured(results, outputs, is_backlog=not math.isfinite(rate))
+            measured_levels.append((fraction, rate, seed, measured))
+        if args.ramp_again and args.ramp:  # did the machine change speed meanwhile?
+            again_rows: dict[tuple, list] = {}
+            before_again = set(system.step_rows())
+            asyncio.run(_drive(system, ramp, again_rows))
+            again_fit = step_model_fit(
+                StepSample.from_row(r) for k, r in again_rows.items() if k not in before_again
+            )
+            shape_again, capacity_again = fitted(again_fit)
+            _fit_print("P2. the same ramp after the levels", again_fit, shape_again, capacity_again)
+            fits["path_again"] = (again_fit, shape_again)
+        level_samples = [StepSample.from_row(r) for k, r in step_rows.items() if k not in before]
+        if len(level_samples) >= 4:
+            all_fit = step_model_fit(level_samples)
+            fits["all_levels"] = (all_fit, fitted(all_fit)[0])
+        report = {}
+        titles = {
+            "calibration": "A. predicted from the calibration in this process",
+            "path": "P. predicted from the worker's steps through the path, before the levels "
+            "(out of sample)",
+            "path_again": "P2. predicted from the worker's steps during the same ramp after the "
+            "levels (the machine's drift: P2 against P)",
+            "all_levels": "C. predicted from the worker's steps during every level (in sample: "
+            "the simulation's own error given the step times)",
+        }
+        for name, (step_model, fit_shape) in fits.items():
+            rows = [
+                _row(
+                    fraction,
+                    rate,
+                    simulate(step_model, fit_shape, mix, rate, num_requests=args.requests, seed=s),
+                    measured,
+                )
+                for fraction, rate, s, measured in measured_levels
+            ]
+            saturation = capacity_search(step_model, fit_shape, mix, Targets(), seed=args.seed)
+            _print(rows, f"  {titles[name]} / measured:")
+            report[name] = {
+                "step_model": step_model.to_dict(),
+                "overhead_s": fit_shape.overhead_s,
+                "tail_s": fit_shape.tail_s,
                 "saturation_rps": saturation,
-                "levels": refit_rows,
+                "levels": rows,
             }
-        top = max(m["throughput_rps"] for *_, m in levels)
+        top = max(m["throughput_rps"] for *_, m in measured_levels)
+        backlog = measured_levels[-1][3]["throughput_rps"] if not args.no_backlog else None
         print(
-            f"  measured: the most completions/s of any level {top:.2f} req/s (the saturation "
-            "rate where the top level's throughput fell short of its rate); calibration "
-            f"predicted {capacity:.2f}"
+            "  measured saturation (the backlog's completions/s): "
+            + (f"{backlog:.2f} req/s" if backlog else "not run")
+            + "; predicted: "
+            + ", ".join(
+                f"{LETTERS[name]} {r['saturation_rps']:.2f}"
+                + (f" ({100 * (r['saturation_rps'] - backlog) / backlog:+.0f}%)" if backlog else "")
+                for name, r in report.items()
+            )
         )
     finally:
         asyncio.run(system.close())
@@ -456,13 +548,13 @@ def run(argv: list[str] | None = None) -> dict:
         "prompt_tokens": args.prompt_tokens,
         "output_tokens": args.output_tokens,
         "requests_per_level": args.requests,
-        "step_model": fit.to_dict(),
-        "overhead_s": overhead,
-        "tail_s": tail,
+        "ramp_requests": args.ramp,
+        "ramp_again": bool(args.ramp_again and args.ramp),
         "reserved_slots": shape.reserved_slots,
         "capacity_rps": capacity,
-        "levels": rows,
-        "worker_fits": refits,
+        "capacity_from": "path" if args.ramp else "calibration",
+        "fits": report,
+        "measured_saturation_rps": backlog,
         "measured_top_throughput_rps": top,
         "load_average": os.getloadavg()[0],
     }

@@ -1,7 +1,7 @@
-"""`manage.py bench capacity` as a user runs it, small: calibrate `tiny`, predict, drive the
-real engine (in-process, --direct: the HTTP path's run takes minutes) at two loads, and print
-predicted against measured for the calibration and the engine's own recorded steps
-(structure, not speed)."""
+"""`manage.py bench capacity` as a user runs it, small: calibrate `tiny`, calibrate again from
+the engine's own steps under a rising load, predict, drive the real engine (in-process,
+--direct: the HTTP path's run takes minutes) at two loads and a backlog, and print predicted
+against measured for each fit (structure, not speed)."""
 
 import json
 import subprocess
@@ -30,6 +30,9 @@ def test_bench_capacity_reports_predicted_against_measured(subprocess_env, tmp_p
             "24",
             "--fractions",
             "0.3,0.6",
+            "--ramp",
+            "24",
+            "--ramp-again",
             "--output-tokens",
             "8-16",
             "--prompt-tokens",
@@ -47,21 +50,37 @@ def test_bench_capacity_reports_predicted_against_measured(subprocess_env, tmp_p
     result = json.loads(out.read_text())
     assert json.loads(done.stdout.strip().splitlines()[-1]) == result
     assert result["path"] == "direct" and result["preset"] == "tiny"
-    assert result["capacity_rps"] > 0 and result["step_model"]["num_samples"] > 20
-    assert [level["fraction"] for level in result["levels"]] == [0.3, 0.6]
-    for level in result["levels"]:
-        assert level["rate"] == pytest.approx(level["fraction"] * result["capacity_rps"])
-        for name in FIGURES:
-            cell = level[name]
-            assert cell["predicted"] >= 0 and cell["measured"] > 0
-            expected = 100 * (cell["predicted"] - cell["measured"]) / cell["measured"]
-            assert cell["error_pct"] == pytest.approx(expected)
-    fits = result["worker_fits"]
-    assert set(fits) == {"first_level", "all_levels"}
-    assert len(fits["all_levels"]["levels"]) == 2
     assert (
-        fits["all_levels"]["step_model"]["num_samples"]
-        > fits["first_level"]["step_model"]["num_samples"]
+        result["capacity_rps"] > 0
+        and result["fits"]["calibration"]["step_model"]["num_samples"] > 20
+    )
+    assert result["capacity_from"] == "path" and result["ramp_requests"] == 24
+    fits = result["fits"]
+    assert set(fits) == {"calibration", "path", "path_again", "all_levels"}
+    # The levels are fractions of the capacity the path's fit predicts, then the backlog.
+    assert result["capacity_rps"] == pytest.approx(fits["path"]["saturation_rps"])
+    for fit in fits.values():
+        assert fit["step_model"]["num_samples"] >= 4 and fit["saturation_rps"] > 0
+        levels = fit["levels"]
+        assert [level["fraction"] for level in levels] == [0.3, 0.6, None]
+        assert levels[-1]["rate"] is None  # the backlog: everything sent at once
+        for level in levels[:-1]:
+            assert level["rate"] == pytest.approx(level["fraction"] * result["capacity_rps"])
+        for level in levels:
+            for name in FIGURES:
+                cell = level[name]
+                assert cell["predicted"] >= 0 and cell["measured"] > 0
+                expected = 100 * (cell["predicted"] - cell["measured"]) / cell["measured"]
+                assert cell["error_pct"] == pytest.approx(expected)
+        # Every fit is scored against the same measurements.
+        assert [lv["e2e_p50"]["measured"] for lv in levels] == [
+            lv["e2e_p50"]["measured"] for lv in fits["calibration"]["levels"]
+        ]
+    assert result["measured_saturation_rps"] == pytest.approx(
+        fits["calibration"]["levels"][-1]["throughput_rps"]["measured"]
     )
     assert "A. predicted from the calibration" in done.stdout
-    assert "C. predicted from the steps the worker recorded during every level" in done.stdout
+    assert "P. predicted from the worker's steps through the path" in done.stdout
+    assert "P2. predicted from the worker's steps during the same ramp" in done.stdout
+    assert "C. predicted from the worker's steps during every level" in done.stdout
+    assert "measured saturation (the backlog's completions/s)" in done.stdout
