@@ -3,8 +3,8 @@
 1. Calibrate: the real engine (the preset, as the workers start it, with `--max-num-seqs`)
    stepped over the planner's grid in this process; the step-time model fitted to it (A).
 2. Calibrate through the path (the default; `--ramp 0` skips it): `--ramp` requests whose
-   arrival rate rises from 0.2x to 1.4x A's capacity, sent through the system; the steps the
-   worker itself recorded meanwhile (under the path's own load: its runner threads, the API
+   arrival rate rises from 0.2x to 1.4x A's saturation rate, sent through the system; the steps
+   the worker itself recorded meanwhile (under the path's own load: its runner threads, the API
    process, Redis) are fitted again (P), as `capacity_plan` fits a live worker's steps.
 3. Predict: one worker's capacity (its saturation rate, or with `--p95-ms` the knee: the
    highest rate whose p95 latency meets it) from P (from A with `--ramp 0`), and at
@@ -443,7 +443,10 @@ def run(argv: list[str] | None = None) -> dict:
         capacity, ramp_s = capacity_a, 0.0
         if args.ramp:
             ramp_rows: dict[tuple, list] = {}
-            ramp = _ramp(mix, 0.2 * capacity_a, 1.4 * capacity_a, args.ramp, args.seed + 5)
+            # Around A's saturation (its knee may be far below it, or 0, with --p95-ms).
+            top_a = capacity_search(fit, shape_a, mix, Targets(), seed=args.seed)
+            low, high = 0.2 * top_a, 1.4 * top_a
+            ramp = _ramp(mix, low, high, args.ramp, args.seed + 5)
             before = set(system.step_rows())  # the light requests' steps
             started = time.perf_counter()
             asyncio.run(_drive(system, ramp, ramp_rows))
@@ -455,11 +458,13 @@ def run(argv: list[str] | None = None) -> dict:
             fits["path"] = (path_fit, shape_p)
             _fit_print(
                 f"P. the worker's steps during {args.ramp} requests through the path, "
-                f"{0.2 * capacity_a:.2f} to {1.4 * capacity_a:.2f} req/s ({ramp_s:.0f} s)",
+                f"{low:.2f} to {high:.2f} req/s ({ramp_s:.0f} s)",
                 path_fit,
                 shape_p,
                 capacity,
             )
+        if capacity <= 0:
+            raise SystemExit("the targets are missed even at a light load: no knee to measure")
         print(f"  levels at fractions of {capacity:.2f} req/s ({'P' if args.ramp else 'A'})")
         step_rows: dict[tuple, list] = {}
         before = set(system.step_rows())  # the light requests' and the ramp's steps
