@@ -10,6 +10,7 @@ from workers.engine import LLMEngine, SamplingParams
 from workers.engine.config import SpeculativeConfig
 from workers.engine.spec.choice import (
     CHOICE_MARGIN,
+    CHOICE_PROBE_BACKOFF_MAX,
     CHOICE_PROBE_INTERVAL,
     CHOICE_PROBE_STEPS,
     MethodChoice,
@@ -97,6 +98,46 @@ def test_each_bucket_goes_to_the_method_that_predicts_more_with_hysteresis_and_p
         choice.methods["draft"].is_probing = False
     choice.num_steps[8] = CHOICE_PROBE_INTERVAL + CHOICE_PROBE_STEPS
     assert choice.choose(8) == "ngram" and not choice.methods["draft"].is_probing
+
+
+def _probe_starts(choice: MethodChoice, bucket: int, first: int, num_steps: int) -> list[int]:
+    """The steps of ``bucket`` at which a probe starts, choosing step by step from ``first``."""
+    starts, was_probing = [], False
+    for n in range(first, first + num_steps):
+        choice.num_steps[bucket] = n
+        is_probing = choice.choose(bucket) != choice.chosen[bucket]
+        if is_probing and not was_probing:
+            starts.append(n)
+        was_probing = is_probing
+        for speculator in choice.methods.values():
+            speculator.is_probing = False
+    return starts
+
+
+def test_probes_back_off_while_the_bucket_keeps_its_method_and_return_when_it_changes(
+    make_engine, tiny_dir
+):
+    choice = make_engine(speculative=_draft_config(tiny_dir)).speculator
+    _measured(choice, "draft", 8, plain_s=2e-3, draft_s=1.2e-3, drafted=4, accepted=2.5)
+    _measured(choice, "ngram", 8, plain_s=2e-3, draft_s=0.1e-3, drafted=1, accepted=0.6)
+    # Prompt lookup keeps batch 8: the waits between probes of the draft model double, up to
+    # CHOICE_PROBE_BACKOFF_MAX times the interval.
+    interval, longest = CHOICE_PROBE_INTERVAL, CHOICE_PROBE_BACKOFF_MAX * CHOICE_PROBE_INTERVAL
+    starts = _probe_starts(choice, 8, 0, 6 * longest)
+    waits = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert starts[0] == interval
+    assert waits == [min(interval * 2**i, longest) for i in range(1, len(waits) + 1)]
+    assert waits[-1] == longest
+    # A probe after which the bucket changes method brings the wait back to the interval.
+    n = starts[-1] + longest  # the next probe's first step
+    choice.num_steps[8] = n
+    assert choice.choose(8) == "draft" and choice.methods["draft"].is_probing
+    choice.methods["draft"].costs.bucket(8).draft_s = 0.01e-3  # the probe finds it cheap now
+    for step in range(1, CHOICE_PROBE_STEPS + 1):
+        choice.num_steps[8] = n + step
+        choice.choose(8)
+    assert choice.chosen[8] == "draft"
+    assert _probe_starts(choice, 8, n + CHOICE_PROBE_STEPS + 1, 2 * interval) == [n + interval]
 
 
 class _ShapeClock:

@@ -24,7 +24,9 @@ below, beside it). Every ``CHOICE_PROBE_INTERVAL`` steps of a bucket
 (``PROBE_INTERVAL_UNMEASURED`` while it is not measured there), the method not chosen gets
 ``CHOICE_PROBE_STEPS`` steps in which it drafts for every eligible sequence (a draft model
 switching on at most one sequence that must first catch up, in two steps), so that its costs
-and yield stay measured and a change in the text is seen.
+and yield stay measured and a change in the text is seen. A probe after which the bucket keeps
+its method doubles the wait for the next, up to ``CHOICE_PROBE_BACKOFF_MAX`` times; one after
+which it changes method brings the wait back to ``CHOICE_PROBE_INTERVAL``.
 
 A sequence that the batch's method declines because its draft model would first have to
 catch up (the rule's ``switching_on_pays``: the few tokens left of an answer do not repay it)
@@ -63,6 +65,12 @@ MEASURE_STEPS = 6
 # Every this many steps of a bucket, the method not chosen drafts for this many steps.
 CHOICE_PROBE_INTERVAL = 128
 CHOICE_PROBE_STEPS = 3
+# A probe after which the bucket keeps its method doubles the wait for the next one, up to this
+# many times the interval; one after which the bucket changes method brings it back. A draft
+# model's probe costs a catch-up on every sequence it has not seen (the edit workload at batch
+# 4: about 10 % of the steps' time at every 128th step), so a verdict that keeps holding is
+# checked less often, as the speculator's own exploration backs off.
+CHOICE_PROBE_BACKOFF_MAX = 8
 # A method whose costs in a bucket are still unmeasured after its first steps there (prompt
 # lookup found nothing to propose yet, so no step of it drafted) is probed this often instead.
 PROBE_INTERVAL_UNMEASURED = 16
@@ -92,6 +100,9 @@ class MethodChoice:
         self.num_method_samples: dict[tuple[str, int], int] = {}
         self.chosen: dict[int, str] = {}  # bucket -> the method its steps go to, probes aside
         self.num_mixed_steps = 0  # steps where two methods drafted (see ``propose``)
+        # bucket -> (the step its next probe starts at, the wait after it, the method the
+        # bucket had when the probe started)
+        self._probes: dict[int, tuple[int, int, str | None]] = {}
         self._active: str | None = None  # this step's method and bucket
         self._bucket: int | None = None
 
@@ -234,12 +245,35 @@ class MethodChoice:
         n = self.num_steps.get(bucket, 0)
         others = [name for name in self.names if name != current]
         unmeasured = [name for name in others if not self._is_measured(name, bucket)]
-        interval = PROBE_INTERVAL_UNMEASURED if unmeasured else CHOICE_PROBE_INTERVAL
-        if others and n >= interval and n % interval < CHOICE_PROBE_STEPS:
-            pool = unmeasured or others
-            probe = pool[(n // interval) % len(pool)]
+        if not others:
+            return current
+        if unmeasured:  # every PROBE_INTERVAL_UNMEASURED steps, as before it is measured
+            if (
+                n >= PROBE_INTERVAL_UNMEASURED
+                and n % PROBE_INTERVAL_UNMEASURED < CHOICE_PROBE_STEPS
+            ):
+                probe = unmeasured[(n // PROBE_INTERVAL_UNMEASURED) % len(unmeasured)]
+                self.methods[probe].is_probing = True
+                return probe
+            return current
+        start, wait, before = self._probes.get(
+            bucket, (CHOICE_PROBE_INTERVAL, CHOICE_PROBE_INTERVAL, None)
+        )
+        if n >= start + CHOICE_PROBE_STEPS:  # the probe is over: judge it, plan the next
+            if before is not None:
+                wait = (
+                    min(2 * wait, CHOICE_PROBE_BACKOFF_MAX * CHOICE_PROBE_INTERVAL)
+                    if before == current
+                    else CHOICE_PROBE_INTERVAL
+                )
+            start, before = n + wait - CHOICE_PROBE_STEPS, None
+        if start <= n < start + CHOICE_PROBE_STEPS:
+            before = before or current
+            self._probes[bucket] = (start, wait, before)
+            probe = others[(n // CHOICE_PROBE_INTERVAL) % len(others)]
             self.methods[probe].is_probing = True
             return probe
+        self._probes[bucket] = (start, wait, before)
         return current
 
     def rate(self, name: str, bucket: int) -> float | None:
