@@ -440,7 +440,7 @@ def run(argv: list[str] | None = None) -> dict:
             f"A. the calibration in this process ({calibration_s:.0f} s)", fit, shape_a, capacity_a
         )
         fits: dict[str, tuple[StepTimeModel, ServerShape]] = {"calibration": (fit, shape_a)}
-        capacity, ramp_s = capacity_a, 0.0
+        capacity = capacity_a
         if args.ramp:
             ramp_rows: dict[tuple, list] = {}
             # Around A's saturation (its knee may be far below it, or 0, with --p95-ms).

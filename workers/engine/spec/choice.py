@@ -67,9 +67,10 @@ CHOICE_PROBE_INTERVAL = 128
 CHOICE_PROBE_STEPS = 3
 # A probe after which the bucket keeps its method doubles the wait for the next one, up to this
 # many times the interval; one after which the bucket changes method brings it back. A draft
-# model's probe costs a catch-up on every sequence it has not seen (the edit workload at batch
-# 4: about 10 % of the steps' time at every 128th step), so a verdict that keeps holding is
-# checked less often, as the speculator's own exploration backs off.
+# model's probe costs its catch-up and its passes while the batch's other sequences decode
+# plainly (every 128th step, they cost draft adaptive 4-12 % against forced prompt lookup at
+# batch 2-8, docs/benchmarks.md), so a verdict that keeps holding is checked less often, as
+# the speculator's own exploration backs off.
 CHOICE_PROBE_BACKOFF_MAX = 8
 # A method whose costs in a bucket are still unmeasured after its first steps there (prompt
 # lookup found nothing to propose yet, so no step of it drafted) is probed this often instead.
