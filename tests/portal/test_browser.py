@@ -145,11 +145,13 @@ def test_the_members_story_from_sign_in_to_a_revoked_key(live, acme, make_user, 
     expect(page.locator(f"tr[data-request='{request_id}']")).to_contain_text("tiny")
     page.get_by_label("Split by").select_option("key")
     page.get_by_role("button", name="Apply").click()
-    assert "split=key" in page.url  # filters live in the URL
-    drawn = page.evaluate(
-        "() => { const c = document.querySelector('canvas[data-chart]')._chart;"
-        " return c.data.datasets.map(d => [d.label, d.data.reduce((a, b) => a + b, 0)]); }"
-    )
+    expect(page).to_have_url(re.compile(r"[?&]split=key"))  # filters live in the URL
+    # The new page may still be loading when the URL changes: wait until its chart is drawn.
+    drawn = page.wait_for_function(
+        "() => { const c = document.querySelector('canvas[data-chart]');"
+        " return c && c._chart && c._chart.data.datasets"
+        ".map(d => [d.label, d.data.reduce((a, b) => a + b, 0)]); }"
+    ).json_value()
     assert drawn == [[prefix, record.cost_microcents / 100_000_000]]
     shot(page, "usage")
     with page.expect_download() as download:  # streamed by the ASGI server, filters kept
