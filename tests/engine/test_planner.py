@@ -118,6 +118,32 @@ def test_interactive_lane_is_served_before_bulk_under_load():
     assert standard < one_lane.ttft_p95 < bulk
 
 
+def test_bulk_gives_way_only_to_requests_in_the_worker_as_the_scheduler_does():
+    """The engine's scheduler limits the bulk lane while another lane's sequence is in the
+    engine (`_yield_room`); a request still in the fair queue is not, until the worker has a
+    slot to pull it into. Found by `bench capacity --bulk-fraction`: counting queued requests
+    too, the simulation throttled a full worker's bulk sequences and under-predicted the knee."""
+    from workers.engine.planner.simulate import _Pool, _Request
+
+    standard, bulk = ServerShape().lanes.index("standard"), ServerShape().lanes.index("bulk")
+
+    def step(max_num_seqs: int) -> list[int]:
+        shape = ServerShape(max_num_seqs=max_num_seqs, yield_lanes=("bulk",), bulk_beside=1)
+        pool = _Pool(TRUE, shape)
+        worker = pool.workers[0]
+        worker.running = [  # two bulk sequences, decoding
+            _Request(0.0, 4, 8, bulk, order, computed=4, generated=1) for order in (0, 1)
+        ]
+        pool.enqueue(_Request(0.0, 4, 8, standard, 2))  # a standard request, queued
+        assert pool.step_start(worker, 0.0) is not None
+        return sorted(request.order for request, _ in worker.plan)
+
+    # A full worker: the standard request waits in the queue, both bulk sequences decode.
+    assert step(max_num_seqs=2) == [0, 1]
+    # A free slot: the worker takes it, and the bulk lane gives way to one sequence beside it.
+    assert step(max_num_seqs=3) == [0, 2]
+
+
 def test_knee_meets_the_target_and_a_tenth_more_does_not():
     model = StepTimeModel(0.004, 2e-5, 3e-4, 1e-6)
     mix = Mix((RequestClass((16, 256), (16, 128)),))

@@ -166,12 +166,17 @@ class _Pool:
     def enqueue(self, request: _Request) -> None:
         heapq.heappush(self.waiting, (request.lane, request.order, request))
 
-    def _room_for_yielding(self, worker: _Worker) -> list[int] | None:
+    def _room_for_yielding(self, worker: _Worker, now: float) -> list[int] | None:
+        """As the engine's scheduler decides it (`_yield_room`): the yielding lanes give way
+        while a sequence of another lane is in the worker's engine. A request still in the
+        fair queue is not: the worker pulls one only into a free slot, so a queued request of
+        another lane counts only where the worker has a slot for it."""
         if not self.yield_ranks:
             return None
-        foreground = any(r.lane not in self.yield_ranks for r in worker.running) or any(
-            lane not in self.yield_ranks for lane, _, _ in self.waiting
-        )
+        foreground = any(r.lane not in self.yield_ranks for r in worker.running)
+        if not foreground:
+            first = next((r for lane, _, r in self.waiting if lane not in self.yield_ranks), None)
+            foreground = first is not None and len(worker.running) < self._slots(worker, now, first)
         return [self.shape.bulk_beside] if foreground else None
 
     def _gives_way(self, request: _Request, room: list[int] | None) -> bool:
@@ -194,7 +199,7 @@ class _Pool:
     def step_start(self, worker: _Worker, now: float) -> float | None:
         """Compose the worker's next step as the scheduler would; its seconds, or None when
         it has nothing to do."""
-        budget, room = self.shape.max_num_batched_tokens, self._room_for_yielding(worker)
+        budget, room = self.shape.max_num_batched_tokens, self._room_for_yielding(worker, now)
         worker.running.sort(key=lambda r: (r.lane, r.order))
         decodes_left = sum(1 for r in worker.running if not r.is_prefilling)
         plan: list[tuple[_Request, int]] = []
