@@ -90,8 +90,19 @@ def engine_shape(*, info: ModelInfo, num_workers: int, overhead_s: float = 0.0) 
         yield_lanes=config.yield_lanes,
         bulk_beside=config.yield_max_seqs,
         lanes=tuple(Lane.values),
+        min_shares=lane_min_shares(),
         overhead_s=overhead_s,
     )
+
+
+def lane_min_shares() -> tuple[float, ...]:
+    """Each lane's minimum share of the fair queue's dispatches (in `Lane` order), as the
+    workers' queue is configured (workers/transport.py)."""
+    shares = {
+        Lane.STANDARD.value: settings.FAIRLANE_MIN_SHARE_STANDARD,
+        Lane.BULK.value: settings.FAIRLANE_MIN_SHARE_BULK,
+    }
+    return tuple(shares.get(lane, 0.0) for lane in Lane.values)
 
 
 def step_samples_calibrate(*, info: ModelInfo, quick: bool = False) -> list[StepSample]:

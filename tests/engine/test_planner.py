@@ -144,6 +144,53 @@ def test_bulk_gives_way_only_to_requests_in_the_worker_as_the_scheduler_does():
     assert step(max_num_seqs=3) == [0, 2]
 
 
+def test_a_backlogged_lower_lane_gets_its_minimum_share_of_dispatches():
+    """The fair queue serves lanes by strict priority but gives a lower lane its minimum share
+    of recent dispatches while a lane above it is backlogged (workers/fairqueue/dequeue.lua);
+    the simulation dispatches the same way when given the shares."""
+    from workers.engine.planner.simulate import _Pool, _Request
+
+    standard, bulk = ServerShape().lanes.index("standard"), ServerShape().lanes.index("bulk")
+
+    def dispatched(min_shares: tuple[float, ...]) -> list[int]:
+        pool = _Pool(TRUE, ServerShape(max_num_seqs=1, min_shares=min_shares))
+        for order in range(200):  # both lanes backlogged, standard first in every order
+            pool.enqueue(_Request(0.0, 4, 1, standard if order < 100 else bulk, order))
+        lanes = []
+        for _ in range(100):
+            request = pool._take()
+            pool._dispatched(request)
+            lanes.append(request.lane)
+        return lanes
+
+    assert dispatched(()) == [standard] * 100  # strict priority
+    with_share = dispatched((0.0, 0.10, 0.05))
+    # About one dispatch in twenty goes to bulk (5 %), none of the first (no history yet).
+    assert 4 <= with_share.count(bulk) <= 6
+    assert with_share[:10] == [standard] * 10
+
+
+def test_minimum_shares_shorten_the_lower_lanes_wait_in_a_backlog():
+    """Everything queued at once: by strict priority the bulk lane waits for the whole standard
+    backlog; owed a fifth of the dispatches, it is served alongside it (its share of the
+    traffic is a tenth, so the share is what moves it)."""
+    model = StepTimeModel(0.004, 2e-5, 3e-4, 1e-6)
+    mix = Mix(
+        (
+            RequestClass((64, 64), (32, 32), "standard", 0.9),
+            RequestClass((64, 64), (32, 32), "bulk", 0.1),
+        )
+    )
+
+    def lanes(min_shares: tuple[float, ...]) -> dict[str, float]:
+        shape = ServerShape(max_num_seqs=4, min_shares=min_shares)
+        return simulate(model, shape, mix, math.inf, num_requests=1000, seed=1).ttft_p95_by_lane
+
+    strict, shared = lanes(()), lanes((0.0, 0.10, 0.20))
+    assert shared["bulk"] < 0.7 * strict["bulk"]
+    assert shared["standard"] >= strict["standard"]
+
+
 def test_knee_meets_the_target_and_a_tenth_more_does_not():
     model = StepTimeModel(0.004, 2e-5, 3e-4, 1e-6)
     mix = Mix((RequestClass((16, 256), (16, 128)),))

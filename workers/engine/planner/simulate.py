@@ -83,6 +83,11 @@ class ServerShape:
     # A full worker looks for work again this often (FAIRLANE_PULL_INTERVAL_SECONDS): a slot
     # freed while it was full stays empty half of it on average.
     pull_interval_s: float = 0.0
+    # Each lane's minimum share of recent dispatches while a lane above it is backlogged
+    # (FAIRLANE_MIN_SHARE_STANDARD, _BULK; by `lanes`), the counts decayed by `share_decay` at
+    # each dispatch, as the fair queue has them. Empty: strict priority.
+    min_shares: tuple[float, ...] = ()
+    share_decay: float = 0.99
 
     def __post_init__(self) -> None:
         if self.num_workers < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
@@ -131,6 +136,7 @@ class _Request:
 @dataclass(slots=True)
 class _Worker:
     running: list[_Request] = field(default_factory=list)
+    waiting: list[_Request] = field(default_factory=list)  # pulled, not yet in a step
     plan: list[tuple[_Request, int]] = field(default_factory=list)
     is_busy: bool = False
     refills: list[float] = field(default_factory=list)  # when freed slots can be taken again
@@ -154,7 +160,8 @@ def arrivals_draw(
 class _Pool:
     def __init__(self, model: StepTimeModel, shape: ServerShape) -> None:
         self.model, self.shape = model, shape
-        self.waiting: list[tuple[int, int, _Request]] = []  # (lane, order, request) heap
+        self.queues: dict[int, list[tuple[int, _Request]]] = {}  # lane -> (order, request) heap
+        self.served = [0.0] * len(shape.lanes)  # recent dispatches per lane, decayed
         self.workers = [_Worker() for _ in range(shape.num_workers)]
         self.yield_ranks = {shape.lanes.index(x) for x in shape.yield_lanes if x in shape.lanes}
         lanes = shape.lanes
@@ -164,20 +171,54 @@ class _Pool:
         self.num_steps = self.num_step_seqs = 0
 
     def enqueue(self, request: _Request) -> None:
-        heapq.heappush(self.waiting, (request.lane, request.order, request))
+        heapq.heappush(self.queues.setdefault(request.lane, []), (request.order, request))
 
-    def _room_for_yielding(self, worker: _Worker, now: float) -> list[int] | None:
+    @property
+    def has_waiting(self) -> bool:
+        return any(self.queues.values())
+
+    def _take(self) -> _Request | None:
+        """The request the fair queue dispatches next (workers/fairqueue/dequeue.lua): the
+        first of the highest backlogged lane, unless a lane below it is owed its minimum share
+        (its share of recent dispatches a whole dispatch below `min_shares`), the lowest such
+        lane first."""
+        backlogged = sorted(rank for rank, queue in self.queues.items() if queue)
+        if not backlogged:
+            return None
+        chosen, shares, total = backlogged[0], self.shape.min_shares, sum(self.served)
+        for rank in reversed(backlogged[1:]):
+            if rank < len(shares) and self.served[rank] + 1 <= shares[rank] * total:
+                chosen = rank
+                break
+        return heapq.heappop(self.queues[chosen])[1]
+
+    def _dispatched(self, request: _Request) -> None:
+        decay = self.shape.share_decay
+        self.served = [count * decay for count in self.served]
+        if request.lane < len(self.served):
+            self.served[request.lane] += 1
+
+    def _room_for_yielding(self, worker: _Worker) -> list[int] | None:
         """As the engine's scheduler decides it (`_yield_room`): the yielding lanes give way
-        while a sequence of another lane is in the worker's engine. A request still in the
-        fair queue is not: the worker pulls one only into a free slot, so a queued request of
-        another lane counts only where the worker has a slot for it."""
+        while a sequence of another lane is in the worker's engine, running or pulled; one
+        still in the fair queue is not."""
         if not self.yield_ranks:
             return None
-        foreground = any(r.lane not in self.yield_ranks for r in worker.running)
-        if not foreground:
-            first = next((r for lane, _, r in self.waiting if lane not in self.yield_ranks), None)
-            foreground = first is not None and len(worker.running) < self._slots(worker, now, first)
-        return [self.shape.bulk_beside] if foreground else None
+        for request in (*worker.running, *worker.waiting):
+            if request.lane not in self.yield_ranks:
+                return [self.shape.bulk_beside]
+        return None
+
+    def _pull(self, worker: _Worker, now: float) -> None:
+        """The worker's puller: requests from the fair queue into its engine while it has a
+        slot for them (a pulled request holds its slot until it finishes, whether or not the
+        engine has stepped it yet)."""
+        while (request := self._take()) is not None:
+            if len(worker.running) + len(worker.waiting) >= self._slots(worker, now, request):
+                self.enqueue(request)  # the queue's order: the next request waits too
+                return
+            self._dispatched(request)
+            worker.waiting.append(request)
 
     def _gives_way(self, request: _Request, room: list[int] | None) -> bool:
         if room is None or request.lane not in self.yield_ranks:
@@ -199,7 +240,8 @@ class _Pool:
     def step_start(self, worker: _Worker, now: float) -> float | None:
         """Compose the worker's next step as the scheduler would; its seconds, or None when
         it has nothing to do."""
-        budget, room = self.shape.max_num_batched_tokens, self._room_for_yielding(worker, now)
+        self._pull(worker, now)
+        budget, room = self.shape.max_num_batched_tokens, self._room_for_yielding(worker)
         worker.running.sort(key=lambda r: (r.lane, r.order))
         decodes_left = sum(1 for r in worker.running if not r.is_prefilling)
         plan: list[tuple[_Request, int]] = []
@@ -218,23 +260,22 @@ class _Pool:
                 n = 1
             plan.append((request, n))
             budget -= n
-        held: list[tuple[int, int, _Request]] = []
-        while budget > 0 and len(worker.running) < self.shape.max_num_seqs and self.waiting:
-            entry = heapq.heappop(self.waiting)
-            request = entry[2]
+        worker.waiting.sort(key=lambda r: (r.lane, r.order))
+        admitted = 0
+        for request in worker.waiting:
+            if budget <= 0 or len(worker.running) >= self.shape.max_num_seqs:
+                break
             if room is not None and request.lane in self.yield_ranks and room[0] <= 0:
-                held.append(entry)
-                continue
-            if len(worker.running) >= self._slots(worker, now, request):
-                held.append(entry)
-                break  # the queue's order: the next request waits too (no overtaking)
+                continue  # a yielding lane's sequence beyond its places waits for a later step
             self._gives_way(request, room)
             n = min(request.prompt, budget)
             worker.running.append(request)
             plan.append((request, n))
             budget -= n
-        for entry in held:
-            heapq.heappush(self.waiting, entry)
+            admitted += 1
+        if admitted:
+            running = {id(r) for r in worker.running}
+            worker.waiting = [r for r in worker.waiting if id(r) not in running]
         if not plan:
             return None
         prefill = decodes = context = 0
@@ -252,7 +293,8 @@ class _Pool:
     def step_end(self, worker: _Worker, now: float) -> list[_Request]:
         """Apply the step's work; the requests it finished."""
         finished = []
-        was_full = len(worker.running) >= self.shape.max_num_seqs - self.shape.reserved_slots
+        in_flight = len(worker.running) + len(worker.waiting)
+        was_full = in_flight >= self.shape.max_num_seqs - self.shape.reserved_slots
         for request, n in worker.plan:
             if request.is_prefilling:
                 request.computed += n
@@ -300,7 +342,7 @@ def simulate(
             if (seconds := pool.step_start(worker, now)) is not None:
                 tick += 1
                 heapq.heappush(ends, (now + seconds, tick, index))
-            elif pool.waiting and worker.refills:  # wake when a slot is refilled
+            elif pool.has_waiting and worker.refills:  # wake when a slot is refilled
                 worker.is_busy = True
                 tick += 1
                 heapq.heappush(ends, (min(worker.refills), tick, index))
