@@ -4,14 +4,15 @@
    stepped over the planner's grid in this process; the step-time model fitted to it (A).
 2. Calibrate through the path (the default; `--ramp 0` skips it): `--ramp` requests whose
    arrival rate rises from 0.2x to 1.4x A's saturation rate, sent through the system; the steps
-   the worker itself recorded meanwhile (under the path's own load: its runner threads, the API
-   process, Redis) are fitted again (P), as `capacity_plan` fits a live worker's steps.
-3. Predict: one worker's capacity (its saturation rate, or with `--p95-ms` the knee: the
-   highest rate whose p95 latency meets it) from P (from A with `--ramp 0`), and at
-   `--fractions` of it (0.5, 0.8, 0.95) the p50/p95 TTFT and latency and the throughput, for
-   the very arrival schedule (seeded Poisson, the same lengths) that step 4 sends.
+   the workers themselves recorded meanwhile (under the path's own load: their runner threads,
+   the API process, Redis) are fitted again (P), as `capacity_plan` fits live workers' steps.
+3. Predict: the capacity of `--workers` workers (one by default) sharing the model's queue
+   (their saturation rate, or with `--p95-ms` the knee: the highest rate whose p95 latency
+   meets it) from P (from A with `--ramp 0`), and at `--fractions` of it (0.5, 0.8, 0.95) the
+   p50/p95 TTFT and latency and the throughput, for the very arrival schedule (seeded Poisson,
+   the same lengths, `--bulk-fraction` of the requests on the bulk lane) that step 4 sends.
 4. Measure: the same schedule, open loop, through the real HTTP path of the distributed mode
-   (uvicorn -> admission -> the Redis fair queue -> one Celery GPU worker -> the stream back;
+   (uvicorn -> admission -> the Redis fair queue -> the Celery GPU workers -> the stream back;
    `--direct`: straight into an in-process AsyncEngine instead); then a backlog (`--requests`
    all sent at once), whose completions per second are the measured saturation rate: the knee
    of a run without `--p95-ms`.
@@ -19,8 +20,8 @@ The fixed latency outside the engine (the HTTP path's own) is measured first, on
 request at a time, less what each fit says the engine's steps took, and given to the
 simulation as its `overhead_s`. Printed: predicted against measured with the error in per
 cent, from A; from P (out of sample: no level's steps are in it); and from the steps the
-worker recorded during every level (C: in sample, the simulation's own error when it has the
-step times the worker had). `--ramp-again` sends the ramp once more after the levels and
+workers recorded during every level (C: in sample, the simulation's own error when it has the
+step times the workers had). `--ramp-again` sends the ramp once more after the levels and
 predicts from its steps too (P2): where P2 and P differ, the machine changed speed during the
 run. The last line is one JSON object.
 """
@@ -43,10 +44,10 @@ import httpx
 import torch
 from django.conf import settings
 
+from routing.services.capacity import lane_min_shares, mix_make
 from workers.engine import AsyncEngine, EngineConfig, SamplingParams
 from workers.engine.planner import (
     Mix,
-    RequestClass,
     ServerShape,
     StepSample,
     StepTimeModel,
@@ -57,6 +58,7 @@ from workers.engine.planner import (
 )
 from workers.engine.planner.calibrate import QUICK, Grid, calibrate
 from workers.engine.planner.simulate import LANES, arrivals_draw, percentile
+from workers.serving.catalog import bulk_yield
 
 ROOT = Path(__file__).resolve().parents[2]
 WARMUP = 0.1
@@ -74,7 +76,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--output-tokens", default="32-96", help="LOW-HIGH, uniform")
     p.add_argument("--max-num-seqs", type=int, default=8, help="the engine's (worker's) slots")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="Celery GPU workers serving the model, sharing its queue (the distributed path)",
+    )
     p.add_argument("--p95-ms", type=float, default=None, help="capacity = the knee for it")
+    p.add_argument(
+        "--bulk-fraction",
+        type=float,
+        default=0.0,
+        help="the share of requests on the bulk lane (sent with a second agent's key, whose "
+        "lane is bulk); the rest on the standard lane",
+    )
     p.add_argument("--fractions", default="0.5,0.8,0.95", help="of the predicted capacity")
     p.add_argument("--requests", type=int, default=200, help="arrivals per level")
     p.add_argument(
@@ -94,25 +109,25 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _range(text: str) -> tuple[int, int]:
-    low, _, high = text.partition("-")
-    return int(low), int(high or low)
-
-
 class Direct:
     """Requests straight into an AsyncEngine in this process."""
 
     def __init__(self, model_dir: Path, args) -> None:
         self.engine = AsyncEngine.from_config(
             EngineConfig(
-                model=str(model_dir), max_num_seqs=args.max_num_seqs, num_threads=args.threads
+                model=str(model_dir),
+                max_num_seqs=args.max_num_seqs,
+                num_threads=args.threads,
+                **bulk_yield(),  # as the workers start it
             )
         ).start()
 
-    async def one(self, prompt: list[int], max_tokens: int) -> tuple[float, float]:
+    async def one(
+        self, prompt: list[int], max_tokens: int, lane: str = "standard"
+    ) -> tuple[float, float]:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         start, first = time.perf_counter(), None
-        async for out in self.engine.generate(prompt, params):
+        async for out in self.engine.generate(prompt, params, lane=lane):
             if out.new_token_ids and first is None:
                 first = time.perf_counter()
         end = time.perf_counter()
@@ -129,7 +144,7 @@ class Distributed:
     """uvicorn (distributed mode) and one Celery GPU worker, on the configured PostgreSQL and
     Redis; streamed completions of token-id prompts."""
 
-    def __init__(self, model: str, key: str, args) -> None:
+    def __init__(self, model: str, keys: dict[str, str], args) -> None:
         from routing.bench.processes import AsgiServer, CeleryWorker
 
         env = {
@@ -144,8 +159,11 @@ class Distributed:
             "SECRET_KEY": settings.SECRET_KEY,
             "LOG_LEVEL": "WARNING",
         }
-        self.model, self.key = model, key
-        self.worker = CeleryWorker(env, concurrency=args.max_num_seqs + 4, name="capacity")
+        self.model, self.keys = model, keys  # the plain key of each lane's agent
+        self.workers = [
+            CeleryWorker(env, concurrency=args.max_num_seqs + 4, name=f"capacity{i}")
+            for i in range(args.workers)
+        ]
         self.server = AsgiServer(env)
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -159,14 +177,15 @@ class Distributed:
                 loop,
                 httpx.AsyncClient(
                     base_url=self.server.url,
-                    headers={"Authorization": f"Bearer {self.key}"},
                     timeout=600,
                     limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
                 ),
             )
         return self._client
 
-    async def one(self, prompt: list[int], max_tokens: int) -> tuple[float, float]:
+    async def one(
+        self, prompt: list[int], max_tokens: int, lane: str = "standard"
+    ) -> tuple[float, float]:
         body = {
             "model": self.model,
             "prompt": prompt,
@@ -176,7 +195,10 @@ class Distributed:
             "stream": True,
         }
         start, first = time.perf_counter(), None
-        async with self.client.stream("POST", "/v1/completions", json=body) as response:
+        headers = {"Authorization": f"Bearer {self.keys[lane]}"}
+        async with self.client.stream(
+            "POST", "/v1/completions", json=body, headers=headers
+        ) as response:
             response.raise_for_status()
             async for line in response.aiter_lines():
                 if first is None and line.startswith("data: {"):
@@ -197,7 +219,8 @@ class Distributed:
 
     async def close(self) -> None:
         self.server.stop()
-        self.worker.stop()
+        for worker in self.workers:
+            worker.stop()
 
 
 def _require_distributed() -> None:
@@ -211,8 +234,9 @@ def _require_distributed() -> None:
 
 
 def _setup(preset: str):
-    """A bench tenant and agent with budgets that never run out, a key, the model enabled."""
-    from tenants.models import Agent, Budget, Scope, Tenant
+    """A bench tenant and agents with budgets that never run out, the model enabled, and a
+    key for each lane: the standard agent's and a second agent's, whose lane is bulk."""
+    from tenants.models import Agent, Budget, Lane, Scope, Tenant
     from tenants.services.budgets import budget_create
     from tenants.services.keys import api_key_create
     from tenants.services.tenancy import agent_create, tenant_create
@@ -225,22 +249,28 @@ def _setup(preset: str):
     agent = Agent.objects.filter(tenant=tenant, name="bench-capacity").first() or agent_create(
         tenant=tenant, name="bench-capacity"
     )
-    for owner in (None, agent):
+    bulk = Agent.objects.filter(tenant=tenant, name="bench-capacity-bulk").first() or agent_create(
+        tenant=tenant, name="bench-capacity-bulk", lane=Lane.BULK
+    )
+    for owner in (None, agent, bulk):
         if not Budget.objects.filter(tenant=tenant, agent=owner).exists():
             budget_create(tenant=tenant, agent=owner, limit_microcents=10**15)
     model = f"bench-{preset}"
     model_register(name=model, source=f"preset:{preset}", description="bench capacity")
     ServedModel.objects.filter(name=model).update(is_enabled=True)
-    key, plain = api_key_create(
-        tenant=tenant, agent=agent, name="bench capacity", scopes=[Scope.INFERENCE]
-    )
-    return model, key, plain
+    keys = {
+        lane: api_key_create(
+            tenant=tenant, agent=owner, name=f"bench capacity {lane}", scopes=[Scope.INFERENCE]
+        )
+        for lane, owner in ((Lane.STANDARD.value, agent), (Lane.BULK.value, bulk))
+    }
+    return model, keys
 
 
 async def _drive(
-    system, schedule: list[tuple[float, list[int], int]], rows: dict[tuple, list]
+    system, schedule: list[tuple[float, list[int], int, str]], rows: dict[tuple, list]
 ) -> list[tuple]:
-    """Send each request at its arrival time (open loop); (arrival, ttft, e2e, end) each.
+    """Send each request at its arrival time (open loop); (arrival, ttft, e2e, end, lane) each.
     Meanwhile the steps the engine records are gathered into `rows` (it keeps only its last
     ones)."""
     start = time.perf_counter()
@@ -251,11 +281,11 @@ async def _drive(
             rows.update(await asyncio.to_thread(system.step_rows))
             await asyncio.sleep(0.5)
 
-    async def one(at: float, prompt: list[int], output: int) -> tuple:
+    async def one(at: float, prompt: list[int], output: int, lane: str) -> tuple:
         await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
         sent = time.perf_counter()
-        ttft, e2e = await system.one(prompt, output)
-        return sent - start, ttft, e2e, sent - start + e2e
+        ttft, e2e = await system.one(prompt, output, lane)
+        return sent - start, ttft, e2e, sent - start + e2e, lane
 
     gathering = asyncio.create_task(gather_steps())
     results = list(await asyncio.gather(*(one(*job) for job in schedule)))
@@ -284,7 +314,11 @@ def _measured(results: list[tuple], outputs: list[int], *, is_backlog: bool = Fa
         ends = sorted(r[3] for r in results)
         begin, end = ends[len(ends) // 10], ends[(len(ends) * 9) // 10]
     done = [i for i, r in enumerate(results) if begin <= r[3] <= end]
+    by_lane: dict[str, list[float]] = {}
+    for r in measured:
+        by_lane.setdefault(r[4], []).append(r[1])
     return {
+        "ttft_p95_by_lane": {k: percentile(sorted(v), 0.95) for k, v in sorted(by_lane.items())},
         "ttft_p50": percentile(ttft, 0.5),
         "ttft_p95": percentile(ttft, 0.95),
         "e2e_p50": percentile(e2e, 0.5),
@@ -295,21 +329,24 @@ def _measured(results: list[tuple], outputs: list[int], *, is_backlog: bool = Fa
     }
 
 
-def _schedule(mix: Mix, rate: float, n: int, seed: int) -> list[tuple[float, list[int], int]]:
+def _schedule(mix: Mix, rate: float, n: int, seed: int) -> list[tuple[float, list[int], int, str]]:
+    """(arrival, prompt, output tokens, lane) of each request, as the simulation draws them."""
     rng = random.Random(seed + 99)
     return [
-        (r.arrival, [rng.randint(37, 131) for _ in range(r.prompt)], r.output)  # ASCII bytes
-        for r in arrivals_draw(mix, rate, n, seed, LANES)
+        (r.arrival, [rng.randint(37, 131) for _ in range(r.prompt)], r.output, LANES[r.lane])
+        for r in arrivals_draw(mix, rate, n, seed, LANES)  # the prompts: ASCII bytes
     ]
 
 
-def _ramp(mix: Mix, low: float, high: float, n: int, seed: int) -> list[tuple[float, list, int]]:
+def _ramp(
+    mix: Mix, low: float, high: float, n: int, seed: int
+) -> list[tuple[float, list, int, str]]:
     """``n`` requests of the mix, Poisson, the rate rising linearly from ``low`` to ``high``/s:
     steps of every batch size, from one sequence to a full engine with a queue."""
     gaps, at, ramp = random.Random(seed + 5), 0.0, []
-    for i, (_, prompt, output) in enumerate(_schedule(mix, 1.0, n, seed)):
+    for i, (_, prompt, output, lane) in enumerate(_schedule(mix, 1.0, n, seed)):
         at += gaps.expovariate(low + (high - low) * i / max(n - 1, 1))
-        ramp.append((at, prompt, output))
+        ramp.append((at, prompt, output, lane))
     return ramp
 
 
@@ -353,6 +390,10 @@ def _row(level: float | None, rate: float, predicted, measured: dict) -> dict:
             "measured": real,
             "error_pct": 100 * (guess - real) / real if real else None,
         }
+    row["ttft_p95_by_lane"] = {
+        lane: {"predicted": predicted.ttft_p95_by_lane.get(lane), "measured": real}
+        for lane, real in measured["ttft_p95_by_lane"].items()
+    }
     return row
 
 
@@ -383,7 +424,18 @@ def _print(rows: list[dict], title: str) -> None:
             if row["fraction"] is None
             else (f"{row['fraction']:4.0%} {row['rate']:7.2f}")
         )
-        print(f"  {load} | " + " | ".join(cells))
+        lanes = row["ttft_p95_by_lane"]
+        by_lane = (
+            "  TTFT p95 by lane: "
+            + ", ".join(
+                f"{lane} {c['predicted'] * 1e3:.0f}/{c['measured'] * 1e3:.0f}"
+                for lane, c in lanes.items()
+                if c["predicted"] is not None
+            )
+            if len(lanes) > 1
+            else ""
+        )
+        print(f"  {load} | " + " | ".join(cells) + by_lane)
 
 
 def _capacity_kind(p95_ms: float | None) -> str:
@@ -407,19 +459,36 @@ def run(argv: list[str] | None = None) -> dict:
     )
     fit = step_model_fit(samples)
     calibration_s = time.perf_counter() - started
-    mix = Mix((RequestClass(_range(args.prompt_tokens), _range(args.output_tokens)),))
-    shape = ServerShape(max_num_seqs=args.max_num_seqs)
-    if not args.direct:  # the worker's puller, as the worker's settings have it
+    mix = mix_make(
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        bulk_fraction=args.bulk_fraction,
+    )
+    beside = bulk_yield()  # the bulk lane gives way, as the workers' engines are configured
+    shape = ServerShape(
+        num_workers=args.workers,
+        max_num_seqs=args.max_num_seqs,
+        yield_lanes=beside.get("yield_lanes", ()),
+        bulk_beside=beside.get("yield_max_seqs", 1),
+    )
+    if not args.direct:  # the fair queue and the worker's puller, as their settings have them
         shape = replace(
             shape,
             reserved_slots=settings.FAIRLANE_REALTIME_RESERVED_SLOTS,
             pull_interval_s=settings.FAIRLANE_PULL_INTERVAL_SECONDS,
+            min_shares=lane_min_shares(),
         )
     targets = Targets(e2e_p95=args.p95_ms / 1000 if args.p95_ms else None)
     if not args.direct:
         _require_distributed()
-    model, key, plain = (None, None, None) if args.direct else _setup(args.preset)
-    system = Direct(path, args) if args.direct else Distributed(model, plain, args)
+    elif args.workers != 1:
+        raise SystemExit("--workers drives Celery workers: the distributed path, not --direct")
+    model, keys = (None, {}) if args.direct else _setup(args.preset)
+    system = (
+        Direct(path, args)
+        if args.direct
+        else Distributed(model, {lane: plain for lane, (_, plain) in keys.items()}, args)
+    )
 
     def fitted(step_model: StepTimeModel) -> tuple[ServerShape, float]:
         """The shape with the path's latency outside the engine by this fit, and the knee."""
@@ -431,10 +500,12 @@ def run(argv: list[str] | None = None) -> dict:
         light = _light(system, args.seed)
         shape_a, capacity_a = fitted(fit)
         print(
-            f"capacity bench: {args.preset}, max_num_seqs {args.max_num_seqs}, "
+            f"capacity bench: {args.preset}, {args.workers} worker(s) of max_num_seqs "
+            f"{args.max_num_seqs}, "
             f"{args.threads} thread(s), {'direct' if args.direct else 'HTTP, distributed'}; "
             f"prompts {args.prompt_tokens}, outputs {args.output_tokens} tokens; reserved "
             f"slots {shape.reserved_slots}; capacity = {_capacity_kind(args.p95_ms)}"
+            + (f"; {args.bulk_fraction:.0%} on the bulk lane" if args.bulk_fraction else "")
         )
         _fit_print(
             f"A. the calibration in this process ({calibration_s:.0f} s)", fit, shape_a, capacity_a
@@ -457,7 +528,7 @@ def run(argv: list[str] | None = None) -> dict:
             shape_p, capacity = fitted(path_fit)
             fits["path"] = (path_fit, shape_p)
             _fit_print(
-                f"P. the worker's steps during {args.ramp} requests through the path, "
+                f"P. the workers' steps during {args.ramp} requests through the path, "
                 f"{low:.2f} to {high:.2f} req/s ({ramp_s:.0f} s)",
                 path_fit,
                 shape_p,
@@ -498,11 +569,11 @@ def run(argv: list[str] | None = None) -> dict:
         report = {}
         titles = {
             "calibration": "A. predicted from the calibration in this process",
-            "path": "P. predicted from the worker's steps through the path, before the levels "
+            "path": "P. predicted from the workers' steps through the path, before the levels "
             "(out of sample)",
-            "path_again": "P2. predicted from the worker's steps during the same ramp after the "
+            "path_again": "P2. predicted from the workers' steps during the same ramp after the "
             "levels (the machine's drift: P2 against P)",
-            "all_levels": "C. predicted from the worker's steps during every level (in sample: "
+            "all_levels": "C. predicted from the workers' steps during every level (in sample: "
             "the simulation's own error given the step times)",
         }
         for name, (step_model, fit_shape) in fits.items():
@@ -538,17 +609,19 @@ def run(argv: list[str] | None = None) -> dict:
         )
     finally:
         asyncio.run(system.close())
-        if key is not None:
+        if keys:
             from tenants.services.keys import api_key_revoke
             from workers.models import ServedModel
 
-            api_key_revoke(key=key)
+            for key, _ in keys.values():
+                api_key_revoke(key=key)
             ServedModel.objects.filter(name=model).update(is_enabled=False)
     result = {
         "bench": "capacity",
         "preset": args.preset,
         "path": "direct" if args.direct else "http-distributed",
         "max_num_seqs": args.max_num_seqs,
+        "workers": args.workers,
         "threads": args.threads,
         "prompt_tokens": args.prompt_tokens,
         "output_tokens": args.output_tokens,
@@ -556,6 +629,7 @@ def run(argv: list[str] | None = None) -> dict:
         "ramp_requests": args.ramp,
         "ramp_again": bool(args.ramp_again and args.ramp),
         "reserved_slots": shape.reserved_slots,
+        "bulk_fraction": args.bulk_fraction,
         "capacity_rps": capacity,
         "capacity_from": "path" if args.ramp else "calibration",
         "fits": report,

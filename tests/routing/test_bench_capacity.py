@@ -1,7 +1,7 @@
 """`manage.py bench capacity` as a user runs it, small: calibrate `tiny`, calibrate again from
 the engine's own steps under a rising load, predict, drive the real engine (in-process,
---direct: the HTTP path's run takes minutes) at two loads and a backlog, and print predicted
-against measured for each fit (structure, not speed)."""
+--direct: the HTTP path's run takes minutes) at two loads and a backlog, 30 % of the requests on
+the bulk lane, and print predicted against measured for each fit (structure, not speed)."""
 
 import json
 import subprocess
@@ -37,6 +37,8 @@ def test_bench_capacity_reports_predicted_against_measured(subprocess_env, tmp_p
             "8-16",
             "--prompt-tokens",
             "16-64",
+            "--bulk-fraction",
+            "0.3",
             "--json-out",
             str(out),
         ],
@@ -50,6 +52,7 @@ def test_bench_capacity_reports_predicted_against_measured(subprocess_env, tmp_p
     result = json.loads(out.read_text())
     assert json.loads(done.stdout.strip().splitlines()[-1]) == result
     assert result["path"] == "direct" and result["preset"] == "tiny"
+    assert result["bulk_fraction"] == 0.3
     assert (
         result["capacity_rps"] > 0
         and result["fits"]["calibration"]["step_model"]["num_samples"] > 20
@@ -72,6 +75,11 @@ def test_bench_capacity_reports_predicted_against_measured(subprocess_env, tmp_p
                 assert cell["predicted"] >= 0 and cell["measured"] > 0
                 expected = 100 * (cell["predicted"] - cell["measured"]) / cell["measured"]
                 assert cell["error_pct"] == pytest.approx(expected)
+            # Both lanes' requests ran (the bulk lane's in the engine's yielding lane), and the
+            # simulation predicts each lane's first tokens.
+            by_lane = level["ttft_p95_by_lane"]
+            assert set(by_lane) == {"standard", "bulk"}
+            assert all(c["predicted"] > 0 and c["measured"] > 0 for c in by_lane.values())
         # Every fit is scored against the same measurements.
         assert [lv["e2e_p50"]["measured"] for lv in levels] == [
             lv["e2e_p50"]["measured"] for lv in fits["calibration"]["levels"]
@@ -80,7 +88,7 @@ def test_bench_capacity_reports_predicted_against_measured(subprocess_env, tmp_p
         fits["calibration"]["levels"][-1]["throughput_rps"]["measured"]
     )
     assert "A. predicted from the calibration" in done.stdout
-    assert "P. predicted from the worker's steps through the path" in done.stdout
-    assert "P2. predicted from the worker's steps during the same ramp" in done.stdout
-    assert "C. predicted from the worker's steps during every level" in done.stdout
+    assert "P. predicted from the workers' steps through the path" in done.stdout
+    assert "P2. predicted from the workers' steps during the same ramp" in done.stdout
+    assert "C. predicted from the workers' steps during every level" in done.stdout
     assert "measured saturation (the backlog's completions/s)" in done.stdout
