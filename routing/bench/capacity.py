@@ -141,8 +141,8 @@ class Direct:
 
 
 class Distributed:
-    """uvicorn (distributed mode) and one Celery GPU worker, on the configured PostgreSQL and
-    Redis; streamed completions of token-id prompts."""
+    """uvicorn (distributed mode) and `--workers` Celery GPU workers, on the configured
+    PostgreSQL and Redis; streamed completions of token-id prompts, each with its lane's key."""
 
     def __init__(self, model: str, keys: dict[str, str], args) -> None:
         from routing.bench.processes import AsgiServer, CeleryWorker
