@@ -15,7 +15,9 @@
    (uvicorn -> admission -> the Redis fair queue -> the Celery GPU workers -> the stream back;
    `--direct`: straight into an in-process AsyncEngine instead); then a backlog (`--requests`
    all sent at once), whose completions per second are the measured saturation rate: the knee
-   of a run without `--p95-ms`.
+   of a run without `--p95-ms`. With `--p95-ms`, the knee measured is where the levels' p95
+   latency crosses the target (interpolated between the levels that bracket it), printed
+   against each fit's knee for the levels' length (`--requests` arrivals) and for a long run.
 The fixed latency outside the engine (the HTTP path's own) is measured first, one light
 request at a time, less what each fit says the engine's steps took, and given to the
 simulation as its `overhead_s`. Printed: predicted against measured with the error in per
@@ -369,14 +371,16 @@ def _overhead(light: list[tuple[float, float]], model: StepTimeModel) -> tuple[f
     return max(statistics.median(before), 0.0), max(statistics.median(after), 0.0)
 
 
-def _fit_print(name: str, fit: StepTimeModel, shape: ServerShape, saturation: float) -> None:
+def _fit_print(
+    name: str, fit: StepTimeModel, shape: ServerShape, capacity: float, kind: str
+) -> None:
     print(
         f"  {name}: {fit.num_samples} steps, {fit.base * 1e3:.3f} ms + "
         f"{fit.per_prefill_token * 1e6:.2f} us/prefill token + {fit.per_decode_seq * 1e6:.2f} "
         f"us/decode + {fit.per_context_token * 1e9:.2f} ns/context token (median error "
         f"{fit.median_rel_error:.0%}); outside the engine {shape.overhead_s * 1e3:.1f} ms before "
-        f"the first token, {shape.tail_s * 1e3:.1f} ms after the last; predicted saturation "
-        f"{saturation:.2f} req/s"
+        f"the first token, {shape.tail_s * 1e3:.1f} ms after the last; predicted {kind}: "
+        f"{capacity:.2f} req/s"
     )
 
 
@@ -436,6 +440,79 @@ def _print(rows: list[dict], title: str) -> None:
             else ""
         )
         print(f"  {load} | " + " | ".join(cells) + by_lane)
+
+
+def knee_measured(levels: list[tuple[float, float]], target: float) -> tuple[float | None, str]:
+    """Where the measured p95 latency crosses ``target``, from (rate, p95) levels: the rate
+    interpolated linearly between the last level that meets it and the first that misses it,
+    and "within". Outside the levels: (None, "above") when every level meets it (the knee is
+    above the highest rate), (None, "below") when the lowest already misses it. A level that
+    meets the target above one that missed it (noise) counts as missed: the knee is the first
+    crossing."""
+    ordered = sorted(levels)
+    if not ordered:
+        return None, "below"
+    if ordered[0][1] > target:
+        return None, "below"
+    for (r1, p1), (r2, p2) in zip(ordered, ordered[1:], strict=False):
+        if p2 > target:
+            return r1 + (target - p1) / (p2 - p1) * (r2 - r1), "within"
+    return None, "above"
+
+
+def _knee_report(measured_levels: list, fits: dict, rows: dict, mix: Mix, targets: Targets, args):
+    """The p95 target's knee measured between the levels against each fit's: read off the
+    fit's predictions for the very same levels (the same schedules and interpolation: a p95 of
+    a few hundred arrivals moves with the draw, and each level has its own), and by the
+    planner's search, for the levels' length (``--requests`` arrivals) and for a long steady
+    run (what `capacity_plan` tells an operator). ``rows``: each fit's level rows. Printed and
+    returned for the JSON."""
+    target = targets.e2e_p95
+    assert target is not None, "only with --p95-ms"
+    rated = [(rate, m["e2e_p95"]) for _, rate, _, m in measured_levels if math.isfinite(rate)]
+    knee, where = knee_measured(rated, target)
+    report: dict = {"target_ms": target * 1e3, "measured_rps": knee, "measured_where": where}
+    span = f"{min(r for r, _ in rated):.2f}-{max(r for r, _ in rated):.2f}" if rated else "none"
+
+    def text(rate: float | None, at: str) -> str:
+        return f"{rate:.2f}" if rate is not None else f"{at} the levels ({span} req/s)"
+
+    predicted = {}
+    for name, (step_model, fit_shape) in fits.items():
+        at_levels, at = knee_measured(
+            [(row["rate"], row["e2e_p95"]["predicted"]) for row in rows[name] if row["rate"]],
+            target,
+        )
+        search = {
+            "levels_length_rps": capacity_search(
+                step_model,
+                fit_shape,
+                mix,
+                targets,
+                num_requests=args.requests,
+                seed=args.seed,
+                steady=False,
+            ),
+            "steady_rps": capacity_search(step_model, fit_shape, mix, targets, seed=args.seed),
+        }
+        predicted[LETTERS[name]] = {
+            "at_levels_rps": at_levels,
+            "at_levels_where": at,
+            "error_pct": 100 * (at_levels - knee) / knee if knee and at_levels else None,
+            **search,
+        }
+    report["predicted"] = predicted
+    print(
+        f"  the knee for p95 {target * 1e3:g} ms between the levels: measured {text(knee, where)}"
+    )
+    for letter, p in predicted.items():
+        error = f" ({p['error_pct']:+.0f}%)" if p["error_pct"] is not None else ""
+        print(
+            f"    {letter}: at the same levels {text(p['at_levels_rps'], p['at_levels_where'])}"
+            f"{error}; by the search, {args.requests} arrivals {p['levels_length_rps']:.2f}, "
+            f"a steady run {p['steady_rps']:.2f} req/s"
+        )
+    return report
 
 
 def _capacity_kind(p95_ms: float | None) -> str:
@@ -499,16 +576,21 @@ def run(argv: list[str] | None = None) -> dict:
     try:
         light = _light(system, args.seed)
         shape_a, capacity_a = fitted(fit)
+        kind = _capacity_kind(args.p95_ms)
         print(
             f"capacity bench: {args.preset}, {args.workers} worker(s) of max_num_seqs "
             f"{args.max_num_seqs}, "
             f"{args.threads} thread(s), {'direct' if args.direct else 'HTTP, distributed'}; "
             f"prompts {args.prompt_tokens}, outputs {args.output_tokens} tokens; reserved "
-            f"slots {shape.reserved_slots}; capacity = {_capacity_kind(args.p95_ms)}"
+            f"slots {shape.reserved_slots}; capacity = {kind}"
             + (f"; {args.bulk_fraction:.0%} on the bulk lane" if args.bulk_fraction else "")
         )
         _fit_print(
-            f"A. the calibration in this process ({calibration_s:.0f} s)", fit, shape_a, capacity_a
+            f"A. the calibration in this process ({calibration_s:.0f} s)",
+            fit,
+            shape_a,
+            capacity_a,
+            kind,
         )
         fits: dict[str, tuple[StepTimeModel, ServerShape]] = {"calibration": (fit, shape_a)}
         capacity = capacity_a
@@ -533,6 +615,7 @@ def run(argv: list[str] | None = None) -> dict:
                 path_fit,
                 shape_p,
                 capacity,
+                kind,
             )
         if capacity <= 0:
             raise SystemExit("the targets are missed even at a light load: no knee to measure")
@@ -560,7 +643,9 @@ def run(argv: list[str] | None = None) -> dict:
                 StepSample.from_row(r) for k, r in again_rows.items() if k not in before_again
             )
             shape_again, capacity_again = fitted(again_fit)
-            _fit_print("P2. the same ramp after the levels", again_fit, shape_again, capacity_again)
+            _fit_print(
+                "P2. the same ramp after the levels", again_fit, shape_again, capacity_again, kind
+            )
             fits["path_again"] = (again_fit, shape_again)
         level_samples = [StepSample.from_row(r) for k, r in step_rows.items() if k not in before]
         if len(level_samples) >= 4:
@@ -595,6 +680,18 @@ def run(argv: list[str] | None = None) -> dict:
                 "saturation_rps": saturation,
                 "levels": rows,
             }
+        knee = (
+            _knee_report(
+                measured_levels,
+                fits,
+                {name: r["levels"] for name, r in report.items()},
+                mix,
+                targets,
+                args,
+            )
+            if args.p95_ms
+            else None
+        )
         top = max(m["throughput_rps"] for *_, m in measured_levels)
         backlog = measured_levels[-1][3]["throughput_rps"] if not args.no_backlog else None
         print(
@@ -634,6 +731,7 @@ def run(argv: list[str] | None = None) -> dict:
         "capacity_from": "path" if args.ramp else "calibration",
         "fits": report,
         "measured_saturation_rps": backlog,
+        "knee_p95": knee,
         "measured_top_throughput_rps": top,
         "load_average": os.getloadavg()[0],
     }

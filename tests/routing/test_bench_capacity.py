@@ -1,7 +1,8 @@
 """`manage.py bench capacity` as a user runs it, small: calibrate `tiny`, calibrate again from
-the engine's own steps under a rising load, predict, drive the real engine (in-process,
---direct: the HTTP path's run takes minutes) at two loads and a backlog, 30 % of the requests on
-the bulk lane, and print predicted against measured for each fit (structure, not speed)."""
+the engine's own steps under a rising load, predict the knee for a p95 target, drive the real
+engine (in-process, --direct: the HTTP path's run takes minutes) at two loads and a backlog,
+30 % of the requests on the bulk lane, and print predicted against measured for each fit and
+the knee measured between the levels (structure, not speed)."""
 
 import json
 import subprocess
@@ -39,6 +40,8 @@ def test_bench_capacity_reports_predicted_against_measured(subprocess_env, tmp_p
             "16-64",
             "--bulk-fraction",
             "0.3",
+            "--p95-ms",
+            "60000",  # a target every level meets: the knee is above them
             "--json-out",
             str(out),
         ],
@@ -60,8 +63,16 @@ def test_bench_capacity_reports_predicted_against_measured(subprocess_env, tmp_p
     assert result["capacity_from"] == "path" and result["ramp_requests"] == 24
     fits = result["fits"]
     assert set(fits) == {"calibration", "path", "path_again", "all_levels"}
-    # The levels are fractions of the capacity the path's fit predicts, then the backlog.
-    assert result["capacity_rps"] == pytest.approx(fits["path"]["saturation_rps"])
+    # The levels are fractions of the capacity the path's fit predicts (its knee for the p95
+    # target, at or below its saturation), then the backlog.
+    knee = result["knee_p95"]
+    assert result["capacity_rps"] == pytest.approx(knee["predicted"]["P"]["steady_rps"])
+    assert 0 < result["capacity_rps"] <= fits["path"]["saturation_rps"]
+    assert knee["target_ms"] == 60000 and knee["measured_where"] == "above"
+    assert set(knee["predicted"]) == {"A", "P", "P2", "C"}
+    for predicted in knee["predicted"].values():
+        assert predicted["at_levels_rps"] is None and predicted["at_levels_where"] == "above"
+        assert predicted["levels_length_rps"] > 0
     for fit in fits.values():
         assert fit["step_model"]["num_samples"] >= 4 and fit["saturation_rps"] > 0
         levels = fit["levels"]
@@ -92,3 +103,79 @@ def test_bench_capacity_reports_predicted_against_measured(subprocess_env, tmp_p
     assert "P2. predicted from the workers' steps during the same ramp" in done.stdout
     assert "C. predicted from the workers' steps during every level" in done.stdout
     assert "measured saturation (the backlog's completions/s)" in done.stdout
+    assert "the knee for p95 60000 ms between the levels: measured above the levels" in done.stdout
+
+
+def test_the_measured_knee_is_where_p95_first_crosses_the_target():
+    from routing.bench.capacity import knee_measured
+
+    assert knee_measured([(3, 5.0), (1, 1.0), (2, 2.0)], 3.0) == (
+        pytest.approx(2 + 1 / 3),
+        "within",
+    )
+    assert knee_measured([(1, 1.0), (2, 2.0)], 3.0) == (None, "above")
+    assert knee_measured([(1, 4.0), (2, 5.0)], 3.0) == (None, "below")
+    # A level that meets the target again above one that missed it is noise: the first crossing.
+    assert knee_measured([(1, 1.0), (2, 4.0), (3, 2.0)], 3.0) == (pytest.approx(5 / 3), "within")
+
+
+def test_the_knee_report_reads_each_fits_knee_off_the_same_levels(capsys):
+    """Levels 'measured' as the simulation predicts them: the knee interpolated between them
+    lands where the simulation's own search puts it for the levels' length; a fit predicting
+    those same levels has no error, and one predicting p95s 30 % longer a lower knee."""
+    import argparse
+
+    from routing.bench.capacity import _knee_report
+    from workers.engine.planner import (
+        Mix,
+        RequestClass,
+        ServerShape,
+        StepTimeModel,
+        Targets,
+        capacity_search,
+        simulate,
+    )
+
+    model = StepTimeModel(0.004, 2e-5, 3e-4, 1e-6)
+    shape = ServerShape(max_num_seqs=8)
+    mix = Mix((RequestClass((32, 256), (16, 48)),))
+    targets = Targets(e2e_p95=0.5)  # a knee below saturation (the search stops there)
+    args = argparse.Namespace(requests=300, seed=3)
+    knee = capacity_search(model, shape, mix, targets, num_requests=300, seed=3, steady=False)
+    levels, same, slower = [], [], []
+    for fraction in (0.7, 0.85, 1.0, 1.15, 1.3):
+        rate = fraction * knee
+        p95 = simulate(model, shape, mix, rate, num_requests=300, seed=3).e2e_p95
+        levels.append((fraction, rate, 3, {"e2e_p95": p95}))
+        same.append({"rate": rate, "e2e_p95": {"predicted": p95}})
+        slower.append({"rate": rate, "e2e_p95": {"predicted": 1.3 * p95}})
+    levels.append((None, float("inf"), 4, {"e2e_p95": 99.0}))  # a backlog is left out
+    same.append({"rate": None, "e2e_p95": {"predicted": 99.0}})
+    slower.append({"rate": None, "e2e_p95": {"predicted": 99.0}})
+
+    report = _knee_report(
+        levels,
+        {"path": (model, shape), "all_levels": (model, shape)},
+        {"path": same, "all_levels": slower},
+        mix,
+        targets,
+        args,
+    )
+
+    assert report["target_ms"] == 500 and report["measured_where"] == "within"
+    assert report["measured_rps"] == pytest.approx(knee, rel=0.1)
+    p, c = report["predicted"]["P"], report["predicted"]["C"]
+    assert p["at_levels_rps"] == pytest.approx(report["measured_rps"])
+    assert p["error_pct"] == pytest.approx(0, abs=1e-6)
+    assert c["at_levels_rps"] < report["measured_rps"] and c["error_pct"] < 0
+    assert p["levels_length_rps"] == pytest.approx(knee)
+    assert 0 < p["steady_rps"] <= p["levels_length_rps"] * 1.05
+    out = capsys.readouterr().out
+    assert "the knee for p95 500 ms between the levels: measured" in out
+    assert f"P: at the same levels {report['measured_rps']:.2f} (+0%)" in out
+
+    # No level meets the target: the knee is below them all.
+    missed = [(f, r, s, {"e2e_p95": 9.0}) for f, r, s, _ in levels]
+    report = _knee_report(missed, {"path": (model, shape)}, {"path": slower}, mix, targets, args)
+    assert report["measured_rps"] is None and report["measured_where"] == "below"
+    assert "measured below the levels" in capsys.readouterr().out
