@@ -17,7 +17,8 @@
    all sent at once), whose completions per second are the measured saturation rate: the knee
    of a run without `--p95-ms`. With `--p95-ms`, the knee measured is where the levels' p95
    latency crosses the target (interpolated between the levels that bracket it), printed
-   against each fit's knee for the levels' length (`--requests` arrivals) and for a long run.
+   against each fit's knee read the same way off its predictions for the same levels, and
+   against the planner's search for the levels' length (`--requests` arrivals) and a long run.
 The fixed latency outside the engine (the HTTP path's own) is measured first, one light
 request at a time, less what each fit says the engine's steps took, and given to the
 simulation as its `overhead_s`. Printed: predicted against measured with the error in per
