@@ -451,9 +451,7 @@ def knee_measured(levels: list[tuple[float, float]], target: float) -> tuple[flo
     meets the target above one that missed it (noise) counts as missed: the knee is the first
     crossing."""
     ordered = sorted(levels)
-    if not ordered:
-        return None, "below"
-    if ordered[0][1] > target:
+    if not ordered or ordered[0][1] > target:
         return None, "below"
     for (r1, p1), (r2, p2) in zip(ordered, ordered[1:], strict=False):
         if p2 > target:
