@@ -143,6 +143,11 @@ class Direct:
         self.engine.shutdown()
 
 
+def queue_room(args) -> int:
+    """Room in the queue for every request a level, the ramp or the backlog sends at once."""
+    return max(settings.FAIRLANE_MAX_QUEUE_PER_TENANT, args.requests, args.ramp)
+
+
 class Distributed:
     """uvicorn (distributed mode) and `--workers` Celery GPU workers, on the configured
     PostgreSQL and Redis; streamed completions of token-id prompts, each with its lane's key."""
@@ -159,6 +164,12 @@ class Distributed:
             "FAIRLANE_ENGINE_THREADS": str(args.threads),
             "FAIRLANE_WORKER_CONCURRENCY": str(args.max_num_seqs),
             "FAIRLANE_HEARTBEAT_SECONDS": "1",
+            # A level above the knee queues up to all of its arrivals; the simulation has no
+            # admission limit, so the path's must not refuse them (429) either.
+            "FAIRLANE_MAX_QUEUE_PER_TENANT": str(queue_room(args)),
+            "FAIRLANE_MAX_QUEUE_PER_LANE": str(
+                max(settings.FAIRLANE_MAX_QUEUE_PER_LANE, queue_room(args))
+            ),
             "SECRET_KEY": settings.SECRET_KEY,
             "LOG_LEVEL": "WARNING",
         }

@@ -179,3 +179,18 @@ def test_the_knee_report_reads_each_fits_knee_off_the_same_levels(capsys):
     report = _knee_report(missed, {"path": (model, shape)}, {"path": slower}, mix, targets, args)
     assert report["measured_rps"] is None and report["measured_where"] == "below"
     assert "measured below the levels" in capsys.readouterr().out
+
+
+def test_the_path_has_room_in_its_queue_for_a_whole_level(settings):
+    """A level above the knee queues up to all its arrivals, which the simulation admits: the
+    API process the bench starts must not refuse them with the tenant's 429 (a run of 1,200
+    arrivals a level once stopped there), and an operator's larger limit stays."""
+    from argparse import Namespace
+
+    from routing.bench.capacity import queue_room
+
+    settings.FAIRLANE_MAX_QUEUE_PER_TENANT = 256
+    assert queue_room(Namespace(requests=1200, ramp=150)) == 1200
+    assert queue_room(Namespace(requests=150, ramp=300)) == 300
+    settings.FAIRLANE_MAX_QUEUE_PER_TENANT = 5000
+    assert queue_room(Namespace(requests=1200, ramp=150)) == 5000
