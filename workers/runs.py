@@ -46,6 +46,11 @@ class Runs:
             if self._runs.get(run.job.request_id) is run:
                 del self._runs[run.job.request_id]
 
+    def running(self) -> list[str]:
+        """The request ids running here and not cancelled yet."""
+        with self._lock:
+            return [rid for rid, run in self._runs.items() if not run._is_cancelled.is_set()]
+
     def cancel(self, request_id: str) -> bool:
         """Abort a request running here; False if it does not run here."""
         with self._lock:

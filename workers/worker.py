@@ -29,7 +29,7 @@ from workers.pulling import Puller
 from workers.serving.catalog import model_list_enabled
 from workers.serving.runtime import Runtime
 from workers.serving.versions import versions_of
-from workers.transport import CANCEL_CHANNEL
+from workers.transport import CANCEL_CHANNEL, cancel_key
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,22 @@ class WorkerServices:
             ex=settings.FAIRLANE_HEARTBEAT_TTL_SECONDS,
         )
         self.puller.renew_claims()
+        self._cancels_sweep()
+
+    def _cancels_sweep(self) -> None:
+        """Pub/sub delivers at most once: a cancellation published while the listener was
+        reconnecting is lost. Its key stays (`cancel_request`), so each beat looks up the keys
+        of the runs here and aborts those whose client has left."""
+        running = self.host.runs.running()
+        if not running:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for request_id in running:
+            pipe.exists(cancel_key(request_id))
+        for request_id, is_cancelled in zip(running, pipe.execute(), strict=True):
+            if is_cancelled:
+                logger.info("request %s: cancelled (its key; the message was missed)", request_id)
+                self.host.runs.cancel(request_id)
 
     def _cancels_hear(self) -> float:
         """Wait up to a second for a cancellation; a Redis failure is logged by the loop,

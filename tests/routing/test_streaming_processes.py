@@ -157,6 +157,39 @@ def test_distributed_disconnect_aborts_in_the_worker(distributed, key, slow):
     assert wait_for(blocks_free, timeout=10)
 
 
+def test_a_cancel_whose_message_was_missed_is_found_by_its_key(distributed, key, slow):
+    """Pub/sub delivers at most once (a listener reconnecting misses what is published): the
+    worker also looks up the cancel keys of its runs at each heartbeat. The key alone, with
+    no message, stops a run, which is charged for what it generated."""
+    import redis
+    from django.conf import settings
+
+    from workers.transport import cancel_key
+
+    server, _ = distributed
+
+    async def cancel_by_key_only() -> tuple[str, list[str]]:
+        async with (
+            httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+            client.stream(
+                "POST",
+                "/v1/chat/completions",
+                json=LONG,
+                headers={"Authorization": f"Bearer {key}"},
+            ) as response,
+        ):
+            request_id, lines = response.headers["x-request-id"], []
+            async for line in response.aiter_lines():
+                lines.append(line)
+                if sum(x.startswith("data: ") for x in lines) == 4:
+                    redis.Redis.from_url(settings.REDIS_URL).set(cancel_key(request_id), 1, ex=60)
+            return request_id, lines
+
+    request_id, lines = asyncio.run(cancel_by_key_only())
+    assert lines[-1] == "data: [DONE]" or any('"finish_reason"' in x for x in lines)
+    assert_charged_for_what_was_generated(request_id)
+
+
 def test_worker_heartbeat_advertises_capabilities_and_load(distributed, key):
     server, _ = distributed
     httpx.post(
