@@ -39,6 +39,7 @@ MODEL = "bench-tiny"
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="manage.py bench batches",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

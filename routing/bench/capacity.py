@@ -70,11 +70,12 @@ LETTERS = {"calibration": "A", "path": "P", "path_again": "P2", "all_levels": "C
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="manage.py bench capacity",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--preset", default="tiny", help="model preset (tiny or small)")
+    p.add_argument("--preset", "--model", default="tiny", help="model preset (tiny or small)")
     p.add_argument("--prompt-tokens", default="32-256", help="LOW-HIGH, uniform")
     p.add_argument("--output-tokens", default="32-96", help="LOW-HIGH, uniform")
     p.add_argument("--max-num-seqs", type=int, default=8, help="the engine's (worker's) slots")

@@ -52,6 +52,7 @@ KINDS = [
 
 def parse(argv):
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="manage.py bench routing",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -372,13 +372,14 @@ def _print(result: dict) -> None:
 def run(argv: list[str] | None = None) -> dict:
     """`bench fairness --http` (routing/management/commands/bench.py sends it here)."""
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="manage.py bench fairness --http",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--http", action="store_true", help="(this scenario)")
     p.add_argument("--quick", action="store_true", help="6 measured seconds per phase")
-    p.add_argument("--preset", default="tiny", help="model preset (default tiny)")
+    p.add_argument("--preset", "--model", default="tiny", help="model preset (default tiny)")
     p.add_argument("--slots", type=int, default=8, help="the worker's sequence slots")
     p.add_argument("--extra", type=int, default=4, help="FAIRLANE_FAIR_EXTRA_SLOTS when on")
     p.add_argument("--quiet-clients", type=int, default=3)

@@ -408,7 +408,7 @@ async def _error(send, status: int, error_type: str, message: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """`serve MODEL` with the flags `vllm serve` takes that matter here."""
-    parser = argparse.ArgumentParser(prog="fake_vllm")
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="fake_vllm")
     parser.add_argument("command", choices=["serve"])
     parser.add_argument("model")
     parser.add_argument("--host", default="127.0.0.1")

@@ -43,6 +43,7 @@ BACKEND = "bench-gateway-upstream"
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="manage.py bench gateway",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -106,6 +106,7 @@ async def _one(model: str, key: str, recorder: Recorder) -> int:
 
 def run(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="manage.py bench hops",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

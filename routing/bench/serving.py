@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="manage.py bench serving",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -46,7 +47,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="a small workload, under a minute")
     p.add_argument("--requests", type=int, default=None, help="requests per phase (48; quick 12)")
     p.add_argument("--concurrency", type=int, default=16, help="clients at once in phase 2")
-    p.add_argument("--preset", default="small", help="model preset (default small)")
+    p.add_argument("--preset", "--model", default="small", help="model preset (default small)")
     p.add_argument("--threads", type=int, default=2, help="torch threads of each engine")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", type=Path, default=ROOT / "bench-results" / "serving.json")

@@ -164,7 +164,7 @@ async def _json(send, status: int, payload: dict) -> None:
 def main() -> None:
     import uvicorn
 
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--tokens", type=int, default=16)
     args = p.parse_args()

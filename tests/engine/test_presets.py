@@ -133,3 +133,22 @@ def test_tpot_is_each_requests_time_per_token_after_its_first():
     assert got == [0.5, 0.5]  # (3 - 1) / 4, and (1.5 - 0.5) / 2; one token has no TPOT
     result = RunResult("ours", 3.0, 9, [1.0, 2.0, 0.5], tpot_s=got)
     assert result.summary()["tpot_p50_ms"] == 500.0
+
+
+def test_every_bench_takes_its_model_by_name_and_refuses_a_shortened_option():
+    """`bench engine --model qwen2-0.5b` (issue 34's own words) once ran `small` with its presets
+    written under a directory named qwen2-0.5b: argparse read `--model` as short for
+    `--models-dir`. The model's name is `--model` or `--preset`, and no shortened option is taken
+    for another."""
+    import pytest
+
+    from routing.bench import capacity, serving
+    from workers.engine.bench import main, profile_step
+
+    for parse in (main.parse, profile_step.parse, capacity.parse, serving.parse):
+        assert parse(["--model", "qwen2-0.5b"]).preset == "qwen2-0.5b", parse.__module__
+        assert parse(["--preset", "qwen2-0.5b"]).preset == "qwen2-0.5b", parse.__module__
+    assert main.parse(["--model", "qwen2-0.5b"]).models_dir == main.parse([]).models_dir
+    for shortened in (["--models", "x"], ["--num-req", "8"]):
+        with pytest.raises(SystemExit):
+            main.parse(shortened)

@@ -357,6 +357,7 @@ def scenario_engine(client, *, seconds: float, seed: int, models_dir: Path) -> d
 
 def run(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="manage.py bench fairness",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

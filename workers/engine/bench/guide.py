@@ -76,11 +76,12 @@ def _run(
 
 def run(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m workers.engine.bench.guide",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--preset", default="small")
+    p.add_argument("--preset", "--model", default="small")
     p.add_argument("--models-dir", type=Path, default=Path("var/models"))
     p.add_argument("--requests", type=int, default=16, help="sequences in flight together")
     p.add_argument("--max-tokens", type=int, default=64)

@@ -41,7 +41,9 @@ USER_TURN_RANGE = (16, 48)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m workers.engine.bench", description=__doc__)
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m workers.engine.bench", description=__doc__
+    )
     p.add_argument(
         "--quick", action="store_true", help="small workload, finishes in under a minute"
     )
@@ -61,7 +63,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--json-out", type=Path, default=None, help="also write the result JSON here")
-    p.add_argument("--preset", default="small", help="model preset (default small)")
+    p.add_argument("--preset", "--model", default="small", help="model preset (default small)")
     p.add_argument(
         "--models-dir", type=Path, default=Path("var/models"), help="where presets are generated"
     )

@@ -27,8 +27,10 @@ GROUPS = (
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m workers.engine.bench.profile_step")
-    p.add_argument("--preset", default="small")
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m workers.engine.bench.profile_step"
+    )
+    p.add_argument("--preset", "--model", default="small")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--prompt", type=int, default=64, help="prompt tokens of each request")
     p.add_argument("--steps", type=int, default=10)

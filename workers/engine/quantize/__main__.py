@@ -23,7 +23,9 @@ from workers.engine.training.train import trained_dir
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m workers.engine.quantize", description=__doc__.splitlines()[2]
+        allow_abbrev=False,
+        prog="python -m workers.engine.quantize",
+        description=__doc__.splitlines()[2],
     )
     p.add_argument(
         "models", nargs="*", type=Path, help="model directories (default: the trained pair)"

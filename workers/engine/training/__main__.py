@@ -14,7 +14,9 @@ from workers.engine.training.train import train_pair
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(
-        prog="python -m workers.engine.training", description="Train the draft/target preset pair."
+        allow_abbrev=False,
+        prog="python -m workers.engine.training",
+        description="Train the draft/target preset pair.",
     )
     p.add_argument("--models-dir", type=Path, default=Path("var/models"))
     p.add_argument("--seed", type=int, default=0)
