@@ -13,7 +13,7 @@ import pytest
 from django.db.models import Sum
 
 from tenants.models import UsageRecord
-from tests.conftest import child_env
+from tests.conftest import child_env, wait_for
 from tests.servers import Process, free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -115,14 +115,15 @@ def test_two_workers_serve_100_requests_and_metrics_reports_100(
         assert value(text, f"fairlane_time_to_first_token_seconds_count{labels}") == 4
         assert value(text, f"fairlane_time_per_output_token_seconds_count{labels}") == 4
         assert value(text, f"fairlane_time_to_first_token_seconds_sum{labels}") > 0
-        time.sleep(2.5)  # spend is added to Redis every 2 s by each process
-        spent = UsageRecord.objects.filter(tenant=tenant).aggregate(s=Sum("cost_microcents"))
-        text = httpx.get(server.url + "/metrics").text
-        assert (
-            value(text, f'fairlane_tenant_spend_microcents_total{{tenant="{tenant.slug}"}}')
-            == spent["s"]
-            > 0
-        )
+        spent = UsageRecord.objects.filter(tenant=tenant).aggregate(s=Sum("cost_microcents"))["s"]
+        assert spent > 0
+        series = f'fairlane_tenant_spend_microcents_total{{tenant="{tenant.slug}"}}'
+
+        def spend_shown():  # each process adds its spend to Redis every 2 s
+            text = httpx.get(server.url + "/metrics").text
+            return series in text and value(text, series) == spent and text
+
+        text = wait_for(spend_shown, what="the tenant's spend in /metrics")
         assert "fairlane_queue_depth" in text and "fairlane_backend_registry_readable 1.0" in text
     finally:
         server.stop()
