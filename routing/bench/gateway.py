@@ -21,12 +21,16 @@ equals what the upstream served. The last line is one JSON object (also under be
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -60,10 +64,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--litellm", type=Path, default=None, help="a venv with litellm[proxy]")
     p.add_argument(
         "--baseline",
-        type=Path,
         default=None,
-        help="another checkout of Fairlane (e.g. a `git worktree` of the previous "
-        "commit), run beside this one with each --api-workers count: before/after",
+        help="a commit of this repository (checked out in a temporary `git worktree`, removed "
+        "at the end) or another checkout's directory, run beside this one with each "
+        "--api-workers count: before/after",
     )
     p.add_argument(
         "--passthrough",
@@ -235,6 +239,33 @@ def litellm_start(venv: Path, upstream_url: str, workdir: Path) -> tuple[Process
     )
     _wait_ready(f"http://127.0.0.1:{port}/health/liveliness", process, timeout=180)
     return process, port, master
+
+
+@contextlib.contextmanager
+def baseline_checkout(spec: str | None) -> Iterator[Path | None]:
+    """The --baseline's code: a directory as it is, or a commit checked out (detached) in a
+    temporary worktree of this repository for the run."""
+    if spec is None or Path(spec).is_dir():
+        yield Path(spec).resolve() if spec else None
+        return
+    found = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
+    if found.returncode != 0:
+        raise SystemExit(f"--baseline {spec}: neither a directory nor a commit of this repository")
+    parent = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
+    checkout = parent / found.stdout.strip()[:12]
+    git = ["git", "-C", str(ROOT), "worktree"]
+    subprocess.run(
+        [*git, "add", "--detach", "--quiet", str(checkout), found.stdout.strip()], check=True
+    )
+    try:
+        yield checkout
+    finally:
+        subprocess.run([*git, "remove", "--force", str(checkout)], check=False)
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def fairlane_start(workers: int, checkout: Path = ROOT) -> tuple[Process, int]:
@@ -515,13 +546,18 @@ def ledger_check(agents, since, upstream_url: str) -> dict:
 
 
 def run(argv: list[str] | None = None) -> dict:
+    args = parse(argv)
+    _require_distributed()
+    with baseline_checkout(args.baseline) as baseline:
+        return _run(args, baseline)
+
+
+def _run(args: argparse.Namespace, baseline: Path | None) -> dict:
     from django.utils import timezone
 
     from routing.models import Backend
     from tenants.services.keys import api_key_revoke
 
-    args = parse(argv)
-    _require_distributed()
     workdir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     started: list[Process] = []
     up_port = free_port()
@@ -562,8 +598,8 @@ def run(argv: list[str] | None = None) -> dict:
                 Target(f"passthrough-{n}", "127.0.0.1", port, "sk-bench", "fake-model"),
                 process,
             )
-        for n in args.api_workers if args.baseline else ():
-            process, port = fairlane_start(n, args.baseline.resolve())
+        for n in args.api_workers if baseline else ():
+            process, port = fairlane_start(n, baseline)
             started.append(process)
             targets[f"baseline-{n}"] = (
                 Target(f"baseline-{n}", "127.0.0.1", port, plain, MODEL),

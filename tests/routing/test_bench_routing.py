@@ -1,4 +1,5 @@
 import json
+import subprocess
 
 import pytest
 
@@ -62,7 +63,7 @@ def test_bench_gateway_runs_the_distributed_configuration_and_meters_exactly(
             "1",
             "--passthrough",
             "--baseline",
-            str(gateway.ROOT),
+            "HEAD",  # a commit: checked out in a temporary worktree for the run
             "--seconds",
             "1",
             "--warmup",
@@ -80,7 +81,7 @@ def test_bench_gateway_runs_the_distributed_configuration_and_meters_exactly(
     assert figures["ledger"]["ledger_rows"] > 0 and figures["ledger"]["reservations_held"] == 0
     rows = {(r["target"], r["mode"]): r for r in figures["rows"]}
     for mode in ("json", "stream"):
-        # The ceiling forwards too, and a --baseline checkout (here this one) serves and meters.
+        # The ceiling forwards too, and a --baseline (here this commit) serves and meters.
         for target in (
             "fairlane-1",
             "passthrough-1",
@@ -97,6 +98,9 @@ def test_bench_gateway_runs_the_distributed_configuration_and_meters_exactly(
         # Every Fairlane request holds and settles in PostgreSQL: its transactions are counted.
         assert rows[("fairlane-1", mode)]["db_xacts_per_request"] > 0
     assert not Backend.objects.filter(name=gateway.BACKEND).exists()
+    assert "bench-baseline-" not in subprocess.run(
+        ["git", "-C", str(gateway.ROOT), "worktree", "list"], capture_output=True, text=True
+    ).stdout  # the baseline's worktree is gone
     assert {"fairlane-b4-1/fairlane-b1 json 4", "fairlane-b4-1/fairlane-b1 stream 4"} <= set(
         figures["ratios"]
     )
@@ -196,3 +200,18 @@ def test_a_front_doors_cpu_ratio_pairs_each_round_with_chats_in_the_same_round()
     assert out["fairlane-1 responses/chat cpu per request 16"] == 1.05  # rounds: 1.05, 1.1, 1.05
     lost = responses | {"cpu_rounds": [None, None, None]}
     assert "fairlane-1 responses/chat cpu per request 16" not in ratios([chat, lost], [1])
+
+
+def test_a_baseline_is_a_directory_or_a_commit_and_nothing_else():
+    from routing.bench.gateway import ROOT, baseline_checkout
+
+    with baseline_checkout(str(ROOT)) as checkout:
+        assert checkout == ROOT.resolve()
+    with baseline_checkout(None) as checkout:
+        assert checkout is None
+    with pytest.raises(SystemExit, match="neither a directory nor a commit"):
+        with baseline_checkout("no-such-commit-or-directory"):
+            pass
+    with baseline_checkout("HEAD") as checkout:
+        assert (checkout / "routing" / "bench" / "gateway.py").is_file()
+    assert not checkout.exists()
