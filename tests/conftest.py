@@ -228,13 +228,14 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
 
 def workers_live() -> list[dict]:
     """The live GPU workers' heartbeats, read from the test's Redis as the distributed
-    runtime's pool reads them."""
+    runtime's pool reads them, under every queue namespace (the tests' workers each run under
+    a namespace of their own)."""
     import redis
     from django.conf import settings
 
     from workers.pools import workers_live as heartbeats
 
-    return heartbeats(redis.Redis.from_url(settings.REDIS_URL))
+    return heartbeats(redis.Redis.from_url(settings.REDIS_URL), namespace="*")
 
 
 # -- a member and the keys she made (tests/tenants/test_member_keys.py, the portal's page) --

@@ -31,9 +31,17 @@ VERIFY_FAILURES_KEY = "fl:model_verify_failures"
 HEARTBEAT_PREFIX = "fl:worker:"
 
 
-def workers_live(client: redis.Redis) -> list[dict]:
-    """Heartbeats of the GPU workers alive now (each expires unless renewed)."""
-    keys = list(client.scan_iter(match=HEARTBEAT_PREFIX + "*", count=100))
+def heartbeat_key(worker_id: str) -> str:
+    """A worker's heartbeat, under the deployment's FAIRLANE_QUEUE_NAMESPACE: deployments that
+    share a Redis do not see each other's workers."""
+    return settings.FAIRLANE_QUEUE_NAMESPACE + HEARTBEAT_PREFIX + worker_id
+
+
+def workers_live(client: redis.Redis, *, namespace: str | None = None) -> list[dict]:
+    """Heartbeats of this deployment's GPU workers alive now (each expires unless renewed);
+    `namespace` another deployment's (a glob: `*` for every deployment's)."""
+    prefix = settings.FAIRLANE_QUEUE_NAMESPACE if namespace is None else namespace
+    keys = list(client.scan_iter(match=prefix + HEARTBEAT_PREFIX + "*", count=100))
     return [json.loads(raw) for raw in client.mget(keys) if raw] if keys else []
 
 

@@ -201,7 +201,7 @@ def _engine_stats(model: str, worker: CeleryWorker) -> dict:
     time.sleep(1.5)
     stats = [
         b["stats"][model]
-        for b in workers_live(client)
+        for b in workers_live(client, namespace="*")  # its worker runs under a namespace
         if b["id"].endswith(f":{worker.proc.pid}") and model in b.get("stats", {})
     ]
     return {

@@ -98,9 +98,12 @@ def test_bench_gateway_runs_the_distributed_configuration_and_meters_exactly(
         # Every Fairlane request holds and settles in PostgreSQL: its transactions are counted.
         assert rows[("fairlane-1", mode)]["db_xacts_per_request"] > 0
     assert not Backend.objects.filter(name=gateway.BACKEND).exists()
-    assert "bench-baseline-" not in subprocess.run(
-        ["git", "-C", str(gateway.ROOT), "worktree", "list"], capture_output=True, text=True
-    ).stdout  # the baseline's worktree is gone
+    assert (
+        "bench-baseline-"
+        not in subprocess.run(
+            ["git", "-C", str(gateway.ROOT), "worktree", "list"], capture_output=True, text=True
+        ).stdout
+    )  # the baseline's worktree is gone
     assert {"fairlane-b4-1/fairlane-b1 json 4", "fairlane-b4-1/fairlane-b1 stream 4"} <= set(
         figures["ratios"]
     )

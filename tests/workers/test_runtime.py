@@ -208,3 +208,28 @@ def test_settlements_retried_by_the_runtime_loop(tenant, agent, tmp_path):
     wait_for(lambda: UsageRecord.objects.filter(request_id="r-loop").exists(), 30, "settled")
     outbox.loop.stop()
     assert UsageRecord.objects.get(request_id="r-loop").cost_microcents == 40
+
+
+def test_deployments_on_one_redis_see_only_their_own_workers(settings):
+    """FAIRLANE_QUEUE_NAMESPACE separates deployments that share a Redis: the heartbeats too,
+    so one deployment's API processes never count another's workers as theirs (its models
+    hosted, its slots free)."""
+    import json
+    import uuid
+
+    import redis as redis_lib
+
+    from workers.pools import heartbeat_key, workers_live
+
+    client = redis_lib.Redis.from_url(settings.REDIS_URL)
+    a, b = f"a{uuid.uuid4().hex[:6]}-", f"b{uuid.uuid4().hex[:6]}-"
+    settings.FAIRLANE_QUEUE_NAMESPACE = a
+    key = heartbeat_key("host:1")
+    client.set(key, json.dumps({"id": "host:1", "models": ["tiny"]}), ex=30)
+    try:
+        assert [beat["id"] for beat in workers_live(client)] == ["host:1"]
+        settings.FAIRLANE_QUEUE_NAMESPACE = b
+        assert workers_live(client) == []
+        assert "host:1" in [beat["id"] for beat in workers_live(client, namespace="*")]
+    finally:
+        client.delete(key)
