@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import redis
+from django.conf import settings
 
 from workers.serving.runtime import Leases
 
@@ -23,8 +24,9 @@ _SCRIPT = (Path(__file__).parent / "lease.lua").read_text()
 
 
 def _key(backend: str, part: str) -> str:
-    """One hash tag per backend: the script's two keys share a Redis Cluster slot."""
-    return f"fl:lease:{{{backend}}}:{part}"
+    """One hash tag per backend: the script's two keys share a Redis Cluster slot. Under
+    FAIRLANE_QUEUE_NAMESPACE: another deployment's backend of the same name is not this one."""
+    return f"{settings.FAIRLANE_QUEUE_NAMESPACE}fl:lease:{{{backend}}}:{part}"
 
 
 class RedisLeases:

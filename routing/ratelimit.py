@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from django.conf import settings
 
 from tenants.errors import RateLimited, ServiceUnavailable
 
@@ -51,7 +52,10 @@ class LimitScope:
     slot: str = ""
 
     def key(self, suffix: str) -> str:
-        return f"rl:{{{self.slot or self.name}}}:{self.name}:{suffix}"
+        """Under FAIRLANE_QUEUE_NAMESPACE: deployments sharing a Redis number their tenants
+        and keys alike, and must not count each other's requests."""
+        tag = self.slot or self.name
+        return f"{settings.FAIRLANE_QUEUE_NAMESPACE}rl:{{{tag}}}:{self.name}:{suffix}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,3 +116,27 @@ def test_a_caller_without_limits_needs_no_redis():
     down.release(admitted, tokens_used=3)
     with pytest.raises(ServiceUnavailable):
         down.acquire(request_id="r2", scopes=(scope(rpm=5),), tokens=10)
+
+
+def test_deployments_on_one_redis_count_their_own_requests_only(settings):
+    """FAIRLANE_QUEUE_NAMESPACE separates deployments sharing a Redis; they number tenants and
+    keys alike, so one's requests must not fill the other's limits (nor its backends' lease
+    slots)."""
+    from routing.leases import GRANTED, RedisLeases
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    limiter, leases = RedisLimiter(client), RedisLeases(client)
+    same = scope(rpm=1, concurrency=1)
+    backend = f"shared-name-{uuid.uuid4().hex[:6]}"
+    away_from_the_minute_boundary()
+    taken = {}
+    for namespace in (f"a{uuid.uuid4().hex[:6]}-", f"b{uuid.uuid4().hex[:6]}-"):
+        settings.FAIRLANE_QUEUE_NAMESPACE = namespace
+        taken[namespace] = limiter.acquire(request_id=namespace, scopes=(same,), tokens=1)
+        assert leases.try_acquire(backend, namespace, ttl=30, slots=1, depth=0, wait=0) == GRANTED
+        with pytest.raises(RateLimited):  # within one deployment the limits hold
+            limiter.acquire(request_id=namespace + "2", scopes=(same,), tokens=1)
+    for namespace, admitted in taken.items():
+        settings.FAIRLANE_QUEUE_NAMESPACE = namespace
+        limiter.release(admitted, tokens_used=1)
+        leases.release(backend, namespace)

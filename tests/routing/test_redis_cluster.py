@@ -5,6 +5,7 @@ key): here, a real three-node cluster of our own."""
 import uuid
 
 import pytest
+from django.conf import settings
 
 from routing.leases import GRANTED, RedisLeases
 from routing.ratelimit import RedisLimiter, scopes_for
@@ -59,7 +60,12 @@ def test_scopes_of_one_caller_share_their_tenants_slot(callers):
     caller = callers[0]
     scopes = scopes_for(caller)
     assert {s.slot for s in scopes} == {f"tenant:{caller.tenant.pk}"}
-    assert all(s.key("c").startswith(f"rl:{{tenant:{caller.tenant.pk}}}:") for s in scopes)
+    assert all(
+        s.key("c").startswith(
+            f"{settings.FAIRLANE_QUEUE_NAMESPACE}rl:{{tenant:{caller.tenant.pk}}}:"
+        )
+        for s in scopes
+    )
 
 
 def test_leases_run_on_a_redis_cluster(cluster):
