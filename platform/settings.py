@@ -118,14 +118,21 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- redis: channel layer, counters, Celery -------------------------------------------------
 if REDIS_URL:
+    # Deployments sharing a Redis under FAIRLANE_QUEUE_NAMESPACE (fairlane_settings.py) keep
+    # their channel groups and cache entries (the sign-in lockouts) apart too.
+    _NAMESPACE = os.environ.get("FAIRLANE_QUEUE_NAMESPACE", "")
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": _NAMESPACE + "asgi"},
         }
     }
     CACHES = {
-        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": _NAMESPACE,
+        }
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

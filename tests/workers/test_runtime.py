@@ -233,3 +233,37 @@ def test_deployments_on_one_redis_see_only_their_own_workers(settings):
         assert "host:1" in [beat["id"] for beat in workers_live(client, namespace="*")]
     finally:
         client.delete(key)
+
+
+def test_deployments_on_one_redis_keep_their_cache_and_channel_groups_apart():
+    """The Django cache (the sign-in lockouts) and the Channels layer under the namespace too:
+    an entry one deployment writes is not another's, and is its own again in a later process."""
+    import uuid
+
+    from tests.conftest import child_env
+
+    script = (
+        "import sys, django; django.setup()\n"
+        "from django.conf import settings; from django.core.cache import cache\n"
+        "key, write = sys.argv[1], sys.argv[2] == 'write'\n"
+        "cache.set(key, 'here', 60) if write else None\n"
+        "print(cache.get(key), settings.CHANNEL_LAYERS['default']['CONFIG']['prefix'])\n"
+    )
+    key, a, b = uuid.uuid4().hex, f"a{uuid.uuid4().hex[:6]}-", f"b{uuid.uuid4().hex[:6]}-"
+
+    def run(namespace: str, action: str) -> str:
+        env = child_env(FAIRLANE_QUEUE_NAMESPACE=namespace)
+        done = subprocess.run(
+            [sys.executable, "-c", script, key, action],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split("\n")[-2]
+
+    assert run(a, "write") == f"here {a}asgi"
+    assert run(b, "read") == f"None {b}asgi"  # another deployment's
+    assert run(a, "read") == f"here {a}asgi"  # its own, in another process
