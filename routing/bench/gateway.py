@@ -255,12 +255,11 @@ def baseline_checkout(spec: str | None) -> Iterator[Path | None]:
     )
     if found.returncode != 0:
         raise SystemExit(f"--baseline {spec}: neither a directory nor a commit of this repository")
+    commit = found.stdout.strip()
     parent = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
-    checkout = parent / found.stdout.strip()[:12]
+    checkout = parent / commit[:12]
     git = ["git", "-C", str(ROOT), "worktree"]
-    subprocess.run(
-        [*git, "add", "--detach", "--quiet", str(checkout), found.stdout.strip()], check=True
-    )
+    subprocess.run([*git, "add", "--detach", "--quiet", str(checkout), commit], check=True)
     try:
         yield checkout
     finally:

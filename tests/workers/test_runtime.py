@@ -267,3 +267,64 @@ def test_deployments_on_one_redis_keep_their_cache_and_channel_groups_apart():
     assert run(a, "write") == f"here {a}asgi"
     assert run(b, "read") == f"None {b}asgi"  # another deployment's
     assert run(a, "read") == f"here {a}asgi"  # its own, in another process
+
+
+@pytest.mark.slow
+def test_deployments_on_one_redis_run_only_their_own_celery_tasks(subprocess_env):
+    """Celery's queues under the namespace too (kombu's global key prefix): a housekeeping
+    task one deployment queues on `default` is never taken by another deployment's worker on a
+    queue of the same name, which would run it against its own database. Deployment B's task
+    is queued first: on one shared list the worker would take it before A's."""
+    import uuid
+
+    import redis as redis_lib
+    from celery.result import AsyncResult
+
+    import celery_app
+    from django.conf import settings
+    from tests.conftest import child_env
+    from tests.servers import CeleryWorker
+
+    a, b = f"a{uuid.uuid4().hex[:6]}-", f"b{uuid.uuid4().hex[:6]}-"
+    script = (
+        "import django; django.setup()\n"
+        "import celery_app\n"
+        "from tenants.tasks import budget_reservations_expire\n"
+        "print(budget_reservations_expire.apply_async().id)\n"
+    )
+
+    def queue_task(namespace: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            env=child_env(FAIRLANE_QUEUE_NAMESPACE=namespace),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split()[-1]
+
+    client = redis_lib.Redis.from_url(settings.REDIS_URL)
+    try:
+        b_task = queue_task(b)
+        assert client.llen(f"{b}default") == 1  # under B's prefix, not on a shared list
+        a_task = queue_task(a)
+        assert client.llen(f"{a}default") == 1
+        worker = CeleryWorker(
+            {**subprocess_env, "FAIRLANE_QUEUE_NAMESPACE": a},
+            queue="default",
+            concurrency=1,
+            name="housekeeping",
+        )
+        try:
+            assert AsyncResult(a_task, app=celery_app.app).get(timeout=60) == 0
+        finally:
+            worker.stop()
+        assert client.llen(f"{b}default") == 1  # B's task waits for B's workers
+        assert AsyncResult(b_task, app=celery_app.app).state == "PENDING"
+    finally:
+        for key in client.scan_iter(f"{a}*"):
+            client.delete(key)
+        for key in client.scan_iter(f"{b}*"):
+            client.delete(key)
