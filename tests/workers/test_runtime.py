@@ -279,11 +279,12 @@ def test_deployments_on_one_redis_run_only_their_own_celery_tasks(subprocess_env
 
     import redis as redis_lib
     from celery.result import AsyncResult
-
-    import celery_app
     from django.conf import settings
+
     from tests.conftest import child_env
     from tests.servers import CeleryWorker
+
+    import celery_app
 
     a, b = f"a{uuid.uuid4().hex[:6]}-", f"b{uuid.uuid4().hex[:6]}-"
     script = (
