@@ -11,6 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import InterfaceError, OperationalError
+from psycopg_pool import PoolTimeout
+
+# What a reachable database would not raise (a connection ended, the pool empty): worth a retry,
+# answered 503 with Retry-After wherever a request meets it.
+DATABASE_TRANSIENT = (OperationalError, InterfaceError, PoolTimeout)
+
 
 class ApplicationError(Exception):
     code = "internal_error"

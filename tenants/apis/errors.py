@@ -1,12 +1,16 @@
 """One mapping from errors to HTTP responses in the OpenAI error shape, for DRF views and for
 Django's own 404/500 pages under /api/ and /v1/."""
 
+import logging
+
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions as drf
 
 from tenants import errors
+
+logger = logging.getLogger(__name__)
 
 JSON_PREFIXES = ("/api/", "/v1/")
 
@@ -58,6 +62,9 @@ def as_application_error(exc: Exception) -> errors.ApplicationError | None:
         return errors.UnsupportedMediaType(str(exc.detail))
     if isinstance(exc, drf.Throttled):
         return errors.RateLimited(retry_after=int(exc.wait or 1))
+    if isinstance(exc, errors.DATABASE_TRANSIENT):  # the database blinked: nothing changed
+        logger.warning("the database did not answer: %s", type(exc).__name__, exc_info=exc)
+        return errors.ServiceUnavailable(retry_after=2)
     return None
 
 

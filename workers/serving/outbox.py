@@ -27,11 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections
-from psycopg_pool import PoolTimeout
+from django.db import close_old_connections
 from redis import Redis
 
-from tenants.errors import NotFound
+from tenants.errors import DATABASE_TRANSIENT, NotFound
 from tenants.loops import BackgroundLoop
 from tenants.models import Tenant
 from tenants.services.budgets import budget_release
@@ -43,7 +42,7 @@ GROUP = "settlers"
 CLAIM_IDLE_MS = 60_000
 IDLE_SECONDS = 60.0
 # What a reachable ledger would not raise: worth retrying.
-TRANSIENT = (OperationalError, InterfaceError, PoolTimeout)
+TRANSIENT = DATABASE_TRANSIENT
 
 
 @dataclass(frozen=True, slots=True)
