@@ -311,6 +311,9 @@ FAIRLANE_FILES_STORAGE_OPTIONS = _files_options | json.loads(
 FAIRLANE_FILE_MAX_BYTES = env_int("FAIRLANE_FILE_MAX_BYTES", 200 * 1024 * 1024)
 # What one tenant's files may take in all (bytes; batch outputs count too).
 FAIRLANE_FILES_TENANT_QUOTA_BYTES = env_int("FAIRLANE_FILES_TENANT_QUOTA_BYTES", 10 * 1024**3)
+# Stored bytes that no file row names (a process killed between writing an upload and
+# committing its row) are deleted by the daily sweep once they are this old.
+FAIRLANE_FILES_ORPHAN_GRACE_SECONDS = env_int("FAIRLANE_FILES_ORPHAN_GRACE_SECONDS", 3600)
 # The most lines one batch may hold.
 FAIRLANE_BATCH_MAX_LINES = env_int("FAIRLANE_BATCH_MAX_LINES", 50_000)
 # How many lines of one batch a runner has in flight at a time (the batch's pace: the queue

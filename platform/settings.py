@@ -190,6 +190,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "routing.tasks.stored_responses_expire",
         "schedule": 86400.0,
     },
+    "files-orphans-sweep": {
+        "task": "routing.tasks.files_orphans_sweep",
+        "schedule": 86400.0,
+    },
 }
 
 # --- auth, sessions, security ------------------------------------------------------------

@@ -1,5 +1,6 @@
 from celery import shared_task
 
+from routing.batches.files import files_orphans_sweep as _files_orphans_sweep
 from routing.health import backends_probe as _backends_probe
 from routing.responses import store
 
@@ -16,3 +17,10 @@ def stored_responses_expire() -> int:
     """Beat, daily: stored responses past FAIRLANE_RESPONSES_RETENTION_DAYS go (they are
     already unreadable: every read skips an expired one)."""
     return store.stored_responses_expire()
+
+
+@shared_task(name="routing.tasks.files_orphans_sweep", ignore_result=True)
+def files_orphans_sweep() -> int:
+    """Beat, daily: stored bytes no file row names, older than
+    FAIRLANE_FILES_ORPHAN_GRACE_SECONDS, go (routing/batches/files.py)."""
+    return _files_orphans_sweep()

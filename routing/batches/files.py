@@ -5,10 +5,13 @@ row says whose they are, so every read is scoped to the tenant (another tenant's
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.files import File
+from django.core.files.storage import Storage
 from django.db import transaction
 from django.db.models import QuerySet, Sum
 from django.utils import timezone
@@ -18,6 +21,8 @@ from routing.batches.storage import files_storage, storage_name
 from routing.errors import StorageQuotaExceeded
 from tenants.errors import InvalidRequest, NotFound
 from tenants.models import Tenant
+
+logger = logging.getLogger(__name__)
 
 UPLOAD_PURPOSES = (FilePurpose.BATCH, FilePurpose.USER_DATA)
 CHUNK_BYTES = 64 * 1024
@@ -134,3 +139,42 @@ def file_delete(*, tenant: Tenant, file_id: str) -> StoredFile:
     row.delete()
     files_storage().delete(row.storage_name)
     return row
+
+
+def files_orphans_sweep(
+    *, older_than: timedelta | None = None, storage: Storage | None = None
+) -> int:
+    """Delete the stored objects no file row names, and say how many. A file's bytes are
+    written before its row commits, and its row is deleted before its bytes: a process killed
+    between the two (or a storage delete that failed) leaves bytes nobody can read or delete,
+    counted against no quota. Only objects older than `older_than` (default
+    FAIRLANE_FILES_ORPHAN_GRACE_SECONDS) go, so an upload whose row is about to commit stays;
+    only names of our shape (`<tenant id>/<file id>.jsonl`) are looked at, so nothing else a
+    shared bucket or directory holds is touched."""
+    storage = storage or files_storage()
+    if older_than is None:
+        older_than = timedelta(seconds=settings.FAIRLANE_FILES_ORPHAN_GRACE_SECONDS)
+    cutoff = timezone.now() - older_than
+    try:
+        tenants, _ = storage.listdir("")
+    except FileNotFoundError:  # nothing stored yet
+        return 0
+    removed = 0
+    for tenant_dir in (d for d in tenants if d.isdigit()):
+        _, names = storage.listdir(tenant_dir)
+        names = [n for n in names if n.endswith(".jsonl")]
+        if not names:
+            continue
+        named = set(
+            StoredFile.objects.filter(tenant_id=int(tenant_dir)).values_list(
+                "storage_name", flat=True
+            )
+        )
+        for name in names:
+            path = f"{tenant_dir}/{name}"
+            if path in named or storage.get_modified_time(path) > cutoff:
+                continue
+            storage.delete(path)
+            removed += 1
+            logger.info("files: deleted %s, stored bytes no file row names", path)
+    return removed

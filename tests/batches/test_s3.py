@@ -8,6 +8,8 @@ reach boto3 from the environment and appear nowhere in the server's output."""
 
 import io
 import json
+import uuid
+from datetime import timedelta
 
 import boto3
 import openai
@@ -159,3 +161,31 @@ def test_the_storage_reads_an_object_as_it_arrives(s3):
         assert next(iter(handle)) == b"a\n"
     with pytest.raises(FileNotFoundError):
         storage.open("stream/missing.jsonl", "rb")
+
+
+def test_the_orphan_sweep_deletes_only_bytes_no_row_names_in_the_bucket(client, s3, tenant):
+    """The sweep on the bucket: an object of our shape that no row names goes; the uploaded
+    file's object, another tenant directory's row-backed object and keys not of our shape stay."""
+    from routing.batches.files import files_orphans_sweep
+
+    endpoint, bucket = s3
+    uploaded = client.files.create(file=("kept.jsonl", io.BytesIO(b"{}\n")), purpose="user_data")
+    orphan = f"{PREFIX}/{tenant.pk}/file-{uuid.uuid4().hex}.jsonl"
+    not_ours = [f"{PREFIX}/notes.txt", f"{PREFIX}/{tenant.pk}/notes.txt", "elsewhere/1/x.jsonl"]
+    for name in (orphan, *not_ours):
+        bucket.put_object(Key=name, Body=b"{}\n")
+    storage = S3FilesStorage(
+        bucket_name=BUCKET,
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        access_key=ACCESS_KEY,
+        secret_key=SECRET_KEY,
+        location=PREFIX,
+        addressing_style="path",
+    )
+    assert files_orphans_sweep(storage=storage) == 0  # younger than the grace: kept
+    # At least the orphan (earlier tests' objects lost their rows to the database's reset).
+    assert files_orphans_sweep(storage=storage, older_than=timedelta(0)) >= 1
+    keys = _keys(bucket)
+    assert orphan not in keys and _key(uploaded.id) in keys and set(not_ours) <= keys
+    assert client.files.content(uploaded.id).read() == b"{}\n"
