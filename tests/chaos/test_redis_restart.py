@@ -77,7 +77,7 @@ def test_redis_restarted_under_load(chaos_key):
     # logged that is not a 503's line or an expected retry, with the traceback after it.
     lines = logged.splitlines()
     errors = [
-        "\n".join(lines[i : i + 25])
+        "\n".join(lines[i : i + 60])
         for i, line in enumerate(lines)
         if " ERROR " in line
         and "Service Unavailable" not in line
