@@ -117,10 +117,10 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- redis: channel layer, counters, Celery -------------------------------------------------
+# Deployments sharing a Redis under FAIRLANE_QUEUE_NAMESPACE (fairlane_settings.py) keep their
+# channel groups, cache entries (the sign-in lockouts) and Celery queues apart too.
+_NAMESPACE = os.environ.get("FAIRLANE_QUEUE_NAMESPACE", "")
 if REDIS_URL:
-    # Deployments sharing a Redis under FAIRLANE_QUEUE_NAMESPACE (fairlane_settings.py) keep
-    # their channel groups and cache entries (the sign-in lockouts) apart too.
-    _NAMESPACE = os.environ.get("FAIRLANE_QUEUE_NAMESPACE", "")
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -146,12 +146,12 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Workers log through LOGGING below (each line with its request's trace id), not Celery's own.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_DEFAULT_QUEUE = "default"
-# Deployments sharing a Redis broker under FAIRLANE_QUEUE_NAMESPACE keep their Celery queues
-# apart too: kombu prefixes every key it uses (the queues' lists, the unacked sets, the
-# broadcast channels), so one deployment's worker never takes another's tasks (its periodic
-# housekeeping ran against the wrong database). Queue names stay as they are (`-Q gpu,default`).
-if os.environ.get("FAIRLANE_QUEUE_NAMESPACE") and CELERY_BROKER_URL.startswith(("redis", "rediss")):
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": os.environ["FAIRLANE_QUEUE_NAMESPACE"]}
+# On a Redis broker, kombu prefixes every key it uses (the queues' lists, the unacked sets,
+# the broadcast channels) with the namespace, so one deployment's worker never takes another's
+# tasks (its periodic housekeeping ran against the wrong database). Queue names stay as they
+# are (`-Q gpu,default`).
+if _NAMESPACE and CELERY_BROKER_URL.startswith(("redis", "rediss")):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": _NAMESPACE}
 CELERY_BEAT_SCHEDULE = {
     "budget-reservations-expire": {
         "task": "tenants.tasks.budget_reservations_expire",

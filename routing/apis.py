@@ -31,6 +31,7 @@ from routing.wire.render import (
 )
 from tenants.apis.errors import error_response
 from tenants.errors import (
+    DATABASE_TRANSIENT,
     ApplicationError,
     InvalidRequest,
     MethodNotAllowed,
@@ -38,7 +39,6 @@ from tenants.errors import (
     ServiceUnavailable,
     error_body_for,
 )
-from workers.serving.outbox import TRANSIENT
 from workers.serving.trace import Span, span_start, trace_enter
 from workers.serving.versions import version_tag
 
@@ -120,7 +120,7 @@ def _refusal(
             return render(InvalidRequest("Invalid Host header."))
         case ApplicationError():
             return render(exc)
-        case _ if isinstance(exc, TRANSIENT):  # the database blinked: retry
+        case _ if isinstance(exc, DATABASE_TRANSIENT):  # the database blinked: retry
             logger.warning(
                 "%s %s: the database did not answer", request.method, request.path, exc_info=exc
             )

@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 
 from routing.backends import Call, Route
 from routing.metrics import Outcome
-from tenants.errors import ApplicationError, BudgetExhausted
+from tenants.errors import DATABASE_TRANSIENT, ApplicationError, BudgetExhausted
 from tenants.models import Agent, ApiKey, Tenant
 from tenants.services.budgets import budget_reserve, budget_reserve_adjust
 from workers.serving.jobs import Job
-from workers.serving.outbox import TRANSIENT
 from workers.serving.runtime import Runtime
 from workers.serving.settlement import settlement_release
 
@@ -76,7 +75,7 @@ def attempt_reserve(attempt: Attempt, amount: int) -> None:
                 api_key=attempt.api_key,
                 model=attempt.model,
             )
-        except TRANSIENT:
+        except DATABASE_TRANSIENT:
             attempt.maybe_reserved = True
             raise
         attempt.runtime.reservations.add(attempt.request_id)  # renewed while it runs

@@ -39,6 +39,7 @@ from routing.services import messages
 from routing.wire.body import json_load
 from routing.wire.render import Chunk, UsageChunk
 from tenants.errors import (
+    DATABASE_TRANSIENT,
     ApplicationError,
     AuthenticationFailed,
     InvalidRequest,
@@ -46,7 +47,6 @@ from tenants.errors import (
     ServiceUnavailable,
     error_body_for,
 )
-from workers.serving.outbox import TRANSIENT
 from workers.serving.trace import span_start, trace_current, trace_enter
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class CompletionConsumer(AsyncWebsocketConsumer):
     async def _authenticate(self, authorization: str) -> None:
         try:
             caller = await database_sync_to_async(caller_authenticate)(authorization=authorization)
-        except TRANSIENT:
+        except DATABASE_TRANSIENT:
             await self._send_error(None, ServiceUnavailable(retry_after=2))
             await self.close(code=CLOSE_TRY_AGAIN)
             return
@@ -210,7 +210,7 @@ class CompletionConsumer(AsyncWebsocketConsumer):
                 await self._stream(frame_id, endpoint, body)
         except ApplicationError as exc:
             await self._send_error(frame_id, exc)
-        except TRANSIENT:  # the database blinked: retry
+        except DATABASE_TRANSIENT:  # the database blinked: retry
             logger.warning("websocket request %s: the database did not answer", frame_id)
             await self._send_error(frame_id, ServiceUnavailable(retry_after=2))
         except asyncio.CancelledError:

@@ -17,8 +17,8 @@ from routing.services.answers import events_collect, events_to_end
 from routing.sync import db_call
 from routing.wire.responses import ResponsesRequest, responses_chat_request, responses_request_parse
 from routing.wire.responses_render import ResponseRender
+from tenants.errors import DATABASE_TRANSIENT
 from workers.serving.events import Done, Failed, Finish, Tokens
-from workers.serving.outbox import TRANSIENT
 from workers.serving.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ async def _store(response: ResponseStarted, body: dict) -> None:
             items=response.items,
             body=body,
         )
-    except TRANSIENT:
+    except DATABASE_TRANSIENT:
         logger.warning("response %s: the database did not answer; not stored", body["id"])
 
 

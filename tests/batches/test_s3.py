@@ -75,6 +75,18 @@ def batch_server(django_db_setup, django_db_blocker, s3):
     server.stop()
 
 
+def _storage(endpoint: str, **options) -> S3FilesStorage:
+    """The files storage on moto's bucket, built in this process as the server builds its own."""
+    return S3FilesStorage(
+        bucket_name=BUCKET,
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        access_key=ACCESS_KEY,
+        secret_key=SECRET_KEY,
+        **options,
+    )
+
+
 def _keys(bucket) -> set[str]:
     return {o.key for o in bucket.objects.all()}
 
@@ -145,14 +157,7 @@ def test_a_batch_reads_its_input_from_the_bucket_and_writes_its_outputs_there(cl
 
 def test_the_storage_reads_an_object_as_it_arrives(s3):
     endpoint, bucket = s3
-    storage = S3FilesStorage(
-        bucket_name=BUCKET,
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        access_key=ACCESS_KEY,
-        secret_key=SECRET_KEY,
-        file_overwrite=False,
-    )
+    storage = _storage(endpoint, file_overwrite=False)
     bucket.put_object(Key="stream/big.jsonl", Body=b"a\n" * (BIG_BYTES // 2))
     with storage.open("stream/big.jsonl", "rb") as handle:
         # The object's body as it comes, not a temporary copy of the whole object.
@@ -164,8 +169,8 @@ def test_the_storage_reads_an_object_as_it_arrives(s3):
 
 
 def test_the_orphan_sweep_deletes_only_bytes_no_row_names_in_the_bucket(client, s3, tenant):
-    """The sweep on the bucket: an object of our shape that no row names goes; the uploaded
-    file's object, another tenant directory's row-backed object and keys not of our shape stay."""
+    """The sweep on the bucket: an object of our shape that no row names goes once past the
+    grace period; the uploaded file's object and keys not of our shape stay."""
     from routing.batches.files import files_orphans_sweep
 
     endpoint, bucket = s3
@@ -174,15 +179,7 @@ def test_the_orphan_sweep_deletes_only_bytes_no_row_names_in_the_bucket(client, 
     not_ours = [f"{PREFIX}/notes.txt", f"{PREFIX}/{tenant.pk}/notes.txt", "elsewhere/1/x.jsonl"]
     for name in (orphan, *not_ours):
         bucket.put_object(Key=name, Body=b"{}\n")
-    storage = S3FilesStorage(
-        bucket_name=BUCKET,
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        access_key=ACCESS_KEY,
-        secret_key=SECRET_KEY,
-        location=PREFIX,
-        addressing_style="path",
-    )
+    storage = _storage(endpoint, location=PREFIX, addressing_style="path")
     assert files_orphans_sweep(storage=storage) == 0  # younger than the grace: kept
     # At least the orphan (earlier tests' objects lost their rows to the database's reset).
     assert files_orphans_sweep(storage=storage, older_than=timedelta(0)) >= 1

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
+
+from tests.servers import AsgiServer
 
 
 @dataclass
@@ -79,6 +84,32 @@ async def storm(
         return list(
             await asyncio.gather(*(stream(client, key, body, started) for _ in range(count)))
         )
+
+
+async def clients_run(
+    count: int, request: Callable[[httpx.AsyncClient, int, int], Awaitable[None]], stop
+) -> None:
+    """`count` clients, each calling `request(http, client number, i)` for i = 0, 1, ... until
+    `stop` is set; a request whose connection was cut (the server killed) is followed by the
+    next one a moment later, once the server is back."""
+
+    async def one(n: int) -> None:
+        async with httpx.AsyncClient(timeout=30) as http:
+            i = 0
+            while not stop.is_set():
+                try:
+                    await request(http, n, i)
+                except httpx.TransportError:
+                    await asyncio.sleep(0.05)
+                i += 1
+
+    await asyncio.gather(*(one(n) for n in range(count)))
+
+
+async def api_restarted(servers: list[AsgiServer], env: dict) -> None:
+    """SIGKILL the last of `servers` (mid-request, as it may be) and start another."""
+    os.killpg(servers[-1].proc.pid, signal.SIGKILL)
+    servers.append(await asyncio.to_thread(AsgiServer, env))
 
 
 async def until(predicate, timeout: float, what: str) -> None:

@@ -7,7 +7,6 @@ its present description, every 201 a client saw is in the database, and a reques
 session was cut was answered 503 with Retry-After."""
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
-from tests.chaos.load import until
+from tests.chaos.load import api_restarted, clients_run, until
 from tests.chaos.services import Database
 from tests.conftest import ROOT, child_env
 from tests.servers import AsgiServer
@@ -42,52 +41,42 @@ def test_the_audit_chain_holds_through_killed_sessions_and_a_killed_api_process(
     created: dict[str, str] = {}  # name -> id, from the 201s clients saw
     described: dict[str, str] = {}  # id -> the description a 200 to its PATCH set
     failures: list[httpx.Response] = []  # every answer but a 2xx
-    cut = [0]  # requests the connection was cut under (the killed process's)
     killed = []
     try:
 
-        async def client(n: int, stop: asyncio.Event) -> None:
-            async with httpx.AsyncClient(timeout=30) as http:
-                for i in range(10_000):
-                    if stop.is_set():
-                        return
-                    base = f"{servers[-1].url}/api/tenants/{tenant.slug}/agents/"
-                    name = f"c{n}-{i}"
-                    try:
-                        answer = await http.post(base, json={"name": name}, headers=headers)
-                        if answer.status_code != 201:
-                            failures.append(answer)
-                            continue
-                        agent_id = created[name] = answer.json()["id"]
-                        if i % 2:
-                            text = f"changed by {name}"
-                            answer = await http.patch(
-                                f"{base}{agent_id}/", json={"description": text}, headers=headers
-                            )
-                            if answer.status_code == 200:
-                                described[agent_id] = text
-                            else:
-                                failures.append(answer)
-                    except httpx.TransportError:
-                        cut[0] += 1
-                        await asyncio.sleep(0.05)  # the process is down: until it is back
+        async def request(http: httpx.AsyncClient, n: int, i: int) -> None:
+            base = f"{servers[-1].url}/api/tenants/{tenant.slug}/agents/"
+            name = f"c{n}-{i}"
+            answer = await http.post(base, json={"name": name}, headers=headers)
+            if answer.status_code != 201:
+                failures.append(answer)
+                return
+            agent_id = created[name] = answer.json()["id"]
+            if i % 2:
+                text = f"changed by {name}"
+                answer = await http.patch(
+                    f"{base}{agent_id}/", json={"description": text}, headers=headers
+                )
+                if answer.status_code == 200:
+                    described[agent_id] = text
+                else:
+                    failures.append(answer)
 
         async def scenario() -> None:
             stop = asyncio.Event()
-            load = [asyncio.ensure_future(client(n, stop)) for n in range(CLIENTS)]
+            load = asyncio.ensure_future(clients_run(CLIENTS, request, stop))
             await until(lambda: len(created) >= 20, 60, "agents created")
             for _ in range(2):
                 killed.append(await asyncio.to_thread(db.terminate_connections))
                 await asyncio.sleep(0.5)
             mark = len(created)
             await until(lambda: len(created) >= mark + 20, 60, "agents created after the kills")
-            os.killpg(servers[-1].proc.pid, signal.SIGKILL)  # mid-transaction, as it may be
-            servers.append(await asyncio.to_thread(AsgiServer, env))
+            await api_restarted(servers, env)  # killed mid-transaction, as it may be
             killed.append(await asyncio.to_thread(db.terminate_connections))
             mark = len(created)
             await until(lambda: len(created) >= mark + 30, 60, "agents created after the restart")
             stop.set()
-            await asyncio.gather(*load)
+            await load
 
         asyncio.run(scenario())
 

@@ -18,7 +18,7 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
-from tests.chaos.load import until
+from tests.chaos.load import api_restarted, clients_run, until
 from tests.chaos.services import Database
 from tests.conftest import ROOT, child_env
 from tests.routing.conftest import key, tiny  # noqa: F401
@@ -61,49 +61,41 @@ def test_files_hold_through_a_killed_api_process_and_killed_sessions(key, tenant
     killed = []
     try:
 
-        async def client(n: int, stop: asyncio.Event) -> None:
-            async with httpx.AsyncClient(timeout=30) as http:
-                for i in range(10_000):
-                    if stop.is_set():
-                        return
-                    url = f"{servers[-1].url}/v1/files"
-                    data = _content(f"c{n}-{i}", (64 + (n * 37 + i * 53) % 192) * 1024)
-                    try:
-                        answer = await http.post(
-                            url,
-                            headers=headers,
-                            data={"purpose": "user_data"},
-                            files={"file": (f"c{n}-{i}.jsonl", data)},
-                        )
-                        if answer.status_code != 200:
-                            failures.append(answer)
-                            continue
-                        file_id = answer.json()["id"]
-                        uploaded[file_id] = hashlib.sha256(data).hexdigest()
-                        if i % 3 == 2:
-                            unsure.add(file_id)
-                            answer = await http.delete(f"{url}/{file_id}", headers=headers)
-                            if answer.status_code == 200:
-                                deleted.add(file_id)
-                                unsure.discard(file_id)
-                            else:
-                                failures.append(answer)
-                    except httpx.TransportError:
-                        await asyncio.sleep(0.05)  # the process is down: until it is back
+        async def request(http: httpx.AsyncClient, n: int, i: int) -> None:
+            url = f"{servers[-1].url}/v1/files"
+            data = _content(f"c{n}-{i}", (64 + (n * 37 + i * 53) % 192) * 1024)
+            answer = await http.post(
+                url,
+                headers=headers,
+                data={"purpose": "user_data"},
+                files={"file": (f"c{n}-{i}.jsonl", data)},
+            )
+            if answer.status_code != 200:
+                failures.append(answer)
+                return
+            file_id = answer.json()["id"]
+            uploaded[file_id] = hashlib.sha256(data).hexdigest()
+            if i % 3 == 2:
+                unsure.add(file_id)
+                answer = await http.delete(f"{url}/{file_id}", headers=headers)
+                if answer.status_code == 200:
+                    deleted.add(file_id)
+                    unsure.discard(file_id)
+                else:
+                    failures.append(answer)
 
         async def scenario() -> None:
             stop = asyncio.Event()
-            load = [asyncio.ensure_future(client(n, stop)) for n in range(CLIENTS)]
+            load = asyncio.ensure_future(clients_run(CLIENTS, request, stop))
             await until(lambda: len(uploaded) >= 15, 60, "files uploaded")
             killed.append(await asyncio.to_thread(db.terminate_connections))
             mark = len(uploaded)
             await until(lambda: len(uploaded) >= mark + 15, 60, "files uploaded after the kill")
-            os.killpg(servers[-1].proc.pid, signal.SIGKILL)  # mid-upload, as it may be
-            servers.append(await asyncio.to_thread(AsgiServer, env))
+            await api_restarted(servers, env)  # killed mid-upload, as it may be
             mark = len(uploaded)
             await until(lambda: len(uploaded) >= mark + 15, 60, "files uploaded after the restart")
             stop.set()
-            await asyncio.gather(*load)
+            await load
 
         asyncio.run(scenario())
         assert sum(killed) > 0 and servers[0].proc.wait(timeout=10) == -signal.SIGKILL
@@ -125,29 +117,25 @@ def test_files_hold_through_a_killed_api_process_and_killed_sessions(key, tenant
         an_hour_ago = time.time() - 3700
         os.utime(old, (an_hour_ago, an_hour_ago))
 
-        swept = subprocess.run(
-            [sys.executable, "manage.py", "files_orphans_sweep"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert swept.returncode == 0, swept.stderr[-2000:]
+        def sweep(*args: str) -> None:
+            swept = subprocess.run(
+                [sys.executable, "manage.py", "files_orphans_sweep", *args],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert swept.returncode == 0, swept.stderr[-2000:]
+
+        sweep()
         assert not old.exists() and young.exists() and foreign.exists()
         young.unlink()
 
         rows = dict(db.query("SELECT id, storage_name FROM routing_storedfile"))
         # Every byte stored is a row's (whatever the kill left was swept, as an hour later),
         # and every row's bytes are stored.
-        subprocess.run(
-            [sys.executable, "manage.py", "files_orphans_sweep", "--older-than", "0"],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        sweep("--older-than", "0")
         assert _stored(files_dir) == set(rows.values())
         assert foreign.exists()
 

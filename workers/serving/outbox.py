@@ -41,8 +41,6 @@ logger = logging.getLogger(__name__)
 GROUP = "settlers"
 CLAIM_IDLE_MS = 60_000
 IDLE_SECONDS = 60.0
-# What a reachable ledger would not raise: worth retrying.
-TRANSIENT = DATABASE_TRANSIENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +84,7 @@ def _apply(record: Settlement) -> bool:
     try:
         settlement_apply(record)
         return True
-    except TRANSIENT:
+    except DATABASE_TRANSIENT:  # the ledger is unreachable: worth retrying
         return False
     except Exception:  # a record that can never settle (its reservation is gone): say so
         logger.exception("request %s: settlement refused; dropping it", record.request_id)
