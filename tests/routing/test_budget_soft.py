@@ -166,11 +166,14 @@ async def wait_for_depth(queue, depth):
 
 
 async def test_a_demoted_request_waits_behind_another_tenants_standard_request(
-    queue, key, tenant, agent, other_tenant, other_agent
+    queue, key, tenant, agent, other_tenant, other_agent, settings
 ):
     """Distributed mode, no GPU worker: the test takes the queue's requests itself. The demoted
     agent's request came first, yet another tenant's standard request, sent after it, is taken
-    before it; below the soft level the same agent would have been taken first."""
+    before it; below the soft level the same agent would have been taken first. Nobody answers
+    the two requests: each ends as a request no worker answered does (504), rather than being
+    cancelled (CI twice saw the cancelled pair run to the 300-second default instead)."""
+    settings.FAIRLANE_FIRST_EVENT_TIMEOUT_SECONDS = 10
     budget = await database_sync_to_async(soft_budget)(tenant, agent, soft_action="demote")
     await database_sync_to_async(spend)(budget, SOFT)
     theirs = (
@@ -179,20 +182,15 @@ async def test_a_demoted_request_waits_behind_another_tenants_standard_request(
         )
     )[1]
     ours = asyncio.create_task(post(key))
-    try:
-        await wait_for_depth(queue, 1)
-        assert queue.depth(lane="bulk", tenant=str(tenant.pk)) == 1
-        later = asyncio.create_task(post(theirs))
-        try:
-            await wait_for_depth(queue, 2)
-            first, second = queue.dequeue(worker="test"), queue.dequeue(worker="test")
-            assert (first.tenant, first.lane) == (str(other_tenant.pk), "standard")
-            assert (second.tenant, second.lane) == (str(tenant.pk), "bulk")
-        finally:
-            later.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await later
-    finally:
-        ours.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await ours
+    await wait_for_depth(queue, 1)
+    assert queue.depth(lane="bulk", tenant=str(tenant.pk)) == 1
+    later = asyncio.create_task(post(theirs))
+    await wait_for_depth(queue, 2)
+    first, second = queue.dequeue(worker="test"), queue.dequeue(worker="test")
+    assert (first.tenant, first.lane) == (str(other_tenant.pk), "standard")
+    assert (second.tenant, second.lane) == (str(tenant.pk), "bulk")
+    done, pending = await asyncio.wait([ours, later], timeout=120)
+    assert not pending, [t.get_stack() for t in pending]
+    for response in (ours.result(), later.result()):
+        assert response.status_code == 504, response.content
+        assert response.json()["error"]["message"] == "No worker answered in time."
