@@ -171,8 +171,9 @@ async def test_a_demoted_request_waits_behind_another_tenants_standard_request(
     """Distributed mode, no GPU worker: the test takes the queue's requests itself. The demoted
     agent's request came first, yet another tenant's standard request, sent after it, is taken
     before it; below the soft level the same agent would have been taken first. Nobody answers
-    the two requests: each ends as a request no worker answered does (504), rather than being
-    cancelled (CI twice saw the cancelled pair run to the 300-second default instead)."""
+    the two requests: each ends as a request no worker answered does (504). (Cancelled instead,
+    the pair once ran on to the 300-second default in CI: redis-py lost the cancellation, which
+    the stream's read loop now honours itself; tests/workers/test_stream_cancel.py.)"""
     settings.FAIRLANE_FIRST_EVENT_TIMEOUT_SECONDS = 10
     budget = await database_sync_to_async(soft_budget)(tenant, agent, soft_action="demote")
     await database_sync_to_async(spend)(budget, SOFT)
