@@ -113,11 +113,11 @@ def _run_taken(
 
 def engine_free_slots(engine: Engine) -> tuple[int, bool]:
     """Sequences the engine can take now (free slots, or none when its KV blocks run low), and
-    whether its memory, not its slots, is what is short. One read of its stats: it waits for
+    whether its memory, not its slots, is what is short. One read of its occupancy: it waits for
     the engine's step to end."""
     if isinstance(engine, VllmEngine):
         return engine.free_slots(), False
-    stats = engine.stats()
+    stats = engine.occupancy()
     if stats["kv_blocks_free"] <= stats["kv_blocks_total"] * 0.05:
         return 0, True
     return engine.engine.config.max_num_seqs - stats["num_running"] - stats["num_waiting"], False

@@ -85,3 +85,6 @@ def assert_no_leaks(engine: LLMEngine) -> None:
     assert not engine.requests
     assert bm.num_free_blocks == bm.num_blocks, "blocks still held after every request ended"
     assert all(b.ref_count == 0 for b in bm.blocks)
+    assert bm.num_cached_free_blocks == sum(1 for b in bm.blocks if b.hash is not None), (
+        "the count of cached free blocks drifted from the pool"
+    )

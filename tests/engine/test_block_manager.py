@@ -108,6 +108,10 @@ def test_no_block_leaks_after_1000_requests_with_random_aborts(make_engine):
             for out in engine.step():
                 if out.finished and out.request_id in live:
                     live.remove(out.request_id)
+            bm = engine.block_manager  # the kept count, against a scan of the free queue
+            assert bm.num_cached_free_blocks == sum(
+                1 for b in bm.free_queue if bm.blocks[b].hash is not None
+            )
     while engine.has_unfinished_requests():
         engine.step()
     finished = engine.stats()["num_finished"]

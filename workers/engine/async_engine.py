@@ -163,16 +163,25 @@ class AsyncEngine:
 
     def stats(self) -> dict[str, Any]:
         """Engine counters, read between two steps."""
+        return self._between_steps(self.engine.stats)
+
+    def occupancy(self) -> dict[str, int]:
+        """Whether the engine has room (its running and waiting sequences, its free and total
+        KV blocks), read between two steps: the few counters a worker's puller needs each time
+        it looks for work, not the whole of ``stats``."""
+        return self._between_steps(self.engine.occupancy)
+
+    def _between_steps(self, read_fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         done = threading.Event()
         box: dict[str, Any] = {}
 
         def read() -> None:
-            box.update(self.engine.stats())
+            box.update(read_fn())
             done.set()
 
         with self._cond:
             if not self.is_running:
-                return self.engine.stats()
+                return read_fn()
             self._commands.append(read)
             self._cond.notify()
         done.wait()

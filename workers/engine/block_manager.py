@@ -62,6 +62,10 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[bytes, int] = {}  # hash -> block_id
+        # Free blocks still holding a cached prefix (hashed), kept as blocks move: the worker
+        # reads the engine's counters between steps, and a scan of a pool of 10^4 blocks took
+        # a fifth of a small model's engine thread under load.
+        self._num_cached_free = 0
         self.tier = tier
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
@@ -72,7 +76,7 @@ class BlockManager:
 
     @property
     def num_cached_free_blocks(self) -> int:
-        return sum(1 for b in self.free_queue if self.blocks[b].hash is not None)
+        return self._num_cached_free
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -157,6 +161,7 @@ class BlockManager:
                 block = self.blocks[block_id]
                 if block.ref_count == 0:
                     del self.free_queue[block_id]
+                    self._num_cached_free -= block.hash is not None
                 block.ref_count += 1
         seq.block_table = [
             self._restore(seq, i) if block_id is None else block_id
@@ -202,6 +207,7 @@ class BlockManager:
         block_id, _ = self.free_queue.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None:  # evict the least recently used cached block
+            self._num_cached_free -= 1
             if self.cached.get(block.hash) == block_id:
                 del self.cached[block.hash]
             if self.tier is not None:
@@ -272,6 +278,8 @@ class BlockManager:
                 self.free_queue[block_id] = None
                 if block.hash is None:
                     self.free_queue.move_to_end(block_id, last=False)
+                else:
+                    self._num_cached_free += 1
         seq.block_table = []
         seq.num_committed_blocks = 0
         seq.num_computed_tokens = 0

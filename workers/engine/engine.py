@@ -378,6 +378,15 @@ class LLMEngine(BlockingHelpers):
             embedding=embedding,
         )
 
+    def occupancy(self) -> dict[str, int]:
+        """Sequences running and waiting, KV blocks free and in all: cheap at any pool size."""
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_blocks_free": self.block_manager.num_free_blocks,
+            "kv_blocks_total": self.block_manager.num_blocks,
+        }
+
     def stats(self) -> dict[str, Any]:
         """Counters: KV blocks used/free, prefix hits, the CPU tier, batch sizes, preemptions,
         tokens."""
