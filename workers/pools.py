@@ -10,6 +10,7 @@ workers, and where refused model loads are counted.
 from __future__ import annotations
 
 import collections
+import fnmatch
 import json
 import math
 import threading
@@ -29,6 +30,15 @@ from workers.transport import queue_for
 RATE_SECONDS = 10
 VERIFY_FAILURES_KEY = "fl:model_verify_failures"
 HEARTBEAT_PREFIX = "fl:worker:"
+# Under the namespace: the deployment's workers, a sorted set of worker id -> when its
+# heartbeat expires (ms). Read instead of a SCAN for heartbeat keys: a SCAN walks the whole
+# keyspace, which holds every request's stream for an hour (10^5 keys at a few dozen requests
+# a second), and the API processes read the heartbeats every second.
+WORKERS_KEY = "fl:workers"
+# Every namespace whose workers beat on this Redis (name -> last beat, ms), for a view across
+# deployments (`workers_live(namespace=...)`); not namespaced itself.
+NAMESPACES_KEY = "fl:namespaces"
+NAMESPACE_KEPT_MS = 86_400_000
 
 
 def heartbeat_key(worker_id: str) -> str:
@@ -37,11 +47,47 @@ def heartbeat_key(worker_id: str) -> str:
     return settings.FAIRLANE_QUEUE_NAMESPACE + HEARTBEAT_PREFIX + worker_id
 
 
+def heartbeat_write(client: redis.Redis, worker_id: str, payload: str, ttl_seconds: int) -> None:
+    """A worker's heartbeat, alive for `ttl_seconds` unless written again, and its place in
+    its deployment's list of workers."""
+    namespace, now_ms = settings.FAIRLANE_QUEUE_NAMESPACE, int(time.time() * 1000)
+    pipe = client.pipeline(transaction=False)
+    pipe.set(heartbeat_key(worker_id), payload, ex=ttl_seconds)
+    pipe.zadd(namespace + WORKERS_KEY, {worker_id: now_ms + ttl_seconds * 1000})
+    pipe.zremrangebyscore(namespace + WORKERS_KEY, "-inf", now_ms)
+    pipe.zadd(NAMESPACES_KEY, {namespace: now_ms})
+    pipe.zremrangebyscore(NAMESPACES_KEY, "-inf", now_ms - NAMESPACE_KEPT_MS)
+    pipe.execute()
+
+
+def heartbeat_delete(client: redis.Redis, worker_id: str) -> None:
+    """A worker that stops: gone from its deployment's list at once."""
+    pipe = client.pipeline(transaction=False)
+    pipe.delete(heartbeat_key(worker_id))
+    pipe.zrem(settings.FAIRLANE_QUEUE_NAMESPACE + WORKERS_KEY, worker_id)
+    pipe.execute()
+
+
 def workers_live(client: redis.Redis, *, namespace: str | None = None) -> list[dict]:
     """Heartbeats of this deployment's GPU workers alive now (each expires unless renewed);
     `namespace` another deployment's (a glob: `*` for every deployment's)."""
-    prefix = settings.FAIRLANE_QUEUE_NAMESPACE if namespace is None else namespace
-    keys = list(client.scan_iter(match=prefix + HEARTBEAT_PREFIX + "*", count=100))
+    now_ms = int(time.time() * 1000)
+    if namespace is None:
+        namespaces = [settings.FAIRLANE_QUEUE_NAMESPACE]
+    else:
+        namespaces = [
+            name
+            for name in (m.decode() for m in client.zrangebyscore(NAMESPACES_KEY, 0, "+inf"))
+            if fnmatch.fnmatchcase(name, namespace)
+        ]
+    pipe = client.pipeline(transaction=False)
+    for name in namespaces:
+        pipe.zrangebyscore(name + WORKERS_KEY, now_ms, "+inf")
+    keys = [
+        name + HEARTBEAT_PREFIX + worker_id.decode()
+        for name, ids in zip(namespaces, pipe.execute(), strict=True)
+        for worker_id in ids
+    ]
     return [json.loads(raw) for raw in client.mget(keys) if raw] if keys else []
 
 

@@ -24,7 +24,7 @@ from django.db import close_old_connections
 
 from tenants.loops import BackgroundLoop
 from workers.host import EngineHost, ModelLoadFailed, engine_key
-from workers.pools import heartbeat_key
+from workers.pools import heartbeat_delete, heartbeat_write
 from workers.pulling import Puller
 from workers.serving.catalog import model_list_enabled
 from workers.serving.runtime import Runtime
@@ -79,7 +79,7 @@ class WorkerServices:
     def stop(self) -> None:
         self.cancels.stop()
         self.heartbeat.stop()
-        self.client.delete(heartbeat_key(WORKER_ID))
+        heartbeat_delete(self.client, WORKER_ID)
 
     def beat(self) -> None:
         models = worker_models()
@@ -90,10 +90,11 @@ class WorkerServices:
             {engine_key(v) for info in models for v in versions_of(info)},
             grace=settings.FAIRLANE_ROUTING_CACHE_SECONDS + 1.0,
         )
-        self.client.set(
-            heartbeat_key(WORKER_ID),
+        heartbeat_write(
+            self.client,
+            WORKER_ID,
             json.dumps(heartbeat_payload(self.host, self.puller)),
-            ex=settings.FAIRLANE_HEARTBEAT_TTL_SECONDS,
+            settings.FAIRLANE_HEARTBEAT_TTL_SECONDS,
         )
         self.puller.renew_claims()
         self._cancels_sweep()

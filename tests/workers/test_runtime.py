@@ -16,7 +16,7 @@ from routing.ratelimit import LocalLimiter, RedisLimiter
 from routing.runtimes import runtime_build, runtime_installed, runtime_using
 from tenants.loops import LOOP_ERRORS, BackgroundLoop, LoopGroup
 from tenants.services.alerts import CeleryAlertSender, EmbeddedAlertSender
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from workers.dispatch import EmbeddedDispatcher, QueueDispatcher
 from workers.pools import DistributedPool, EmbeddedPool
 from workers.serving.runtime import Mode
@@ -219,20 +219,52 @@ def test_deployments_on_one_redis_see_only_their_own_workers(settings):
 
     import redis as redis_lib
 
-    from workers.pools import heartbeat_key, workers_live
+    from workers.pools import heartbeat_delete, heartbeat_write, workers_live
 
     client = redis_lib.Redis.from_url(settings.REDIS_URL)
     a, b = f"a{uuid.uuid4().hex[:6]}-", f"b{uuid.uuid4().hex[:6]}-"
     settings.FAIRLANE_QUEUE_NAMESPACE = a
-    key = heartbeat_key("host:1")
-    client.set(key, json.dumps({"id": "host:1", "models": ["tiny"]}), ex=30)
+    heartbeat_write(client, "host:1", json.dumps({"id": "host:1", "models": ["tiny"]}), 30)
     try:
         assert [beat["id"] for beat in workers_live(client)] == ["host:1"]
         settings.FAIRLANE_QUEUE_NAMESPACE = b
         assert workers_live(client) == []
         assert "host:1" in [beat["id"] for beat in workers_live(client, namespace="*")]
+        assert "host:1" in [beat["id"] for beat in workers_live(client, namespace=a)]
+        assert workers_live(client, namespace=b + "*") == []
     finally:
-        client.delete(key)
+        settings.FAIRLANE_QUEUE_NAMESPACE = a
+        heartbeat_delete(client, "host:1")
+    assert workers_live(client) == []
+
+
+def test_the_list_of_workers_drops_a_heartbeat_that_expired_or_was_deleted(settings):
+    """The API processes read the workers through their list, not a SCAN: a worker that died
+    (its heartbeat expired) or stopped (deleted) is gone from it, and the list holds only the
+    live ones however many keys Redis holds."""
+    import json
+    import uuid
+
+    import redis as redis_lib
+
+    from workers.pools import WORKERS_KEY, heartbeat_delete, heartbeat_write, workers_live
+
+    client = redis_lib.Redis.from_url(settings.REDIS_URL)
+    settings.FAIRLANE_QUEUE_NAMESPACE = f"w{uuid.uuid4().hex[:6]}-"
+    heartbeat_write(client, "dies:1", json.dumps({"id": "dies:1", "models": []}), 1)
+    heartbeat_write(client, "stays:2", json.dumps({"id": "stays:2", "models": []}), 30)
+    heartbeat_write(client, "stops:3", json.dumps({"id": "stops:3", "models": []}), 30)
+    try:
+        assert sorted(b["id"] for b in workers_live(client)) == ["dies:1", "stays:2", "stops:3"]
+        heartbeat_delete(client, "stops:3")
+        assert sorted(b["id"] for b in workers_live(client)) == ["dies:1", "stays:2"]
+        wait_for(lambda: [b["id"] for b in workers_live(client)] == ["stays:2"], timeout=10)
+        # The next beat prunes the expired entry from the list itself.
+        heartbeat_write(client, "stays:2", json.dumps({"id": "stays:2", "models": []}), 30)
+        members = client.zrange(settings.FAIRLANE_QUEUE_NAMESPACE + WORKERS_KEY, 0, -1)
+        assert members == [b"stays:2"]
+    finally:
+        heartbeat_delete(client, "stays:2")
 
 
 def test_deployments_on_one_redis_keep_their_cache_and_channel_groups_apart():
