@@ -95,6 +95,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "lane is bulk); the rest on the standard lane",
     )
     p.add_argument("--fractions", default="0.5,0.8,0.95", help="of the predicted capacity")
+    p.add_argument(
+        "--rates",
+        default=None,
+        help="levels at these rates (req/s, comma-separated) instead of --fractions: the same "
+        "load for two runs whose predicted capacities differ (an A/B of a change)",
+    )
     p.add_argument("--requests", type=int, default=200, help="arrivals per level")
     p.add_argument(
         "--ramp",
@@ -193,7 +199,12 @@ class Distributed:
                 httpx.AsyncClient(
                     base_url=self.server.url,
                     timeout=600,
-                    limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+                    # A kept connection is dropped before uvicorn's keep-alive timeout (5 s)
+                    # would close it under a request just sent on it: with both at 5 s, a run
+                    # of `small` (K-12) lost a request to httpx.ReadError and stopped.
+                    limits=httpx.Limits(
+                        max_connections=1000, max_keepalive_connections=200, keepalive_expiry=2.0
+                    ),
                 ),
             )
         return self._client
@@ -633,9 +644,14 @@ def run(argv: list[str] | None = None) -> dict:
         print(f"  levels at fractions of {capacity:.2f} req/s ({'P' if args.ramp else 'A'})")
         step_rows: dict[tuple, list] = {}
         before = set(system.step_rows())  # the light requests' and the ramp's steps
+        fractions = (
+            [(float(r) / capacity, float(r)) for r in args.rates.split(",")]
+            if args.rates
+            else [(float(f), float(f) * capacity) for f in args.fractions.split(",")]
+        )
         levels = [
-            (float(f), float(f) * capacity, args.seed + 10 * (i + 1))
-            for i, f in enumerate(args.fractions.split(","))
+            (fraction, rate, args.seed + 10 * (i + 1))
+            for i, (fraction, rate) in enumerate(fractions)
         ]
         if not args.no_backlog:
             levels.append((None, math.inf, args.seed + 10 * (len(levels) + 1)))

@@ -17,6 +17,48 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 FIGURES = ("ttft_p50", "ttft_p95", "e2e_p50", "e2e_p95", "throughput_rps", "itl_p50")
 
 
+def test_bench_capacity_levels_at_given_rates(subprocess_env, tmp_path):
+    """--rates: the levels at the same rates whatever the run's fit predicts (an A/B of a
+    change), each level's fraction of the predicted capacity reported beside it."""
+    out = tmp_path / "capacity.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "bench",
+            "capacity",
+            "--direct",
+            "--quick-calibration",
+            "--ramp",
+            "0",
+            "--requests",
+            "12",
+            "--rates",
+            "3,6.5",
+            "--no-backlog",
+            "--output-tokens",
+            "8-16",
+            "--prompt-tokens",
+            "16-64",
+            "--json-out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    levels = result["fits"]["calibration"]["levels"]
+    assert [level["rate"] for level in levels] == [3.0, 6.5]
+    assert [level["fraction"] for level in levels] == pytest.approx(
+        [3.0 / result["capacity_rps"], 6.5 / result["capacity_rps"]]
+    )
+    assert all(level["throughput_rps"]["measured"] > 0 for level in levels)
+
+
 def test_bench_capacity_reports_predicted_against_measured(subprocess_env, tmp_path):
     out = tmp_path / "capacity.json"
     done = subprocess.run(
