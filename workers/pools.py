@@ -31,10 +31,14 @@ RATE_SECONDS = 10
 VERIFY_FAILURES_KEY = "fl:model_verify_failures"
 HEARTBEAT_PREFIX = "fl:worker:"
 # Under the namespace: the deployment's workers, a sorted set of worker id -> when its
-# heartbeat expires (ms). Read instead of a SCAN for heartbeat keys: a SCAN walks the whole
-# keyspace, which holds every request's stream for an hour (10^5 keys at a few dozen requests
-# a second), and the API processes read the heartbeats every second.
+# heartbeat expires (ms, by the worker's clock). Read instead of a SCAN for heartbeat keys: a
+# SCAN walks the whole keyspace, which holds every request's stream for an hour (10^5 keys at a
+# few dozen requests a second), and the API processes read the heartbeats every second. Whether
+# a worker lives is still its heartbeat key's expiry (Redis's clock); an entry whose heartbeat
+# expired a minute ago (by the clock of the worker pruning) is dropped, so hosts whose clocks
+# disagree by less than that never drop a live one.
 WORKERS_KEY = "fl:workers"
+WORKERS_PRUNE_MS = 60_000
 # Every namespace whose workers beat on this Redis (name -> last beat, ms), for a view across
 # deployments (`workers_live(namespace=...)`); not namespaced itself.
 NAMESPACES_KEY = "fl:namespaces"
@@ -54,7 +58,7 @@ def heartbeat_write(client: redis.Redis, worker_id: str, payload: str, ttl_secon
     pipe = client.pipeline(transaction=False)
     pipe.set(heartbeat_key(worker_id), payload, ex=ttl_seconds)
     pipe.zadd(namespace + WORKERS_KEY, {worker_id: now_ms + ttl_seconds * 1000})
-    pipe.zremrangebyscore(namespace + WORKERS_KEY, "-inf", now_ms)
+    pipe.zremrangebyscore(namespace + WORKERS_KEY, "-inf", now_ms - WORKERS_PRUNE_MS)
     pipe.zadd(NAMESPACES_KEY, {namespace: now_ms})
     pipe.zremrangebyscore(NAMESPACES_KEY, "-inf", now_ms - NAMESPACE_KEPT_MS)
     pipe.execute()
@@ -71,7 +75,6 @@ def heartbeat_delete(client: redis.Redis, worker_id: str) -> None:
 def workers_live(client: redis.Redis, *, namespace: str | None = None) -> list[dict]:
     """Heartbeats of this deployment's GPU workers alive now (each expires unless renewed);
     `namespace` another deployment's (a glob: `*` for every deployment's)."""
-    now_ms = int(time.time() * 1000)
     if namespace is None:
         namespaces = [settings.FAIRLANE_QUEUE_NAMESPACE]
     else:
@@ -82,7 +85,7 @@ def workers_live(client: redis.Redis, *, namespace: str | None = None) -> list[d
         ]
     pipe = client.pipeline(transaction=False)
     for name in namespaces:
-        pipe.zrangebyscore(name + WORKERS_KEY, now_ms, "+inf")
+        pipe.zrange(name + WORKERS_KEY, 0, -1)
     keys = [
         name + HEARTBEAT_PREFIX + worker_id.decode()
         for name, ids in zip(namespaces, pipe.execute(), strict=True)

@@ -240,14 +240,21 @@ def test_deployments_on_one_redis_see_only_their_own_workers(settings):
 
 def test_the_list_of_workers_drops_a_heartbeat_that_expired_or_was_deleted(settings):
     """The API processes read the workers through their list, not a SCAN: a worker that died
-    (its heartbeat expired) or stopped (deleted) is gone from it, and the list holds only the
-    live ones however many keys Redis holds."""
+    (its heartbeat expired) or stopped (deleted) is not read as live, and a beat drops entries
+    whose heartbeat expired more than a minute ago."""
     import json
+    import time
     import uuid
 
     import redis as redis_lib
 
-    from workers.pools import WORKERS_KEY, heartbeat_delete, heartbeat_write, workers_live
+    from workers.pools import (
+        WORKERS_KEY,
+        WORKERS_PRUNE_MS,
+        heartbeat_delete,
+        heartbeat_write,
+        workers_live,
+    )
 
     client = redis_lib.Redis.from_url(settings.REDIS_URL)
     settings.FAIRLANE_QUEUE_NAMESPACE = f"w{uuid.uuid4().hex[:6]}-"
@@ -259,10 +266,12 @@ def test_the_list_of_workers_drops_a_heartbeat_that_expired_or_was_deleted(setti
         heartbeat_delete(client, "stops:3")
         assert sorted(b["id"] for b in workers_live(client)) == ["dies:1", "stays:2"]
         wait_for(lambda: [b["id"] for b in workers_live(client)] == ["stays:2"], timeout=10)
-        # The next beat prunes the expired entry from the list itself.
+        # An entry whose heartbeat expired over a minute ago goes at the next beat.
+        workers = settings.FAIRLANE_QUEUE_NAMESPACE + WORKERS_KEY
+        stale = int(time.time() * 1000) - WORKERS_PRUNE_MS - 1000
+        client.zadd(workers, {"dies:1": stale})
         heartbeat_write(client, "stays:2", json.dumps({"id": "stays:2", "models": []}), 30)
-        members = client.zrange(settings.FAIRLANE_QUEUE_NAMESPACE + WORKERS_KEY, 0, -1)
-        assert members == [b"stays:2"]
+        assert client.zrange(workers, 0, -1) == [b"stays:2"]
     finally:
         heartbeat_delete(client, "stays:2")
 
