@@ -17,37 +17,38 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 FIGURES = ("ttft_p50", "ttft_p95", "e2e_p50", "e2e_p95", "throughput_rps", "itl_p50")
 
 
+def _bench(env: dict, out, *args: str) -> subprocess.CompletedProcess:
+    """`manage.py bench capacity ARGS --json-out OUT`, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "manage.py", "bench", "capacity", *args, "--json-out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def test_bench_capacity_levels_at_given_rates(subprocess_env, tmp_path):
     """--rates: the levels at the same rates whatever the run's fit predicts (an A/B of a
     change), each level's fraction of the predicted capacity reported beside it."""
     out = tmp_path / "capacity.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "manage.py",
-            "bench",
-            "capacity",
-            "--direct",
-            "--quick-calibration",
-            "--ramp",
-            "0",
-            "--requests",
-            "12",
-            "--rates",
-            "3,6.5",
-            "--no-backlog",
-            "--output-tokens",
-            "8-16",
-            "--prompt-tokens",
-            "16-64",
-            "--json-out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=subprocess_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = _bench(
+        subprocess_env,
+        out,
+        "--direct",
+        "--quick-calibration",
+        "--ramp",
+        "0",
+        "--requests",
+        "12",
+        "--rates",
+        "3,6.5",
+        "--no-backlog",
+        "--output-tokens",
+        "8-16",
+        "--prompt-tokens",
+        "16-64",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -61,37 +62,26 @@ def test_bench_capacity_levels_at_given_rates(subprocess_env, tmp_path):
 
 def test_bench_capacity_reports_predicted_against_measured(subprocess_env, tmp_path):
     out = tmp_path / "capacity.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "manage.py",
-            "bench",
-            "capacity",
-            "--direct",
-            "--quick-calibration",
-            "--requests",
-            "24",
-            "--fractions",
-            "0.3,0.6",
-            "--ramp",
-            "24",
-            "--ramp-again",
-            "--output-tokens",
-            "8-16",
-            "--prompt-tokens",
-            "16-64",
-            "--bulk-fraction",
-            "0.3",
-            "--p95-ms",
-            "60000",  # a target every level meets: the knee is above them
-            "--json-out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=subprocess_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = _bench(
+        subprocess_env,
+        out,
+        "--direct",
+        "--quick-calibration",
+        "--requests",
+        "24",
+        "--fractions",
+        "0.3,0.6",
+        "--ramp",
+        "24",
+        "--ramp-again",
+        "--output-tokens",
+        "8-16",
+        "--prompt-tokens",
+        "16-64",
+        "--bulk-fraction",
+        "0.3",
+        "--p95-ms",
+        "60000",  # a target every level meets: the knee is above them
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
