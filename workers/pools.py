@@ -20,6 +20,7 @@ import redis
 from django.conf import settings
 
 from tenants.models import Lane
+from tenants.presence import Presence
 from workers.fairqueue.local import LocalQueue
 from workers.host import EngineHost
 from workers.models import ServedModel
@@ -30,15 +31,10 @@ from workers.transport import queue_for
 RATE_SECONDS = 10
 VERIFY_FAILURES_KEY = "fl:model_verify_failures"
 HEARTBEAT_PREFIX = "fl:worker:"
-# Under the namespace: the deployment's workers, a sorted set of worker id -> when its
-# heartbeat expires (ms, by the worker's clock). Read instead of a SCAN for heartbeat keys: a
-# SCAN walks the whole keyspace, which holds every request's stream for an hour (10^5 keys at a
-# few dozen requests a second), and the API processes read the heartbeats every second. Whether
-# a worker lives is still its heartbeat key's expiry (Redis's clock); an entry whose heartbeat
-# expired a minute ago (by the clock of the worker pruning) is dropped, so hosts whose clocks
-# disagree by less than that never drop a live one.
+# The deployment's workers (tenants/presence.py): read by the API processes every second, so a
+# list and one MGET, never a SCAN of the keyspace.
 WORKERS_KEY = "fl:workers"
-WORKERS_PRUNE_MS = 60_000
+WORKERS = Presence(index=WORKERS_KEY, prefix=HEARTBEAT_PREFIX)
 # Every namespace whose workers beat on this Redis (name -> last beat, ms), for a view across
 # deployments (`workers_live(namespace=...)`); not namespaced itself.
 NAMESPACES_KEY = "fl:namespaces"
@@ -48,50 +44,36 @@ NAMESPACE_KEPT_MS = 86_400_000
 def heartbeat_key(worker_id: str) -> str:
     """A worker's heartbeat, under the deployment's FAIRLANE_QUEUE_NAMESPACE: deployments that
     share a Redis do not see each other's workers."""
-    return settings.FAIRLANE_QUEUE_NAMESPACE + HEARTBEAT_PREFIX + worker_id
+    return WORKERS.key(worker_id)
 
 
 def heartbeat_write(client: redis.Redis, worker_id: str, payload: str, ttl_seconds: int) -> None:
     """A worker's heartbeat, alive for `ttl_seconds` unless written again, and its place in
     its deployment's list of workers."""
-    namespace, now_ms = settings.FAIRLANE_QUEUE_NAMESPACE, int(time.time() * 1000)
+    now_ms = int(time.time() * 1000)
     pipe = client.pipeline(transaction=False)
-    pipe.set(heartbeat_key(worker_id), payload, ex=ttl_seconds)
-    pipe.zadd(namespace + WORKERS_KEY, {worker_id: now_ms + ttl_seconds * 1000})
-    pipe.zremrangebyscore(namespace + WORKERS_KEY, "-inf", now_ms - WORKERS_PRUNE_MS)
-    pipe.zadd(NAMESPACES_KEY, {namespace: now_ms})
+    WORKERS.write(pipe, worker_id, payload, ttl_seconds, now_ms=now_ms)
+    pipe.zadd(NAMESPACES_KEY, {settings.FAIRLANE_QUEUE_NAMESPACE: now_ms})
     pipe.zremrangebyscore(NAMESPACES_KEY, "-inf", now_ms - NAMESPACE_KEPT_MS)
     pipe.execute()
 
 
 def heartbeat_delete(client: redis.Redis, worker_id: str) -> None:
     """A worker that stops: gone from its deployment's list at once."""
-    pipe = client.pipeline(transaction=False)
-    pipe.delete(heartbeat_key(worker_id))
-    pipe.zrem(settings.FAIRLANE_QUEUE_NAMESPACE + WORKERS_KEY, worker_id)
-    pipe.execute()
+    WORKERS.withdraw(client, worker_id)
 
 
 def workers_live(client: redis.Redis, *, namespace: str | None = None) -> list[dict]:
     """Heartbeats of this deployment's GPU workers alive now (each expires unless renewed);
     `namespace` another deployment's (a glob: `*` for every deployment's)."""
-    if namespace is None:
-        namespaces = [settings.FAIRLANE_QUEUE_NAMESPACE]
-    else:
+    namespaces = None
+    if namespace is not None:
         namespaces = [
             name
             for name in (m.decode() for m in client.zrangebyscore(NAMESPACES_KEY, 0, "+inf"))
             if fnmatch.fnmatchcase(name, namespace)
         ]
-    pipe = client.pipeline(transaction=False)
-    for name in namespaces:
-        pipe.zrange(name + WORKERS_KEY, 0, -1)
-    keys = [
-        name + HEARTBEAT_PREFIX + worker_id.decode()
-        for name, ids in zip(namespaces, pipe.execute(), strict=True)
-        for worker_id in ids
-    ]
-    return [json.loads(raw) for raw in client.mget(keys) if raw] if keys else []
+    return [json.loads(raw) for raw in WORKERS.read(client, namespaces)]
 
 
 def lane_state_redis(queue, lane: str, now_ms: int) -> LaneState:

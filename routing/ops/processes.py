@@ -2,7 +2,8 @@
 
 Breakers and requests in flight are per API process (see routing/breaker.py). A process that
 routes requests publishes them every PUBLISH_SECONDS from a thread (never on the request path):
-to Redis, where the ops dashboard adds them up (`processes_breakers`), and, in the
+to Redis, where the ops dashboard adds them up (`processes_breakers`: the processes are listed in
+a sorted set, tenants/presence.py, read on each refresh without a SCAN of the keyspace), and, in the
 multiprocess mode of /metrics, to gauges the scrape adds up (in flight: summed over live
 processes; circuit state: the most open)."""
 
@@ -14,17 +15,17 @@ import os
 import socket
 import time
 
-from django.conf import settings
 from prometheus_client import Gauge
 
 from routing.breaker import breakers
 from tenants.loops import BackgroundLoop
+from tenants.presence import Presence
 
 logger = logging.getLogger(__name__)
 
 PUBLISH_SECONDS = 2.0
 TTL_SECONDS = 10
-KEY = "fl:ops:proc:"
+PROCESSES = Presence(index="fl:ops:procs", prefix="fl:ops:proc:")
 STATES = {"closed": 0, "half_open": 1, "open": 2}
 
 
@@ -43,23 +44,32 @@ class BreakerPublisher:
         self.client = client
         self.id = f"{socket.gethostname()}:{os.getpid()}"
         self._gauges = None
+        self._published = False
         self.loop = BackgroundLoop(
-            "breakers-publisher", self.publish, interval=lambda: PUBLISH_SECONDS
+            "breakers-publisher",
+            self.publish,
+            interval=lambda: PUBLISH_SECONDS,
+            final=self.withdraw,
         )
 
     def publish(self) -> None:
         snapshot = _snapshot()
         if self.client is not None:
-            self.client.set(
-                settings.FAIRLANE_QUEUE_NAMESPACE + KEY + self.id,
-                json.dumps({"ts": time.time(), "backends": snapshot}),
-                ex=TTL_SECONDS,
-            )
+            pipe = self.client.pipeline(transaction=False)
+            payload = json.dumps({"ts": time.time(), "backends": snapshot})
+            PROCESSES.write(pipe, self.id, payload, TTL_SECONDS)
+            pipe.execute()
+            self._published = True
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             inflight, circuit = self._multiprocess_gauges()
             for name, state in snapshot.items():
                 inflight.labels(name).set(state["inflight"])
                 circuit.labels(name).set(STATES.get(state["state"], 0))
+
+    def withdraw(self) -> None:
+        """The process stops routing (its loop stops): its breakers leave the dashboard now."""
+        if self.client is not None and self._published:
+            PROCESSES.withdraw(self.client, self.id)
 
     def _multiprocess_gauges(self):
         if self._gauges is None:
@@ -89,9 +99,7 @@ def processes_breakers(client) -> dict[str, dict]:
     if client is None:
         beats = [{"backends": _snapshot()}]
     else:
-        pattern = settings.FAIRLANE_QUEUE_NAMESPACE + KEY + "*"
-        keys = list(client.scan_iter(match=pattern, count=200))
-        beats = [json.loads(raw) for raw in client.mget(keys) if raw] if keys else []
+        beats = [json.loads(raw) for raw in PROCESSES.read(client)]
     totals: dict[str, dict] = {}
     for beat in beats:
         for name, state in beat["backends"].items():

@@ -4,6 +4,7 @@ Redis (per lane and tenant, oldest wait, brownout), this process's engines and t
 verification, backends with their error rates, spend from the ledger across tenants, alerts
 and their deliveries; the platform's alert destinations."""
 
+import json
 import uuid
 from datetime import timedelta
 
@@ -18,6 +19,7 @@ from tenants.models import AlertDestination, AlertEvent, Role
 from tenants.services.alerts import alert_destination_add
 from tenants.services.budgets import budget_create, budget_reserve
 from tenants.services.ledger import Usage, budget_settle
+from tests.conftest import wait_for
 from workers.serving.catalog import model_get
 from workers.transport import queue_for
 
@@ -135,6 +137,50 @@ def test_the_backends_panel_adds_up_error_rates_and_shows_health(staff, namespac
     assert "health-offline" in row and "75.0 %" in row  # 3 of 4 that reached it
     assert '<span data-figure="attempts-5m">4</span>' in row
     assert 'data-backend="local"' in html
+
+
+def test_the_backends_panel_adds_up_the_api_processes_breakers_from_their_list(
+    staff, namespace, distributed, settings
+):
+    """Each API process publishes its breakers and requests in flight; the panel adds up the
+    processes in the deployment's list (no SCAN of the keyspace): a process that stops leaves
+    it at once, one whose publication expired is not counted, another deployment's never is."""
+    from routing.breaker import breakers
+    from routing.ops.processes import PROCESSES, BreakerPublisher, _snapshot, processes_breakers
+
+    client = distributed.redis
+    breakers.begin("remote-a")  # one request in flight here
+    for _ in range(20):
+        breakers.failure("remote-b")
+    assert breakers.state("remote-b") == "open"
+    one, two, gone = (BreakerPublisher(client) for _ in range(3))
+    # `one` is this process (the session's runtime may publish it too, with the same figures)
+    two.id, gone.id = "api-2:20", "api-3:30"
+    for publisher in (one, two, gone):
+        publisher.publish()
+    pipe = client.pipeline(transaction=False)  # a process that died: its breakers expire
+    PROCESSES.write(pipe, "dead:40", json.dumps({"backends": _snapshot()}), 0.2)
+    pipe.execute()
+    wait_for(lambda: client.get(PROCESSES.key("dead:40")) is None, timeout=10)
+    gone.loop.stop()  # a process that stops
+    assert client.get(PROCESSES.key("api-3:30")) is None
+
+    totals = processes_breakers(client)
+    assert totals["remote-a"] == {
+        "inflight": 2,
+        "processes": 2,
+        "closed": 2,
+        "half_open": 0,
+        "open": 0,
+    }
+    assert totals["remote-b"]["processes"] == 2 and totals["remote-b"]["open"] == 2
+    html = signed_in(staff).get(reverse("ops:panel", kwargs={"name": "backends"})).content.decode()
+    row = html[html.index('data-backend="remote-a"') :]
+    assert '<td data-figure="inflight">2</td>' in row[: row.index("</tr>")]
+
+    settings.FAIRLANE_QUEUE_NAMESPACE = namespace + "other-"
+    assert processes_breakers(client) == {}
+    breakers.end("remote-a")
 
 
 def test_the_spend_panel_adds_up_the_ledger_across_tenants(

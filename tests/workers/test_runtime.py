@@ -248,13 +248,7 @@ def test_the_list_of_workers_drops_a_heartbeat_that_expired_or_was_deleted(setti
 
     import redis as redis_lib
 
-    from workers.pools import (
-        WORKERS_KEY,
-        WORKERS_PRUNE_MS,
-        heartbeat_delete,
-        heartbeat_write,
-        workers_live,
-    )
+    from workers.pools import WORKERS, WORKERS_KEY, heartbeat_delete, heartbeat_write, workers_live
 
     client = redis_lib.Redis.from_url(settings.REDIS_URL)
     settings.FAIRLANE_QUEUE_NAMESPACE = f"w{uuid.uuid4().hex[:6]}-"
@@ -268,7 +262,7 @@ def test_the_list_of_workers_drops_a_heartbeat_that_expired_or_was_deleted(setti
         wait_for(lambda: [b["id"] for b in workers_live(client)] == ["stays:2"], timeout=10)
         # An entry whose heartbeat expired over a minute ago goes at the next beat.
         workers = settings.FAIRLANE_QUEUE_NAMESPACE + WORKERS_KEY
-        stale = int(time.time() * 1000) - WORKERS_PRUNE_MS - 1000
+        stale = int(time.time() * 1000) - WORKERS.prune_ms - 1000
         client.zadd(workers, {"dies:1": stale})
         heartbeat_write(client, "stays:2", json.dumps({"id": "stays:2", "models": []}), 30)
         assert client.zrange(workers, 0, -1) == [b"stays:2"]
