@@ -239,8 +239,8 @@ class Puller:
                 if free <= 0:
                     # (memory, not slots, is what is short: nothing more comes in)
                     over = None if memory_short else self._fair_room(queue, engine)
-                    if over is None:
-                        self._stop.wait(settings.FAIRLANE_PULL_INTERVAL_SECONDS)
+                    if over is None:  # until a request here ends (or the next look)
+                        queue.wait_for_slot(self.worker_id, settings.FAIRLANE_PULL_INTERVAL_SECONDS)
                         continue
                     exclude = over
                 # The last free slots wait for realtime requests, so one is always at hand
@@ -249,8 +249,11 @@ class Puller:
                 taken = queue.dequeue(
                     worker=self.worker_id, realtime_only=realtime_only, exclude=exclude
                 )
-                if taken is None:
-                    queue.wait_for_work(timeout=settings.FAIRLANE_PULL_INTERVAL_SECONDS)
+                if taken is None:  # (what it may take was limited: a freed slot wakes it too)
+                    queue.wait_for_work(
+                        timeout=settings.FAIRLANE_PULL_INTERVAL_SECONDS,
+                        freed_on=self.worker_id if realtime_only or exclude else None,
+                    )
                     continue
                 weight = float(taken.payload.get("weight") or 1)
                 with self._lock:

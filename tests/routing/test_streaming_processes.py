@@ -371,3 +371,75 @@ def test_a_flood_holding_every_slot_does_not_make_another_tenant_wait(
     finally:
         server.stop()
         worker.stop()
+
+
+def test_a_full_worker_takes_the_next_request_when_one_ends_not_at_its_next_look(
+    django_db_setup, tenant, key, slow
+):
+    """A worker waiting for a slot is woken by its own acknowledgement of a request, not by
+    its pull interval (set to a minute here): a standard request queued behind a full worker
+    (one standard slot, one kept for realtime) is taken as soon as a slot it may use frees,
+    through both waits, the full worker's and the one whose free slot is realtime's."""
+    from tenants.models import Scope
+    from tenants.services.keys import api_key_create
+    from tenants.services.tenancy import agent_create
+
+    realtime = agent_create(tenant=tenant, name="pager", lane="realtime")
+    realtime_key = api_key_create(tenant=tenant, agent=realtime, scopes=[Scope.INFERENCE])[1]
+    env = distributed_env(
+        FAIRLANE_ENGINE_MAX_NUM_SEQS="2",
+        FAIRLANE_WORKER_CONCURRENCY="2",
+        FAIRLANE_REALTIME_RESERVED_SLOTS="1",
+        FAIRLANE_FAIR_EXTRA_SLOTS="0",
+        FAIRLANE_PULL_INTERVAL_SECONDS="60",
+    )
+    worker = CeleryWorker(env, name="bell")
+    server = AsgiServer(env)
+    body = {**LONG, "max_tokens": 300}
+    try:
+
+        async def run() -> list[str]:
+            ids: list[str] = []
+
+            async def send(api_key: str, request: dict, started: asyncio.Event) -> None:
+                async with client.stream(
+                    "POST",
+                    "/v1/chat/completions",
+                    json=request,
+                    headers={"Authorization": f"Bearer {api_key}"},
+                ) as response:
+                    assert response.status_code == 200
+                    ids.append(response.headers["x-request-id"])
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: {"):
+                            started.set()
+                    started.set()
+
+            async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+                events = [asyncio.Event() for _ in range(3)]
+                # the standard slot, then the realtime one: the worker is full
+                first = asyncio.create_task(send(key, body, events[0]))
+                await asyncio.wait_for(events[0].wait(), 60)
+                second = asyncio.create_task(send(realtime_key, body, events[1]))
+                await asyncio.wait_for(events[1].wait(), 60)
+                short = {**body, "max_tokens": 4, "stream": True}
+                # well before the pull interval's minute, though both long answers end first
+                await asyncio.wait_for(send(key, short, events[2]), 40)
+                await asyncio.gather(first, second)
+            return ids
+
+        ids = asyncio.run(run())
+        records = [
+            wait_for(lambda rid=rid: UsageRecord.objects.filter(request_id=rid).first())
+            for rid in ids
+        ]
+        assert [r.status for r in records] == [UsageRecord.Status.OK] * 3
+        by_tokens = sorted(records, key=lambda r: r.completion_tokens)
+        queued, long_ones = by_tokens[0], by_tokens[1:]
+        assert queued.completion_tokens == 4
+        # it waited for a slot: taken only after a long answer ended
+        ended = min(r.timeline["last_token"] for r in long_ones)
+        assert queued.timeline["taken"] >= ended, (queued.timeline, ended)
+    finally:
+        server.stop()
+        worker.stop()

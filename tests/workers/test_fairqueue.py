@@ -175,3 +175,31 @@ def test_excluded_tenants_stay_queued_and_the_next_lowest_counter_goes(fq):
     assert fq.dequeue(worker="w", exclude=frozenset({"flood"})) is None
     assert fq.depth(lane="standard", tenant="flood") == 3
     assert [t.id for t in take_all(fq)] == flood
+
+
+def test_an_acknowledgement_wakes_the_workers_own_wait_and_leaves_the_queues_bell(fq):
+    """A full worker waits on a bell of its own, rung when it acknowledges a request (one ring
+    kept however many end); its wait does not take the queue's bell, which an arrival rang for
+    workers with room, and another worker's acknowledgement does not wake it."""
+    (one,) = put(fq, "a")  # rings the queue's bell
+    fq.dequeue(worker="full")
+    woke = threading.Event()
+
+    def wait() -> None:
+        fq.wait_for_slot("full", timeout=30)
+        woke.set()
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    (other,) = put(fq, "a")
+    fq.dequeue(worker="elsewhere")
+    assert fq.ack(id=other, worker="elsewhere")
+    assert not woke.wait(0.3)  # a sleep where nothing may happen: another worker's ack
+    assert fq.ack(id=one, worker="full")
+    assert woke.wait(10)
+    waiter.join(10)
+    assert fq.client.llen(fq.prefix + "bell") == 2  # the arrivals' rings, still there
+    for _ in range(3):
+        put(fq, "a")
+        fq.ack(id=fq.dequeue(worker="full").id, worker="full")
+    assert fq.client.llen(fq.prefix + "freed:full") == 1

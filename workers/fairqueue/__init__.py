@@ -136,9 +136,18 @@ class FairQueue:
         lost = self._run("renew", worker, _now_ms() + self.claim_ms, *ids)
         return [i.decode() for i in lost]
 
-    def wait_for_work(self, timeout: float) -> None:
-        """Block until something is enqueued (or `timeout` seconds pass)."""
-        self.client.blpop([self.prefix + "bell"], timeout=timeout)
+    def wait_for_work(self, timeout: float, *, freed_on: str | None = None) -> None:
+        """Block until something is enqueued (or `timeout` seconds pass); with `freed_on`, also
+        until that worker acknowledges a request (a slot of its own came free)."""
+        keys = [self.prefix + "bell"]
+        if freed_on is not None:
+            keys.append(self.prefix + f"freed:{freed_on}")
+        self.client.blpop(keys, timeout=timeout)
+
+    def wait_for_slot(self, worker: str, timeout: float) -> None:
+        """Block until `worker` acknowledges a request (or `timeout` seconds pass): a full
+        worker's wait, which leaves the queue's bell to workers with room."""
+        self.client.blpop([self.prefix + f"freed:{worker}"], timeout=timeout)
 
     def depth(self, lane: str | None = None, tenant: str | None = None) -> int:
         if tenant is not None:
