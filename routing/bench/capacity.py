@@ -46,8 +46,9 @@ from pathlib import Path
 import httpx
 import torch
 from django.conf import settings
+from django.utils import timezone
 
-from routing.services.capacity import lane_min_shares, mix_make
+from routing.services.capacity import lane_min_shares, mix_make, refill_from_ledger
 from workers.engine import AsyncEngine, EngineConfig, SamplingParams
 from workers.engine.planner import (
     Mix,
@@ -574,7 +575,6 @@ def run(argv: list[str] | None = None) -> dict:
         shape = replace(
             shape,
             reserved_slots=settings.FAIRLANE_REALTIME_RESERVED_SLOTS,
-            pull_interval_s=settings.FAIRLANE_PULL_INTERVAL_SECONDS,
             min_shares=lane_min_shares(),
         )
     targets = Targets(e2e_p95=args.p95_ms / 1000 if args.p95_ms else None)
@@ -623,17 +623,26 @@ def run(argv: list[str] | None = None) -> dict:
             low, high = 0.2 * top_a, 1.4 * top_a
             ramp = _ramp(mix, low, high, args.ramp, args.seed + 5)
             before = set(system.step_rows())  # the light requests' steps
-            started = time.perf_counter()
+            started, ramp_from = time.perf_counter(), timezone.now()
             asyncio.run(_drive(system, ramp, ramp_rows))
             ramp_s = time.perf_counter() - started
             path_fit = step_model_fit(
                 StepSample.from_row(r) for k, r in ramp_rows.items() if k not in before
             )
+            if model is not None:  # the worker's refill of a freed slot, from the ramp's ledger
+                full = shape.max_num_seqs - shape.reserved_slots
+                shape = replace(
+                    shape,
+                    refill_s=refill_from_ledger(
+                        model=model, full=full, since=ramp_from, until=timezone.now()
+                    ),
+                )
             shape_p, capacity = fitted(path_fit)
             fits["path"] = (path_fit, shape_p)
             _fit_print(
                 f"P. the workers' steps during {args.ramp} requests through the path, "
-                f"{low:.2f} to {high:.2f} req/s ({ramp_s:.0f} s)",
+                f"{low:.2f} to {high:.2f} req/s ({ramp_s:.0f} s; a full worker's freed slot "
+                f"empty {shape.refill_s * 1e3:.1f} ms)",
                 path_fit,
                 shape_p,
                 capacity,
@@ -704,6 +713,7 @@ def run(argv: list[str] | None = None) -> dict:
                 "step_model": step_model.to_dict(),
                 "overhead_s": fit_shape.overhead_s,
                 "tail_s": fit_shape.tail_s,
+                "refill_s": fit_shape.refill_s,
                 "saturation_rps": saturation,
                 "levels": rows,
             }

@@ -5,13 +5,15 @@ reads."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.utils import timezone
 
 from routing.models import CapacityFit
 from tenants.errors import InvalidRequest
-from tenants.models import Lane
+from tenants.models import Lane, UsageRecord
 from workers.engine.planner import (
     Mix,
     Plan,
@@ -24,6 +26,7 @@ from workers.engine.planner import (
     step_model_fit,
 )
 from workers.engine.planner.calibrate import QUICK, Grid, calibrate
+from workers.engine.planner.refill import Timeline, refill_seconds
 from workers.engine.presets import PRESETS
 from workers.serving.catalog import ModelInfo, model_engine_config, model_get
 from workers.serving.runtime import Runtime
@@ -75,7 +78,9 @@ def model_info_resolve(*, name: str) -> ModelInfo:
     return info
 
 
-def engine_shape(*, info: ModelInfo, num_workers: int, overhead_s: float = 0.0) -> ServerShape:
+def engine_shape(
+    *, info: ModelInfo, num_workers: int, overhead_s: float = 0.0, refill_s: float = 0.0
+) -> ServerShape:
     """The pool as the workers run it: the engine config this deployment starts the model
     with (its max_num_seqs, token budget and yielding lanes) and the workers' pullers (their
     concurrency, the slots kept for realtime requests, how often a full one looks again)."""
@@ -85,7 +90,7 @@ def engine_shape(*, info: ModelInfo, num_workers: int, overhead_s: float = 0.0) 
         max_num_seqs=min(config.max_num_seqs, settings.FAIRLANE_WORKER_CONCURRENCY),
         reserved_slots=settings.FAIRLANE_REALTIME_RESERVED_SLOTS,
         reserved_lane=Lane.REALTIME.value,
-        pull_interval_s=settings.FAIRLANE_PULL_INTERVAL_SECONDS,
+        refill_s=refill_s,
         max_num_batched_tokens=config.max_num_batched_tokens,
         yield_lanes=config.yield_lanes,
         bulk_beside=config.yield_max_seqs,
@@ -126,6 +131,27 @@ def step_samples_from_workers(*, runtime: Runtime, model: str) -> list[StepSampl
     ]
 
 
+def refill_from_ledger(
+    *, model: str, full: int, since: datetime | None = None, until: datetime | None = None
+) -> float:
+    """How long a full worker's freed slot stayed empty (refill.py), from the timelines of the
+    model's requests the workers answered since `since` (the last 15 minutes); 0 when too few
+    requests ended on a full worker with another waiting."""
+    rows = UsageRecord.objects.filter(
+        model=model,
+        created_at__gte=since or timezone.now() - timedelta(minutes=15),
+        backend__startswith="worker:",
+    )
+    if until is not None:
+        rows = rows.filter(created_at__lte=until)
+    timelines = [
+        Timeline(t["worker"], t["queued"], t["taken"], t["last_token"])
+        for t in rows.values_list("timeline", flat=True)
+        if all(k in t for k in ("worker", "queued", "taken", "last_token"))
+    ]
+    return refill_seconds(timelines, full=full) or 0.0
+
+
 def workers_hosting(*, runtime: Runtime, model: str) -> int:
     return sum(1 for w in runtime.pool.worker_states() if model in w.engines)
 
@@ -155,6 +181,8 @@ def capacity_plan(
         )
     step_model = step_model_fit(samples)
     shape = engine_shape(info=info, num_workers=num_workers, overhead_s=overhead_s)
+    full = shape.max_num_seqs - shape.reserved_slots
+    shape = replace(shape, refill_s=refill_from_ledger(model=info.name, full=full))
     plan = plan_make(step_model, shape, mix, rate, targets, num_requests=num_requests, seed=seed)
     result = PlanResult(info.name, source, step_model, shape, mix, plan)
     if is_saved:

@@ -279,7 +279,7 @@ def test_reserved_slots_take_only_realtime_requests():
     # A slot freed while the worker was full waits for the puller: fewer completions per second.
     mix = Mix((RequestClass((32, 32), (16, 16)),))
     slow_pull = simulate(
-        model, ServerShape(max_num_seqs=4, pull_interval_s=0.2), mix, math.inf, num_requests=200
+        model, ServerShape(max_num_seqs=4, refill_s=0.1), mix, math.inf, num_requests=200
     )
     assert (
         slow_pull.throughput_rps
@@ -288,3 +288,29 @@ def test_reserved_slots_take_only_realtime_requests():
             model, ServerShape(max_num_seqs=4), mix, math.inf, num_requests=200
         ).throughput_rps
     )
+
+
+def test_the_refill_is_read_from_requests_that_ended_on_a_full_worker_with_others_waiting():
+    """The gap from a request's end to its worker's next take counts only where the worker was
+    full and the next request was already waiting; other workers' takes, a worker with room and
+    a take that waited for an arrival are left out; too few gaps give no figure."""
+    from workers.engine.planner.refill import MIN_GAPS, Timeline, refill_seconds
+
+    rows = []
+    # worker "a", 2 slots always busy, a queue standing: each end is refilled 15 ms later
+    for i in range(MIN_GAPS + 5):
+        for slot in range(2):
+            taken = i * 1.0 + slot * 0.3 + (0.015 if i else 0.0)
+            rows.append(
+                Timeline("a", queued=taken - 0.5, taken=taken, last_token=i + 1.0 + slot * 0.3)
+            )
+    # worker "b" takes other requests meanwhile, right after "a"'s ends: not "a"'s refills
+    rows += [Timeline("b", i + 0.9, i + 1.001, i + 1.2) for i in range(MIN_GAPS + 5)]
+    # worker "c" has room (one request at a time of 2 slots), a queue behind: not full
+    rows += [Timeline("c", i * 1.0, i * 1.0 + 0.2, i * 1.0 + 0.9) for i in range(MIN_GAPS + 5)]
+    # worker "d" full, but its next request arrived after the end: it waited for an arrival
+    rows += [Timeline("d", i + 1.1, i + 1.1, i + 2.0) for i in range(MIN_GAPS + 5)]
+    rows += [Timeline("d", i + 1.1, i + 1.1, i + 2.0) for i in range(MIN_GAPS + 5)]
+    assert refill_seconds(rows, full=2) == pytest.approx(0.015)
+    assert refill_seconds([r for r in rows if r.worker != "a"], full=2) is None
+    assert refill_seconds(rows[: 2 * (MIN_GAPS // 2)], full=2) is None

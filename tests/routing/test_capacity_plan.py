@@ -94,3 +94,42 @@ def test_bad_lengths_are_refused(tiny):
             "8",
             "--calibrate",
         )
+
+
+def test_the_refill_of_a_full_workers_slot_comes_from_the_models_recent_ledger(tiny, tenant, agent):
+    """The plan leaves a slot freed on a full worker empty as long as the model's requests of
+    the last 15 minutes show (their timelines in the ledger); other models' requests, and
+    older ones, do not count."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from routing.services.capacity import refill_from_ledger
+    from tenants.models import UsageRecord
+
+    def record(model: str, worker: str, queued: float, taken: float, end: float, age_s=0.0):
+        UsageRecord.objects.create(
+            tenant=tenant,
+            agent=agent,
+            request_id=f"r-{model}-{worker}-{taken}",
+            backend=f"worker:{worker}",
+            model=model,
+            created_at=timezone.now() - timedelta(seconds=age_s),
+            timeline={"worker": worker, "queued": queued, "taken": taken, "last_token": end},
+        )
+
+    full = 64 - 2  # tiny's max_num_seqs, less the realtime slots
+    for i in range(3):  # a full worker: `full` requests at a time, each end refilled after gap
+        for slot in range(full):
+            for model, worker, gap, age_s in (
+                ("tiny", "w1", 0.02, 0),
+                ("small", "w2", 0.07, 0),
+                ("tiny", "w3", 0.08, 1200),  # twenty minutes ago
+            ):
+                start = i * 10 + slot * 0.1 + (gap if i else 0.0)
+                record(model, worker, start - 0.5, start, (i + 1) * 10 + slot * 0.1, age_s)
+    assert refill_from_ledger(model="tiny", full=full) == pytest.approx(0.02)
+    assert refill_from_ledger(model="small", full=full) == pytest.approx(0.07)
+    assert refill_from_ledger(model="other", full=full) == 0.0
+    result = plan("--rate", "2", "--calibrate", "--quick", "--no-save")
+    assert result["refill_s"] == pytest.approx(0.02)

@@ -100,7 +100,9 @@ class Command(RuntimeCommand):
         )
         w(
             f"  engine: max_num_seqs {result.shape.max_num_seqs}, token budget "
-            f"{result.shape.max_num_batched_tokens}, {result.shape.num_workers} worker(s)"
+            f"{result.shape.max_num_batched_tokens}, {result.shape.num_workers} worker(s); a "
+            f"full worker's freed slot empty {result.shape.refill_s * 1e3:.1f} ms (the ledger's "
+            "last 15 minutes)"
         )
         w(
             f"  at {plan.rate:g} req/s: TTFT p50 {p.ttft_p50 * 1e3:.0f} ms, p95 "
@@ -129,6 +131,7 @@ def _as_dict(result: capacity.PlanResult) -> dict:
         "max_num_seqs": result.shape.max_num_seqs,
         "max_num_batched_tokens": result.shape.max_num_batched_tokens,
         "workers": result.shape.num_workers,
+        "refill_s": result.shape.refill_s,
         "rate": plan.rate,
         "targets": {"e2e_p95": plan.targets.e2e_p95, "ttft_p95": plan.targets.ttft_p95},
         "prediction": prediction,

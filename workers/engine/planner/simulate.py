@@ -12,8 +12,9 @@ prompt token; each later step that decodes it adds one. Arrivals during a step w
 next one, as they do in the engine's loop.
 
 The worker's puller is modelled too: a worker's last ``reserved_slots`` take realtime
-requests only, and a slot freed while the worker was full is refilled half a pull interval
-later on average.
+requests only, and a slot freed while the worker was full is refilled ``refill_s`` later (the
+worker's acknowledgement wakes its puller, which reads the engine between steps and hands the
+next request to a runner thread; ``refill.py`` measures it from the ledger's timelines).
 
 Not modelled: KV-pool exhaustion and preemption (the pool is assumed large enough for
 ``max_num_seqs`` sequences), prefix-cache hits, speculative decoding, per-tenant virtual
@@ -80,9 +81,9 @@ class ServerShape:
     # The worker's last slots take only this lane's requests (FAIRLANE_REALTIME_RESERVED_SLOTS).
     reserved_slots: int = 0
     reserved_lane: str = "realtime"
-    # A full worker looks for work again this often (FAIRLANE_PULL_INTERVAL_SECONDS): a slot
-    # freed while it was full stays empty half of it on average.
-    pull_interval_s: float = 0.0
+    # A slot freed while the worker was full stays empty this long before its puller fills it
+    # (workers/engine/planner/refill.py measures it).
+    refill_s: float = 0.0
     # Each lane's minimum share of recent dispatches while a lane above it is backlogged
     # (FAIRLANE_MIN_SHARE_STANDARD, _BULK; by `lanes`), the counts decayed by `share_decay` at
     # each dispatch, as the fair queue has them. Empty: strict priority.
@@ -308,8 +309,8 @@ class _Pool:
         if finished:
             done = {id(r) for r in finished}
             worker.running = [r for r in worker.running if id(r) not in done]
-            if was_full and self.shape.pull_interval_s:
-                worker.refills += [now + self.shape.pull_interval_s / 2] * len(finished)
+            if was_full and self.shape.refill_s:
+                worker.refills += [now + self.shape.refill_s] * len(finished)
         worker.plan, worker.is_busy = [], False
         return finished
 
