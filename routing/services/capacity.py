@@ -78,19 +78,17 @@ def model_info_resolve(*, name: str) -> ModelInfo:
     return info
 
 
-def engine_shape(
-    *, info: ModelInfo, num_workers: int, overhead_s: float = 0.0, refill_s: float = 0.0
-) -> ServerShape:
+def engine_shape(*, info: ModelInfo, num_workers: int, overhead_s: float = 0.0) -> ServerShape:
     """The pool as the workers run it: the engine config this deployment starts the model
     with (its max_num_seqs, token budget and yielding lanes) and the workers' pullers (their
-    concurrency, the slots kept for realtime requests, how often a full one looks again)."""
+    concurrency, the slots kept for realtime requests); the refill of a full worker's freed
+    slot is measured apart (`refill_from_ledger`)."""
     config = model_engine_config(info)
     return ServerShape(
         num_workers=num_workers,
         max_num_seqs=min(config.max_num_seqs, settings.FAIRLANE_WORKER_CONCURRENCY),
         reserved_slots=settings.FAIRLANE_REALTIME_RESERVED_SLOTS,
         reserved_lane=Lane.REALTIME.value,
-        refill_s=refill_s,
         max_num_batched_tokens=config.max_num_batched_tokens,
         yield_lanes=config.yield_lanes,
         bulk_beside=config.yield_max_seqs,
@@ -146,7 +144,7 @@ def refill_from_ledger(
         rows = rows.filter(created_at__lte=until)
     timelines = [
         Timeline(t["worker"], t["queued"], t["taken"], t["last_token"])
-        for t in rows.values_list("timeline", flat=True)
+        for t in rows.order_by().values_list("timeline", flat=True).iterator()
         if all(k in t for k in ("worker", "queued", "taken", "last_token"))
     ]
     return refill_seconds(timelines, full=full) or 0.0
