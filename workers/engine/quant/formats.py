@@ -69,6 +69,7 @@ def nibbles_unpack(packed: torch.Tensor) -> torch.Tensor:
 
 
 def relative_error(weight: torch.Tensor, approx: torch.Tensor) -> float:
-    """||W - W~||_F / ||W||_F."""
-    w = weight.float()
-    return float((w - approx.float()).norm() / w.norm().clamp(min=1e-30))
+    """||W - W~||_F / ||W||_F (a figure: no autograd graph, even for a parameter)."""
+    with torch.no_grad():
+        w = weight.float()
+        return float((w - approx.float()).norm() / w.norm().clamp(min=1e-30))
