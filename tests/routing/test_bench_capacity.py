@@ -18,9 +18,18 @@ FIGURES = ("ttft_p50", "ttft_p95", "e2e_p50", "e2e_p95", "throughput_rps", "itl_
 
 
 def _bench(env: dict, out, *args: str) -> subprocess.CompletedProcess:
-    """`manage.py bench capacity ARGS --json-out OUT`, as a user runs it."""
+    """`manage.py bench capacity ARGS --json-out OUT`, as a user runs it, on the in-process
+    engine with the quick calibration and short requests."""
+    small = [
+        "--direct",
+        "--quick-calibration",
+        "--output-tokens",
+        "8-16",
+        "--prompt-tokens",
+        "16-64",
+    ]
     return subprocess.run(
-        [sys.executable, "manage.py", "bench", "capacity", *args, "--json-out", str(out)],
+        [sys.executable, "manage.py", "bench", "capacity", *small, *args, "--json-out", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -36,8 +45,6 @@ def test_bench_capacity_levels_at_given_rates(subprocess_env, tmp_path):
     done = _bench(
         subprocess_env,
         out,
-        "--direct",
-        "--quick-calibration",
         "--ramp",
         "0",
         "--requests",
@@ -45,10 +52,6 @@ def test_bench_capacity_levels_at_given_rates(subprocess_env, tmp_path):
         "--rates",
         "3,6.5",
         "--no-backlog",
-        "--output-tokens",
-        "8-16",
-        "--prompt-tokens",
-        "16-64",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -65,8 +68,6 @@ def test_bench_capacity_reports_predicted_against_measured(subprocess_env, tmp_p
     done = _bench(
         subprocess_env,
         out,
-        "--direct",
-        "--quick-calibration",
         "--requests",
         "24",
         "--fractions",
@@ -74,10 +75,6 @@ def test_bench_capacity_reports_predicted_against_measured(subprocess_env, tmp_p
         "--ramp",
         "24",
         "--ramp-again",
-        "--output-tokens",
-        "8-16",
-        "--prompt-tokens",
-        "16-64",
         "--bulk-fraction",
         "0.3",
         "--p95-ms",
