@@ -152,6 +152,7 @@ class EngineRun:
             self.remaining += 1
             if self._is_cancelled.is_set():
                 self.engine.abort(engine_id)
+        job.timeline.setdefault("submitted", time.time())
 
     def absorb(self, index: int, item: RequestOutput | BaseException) -> list[Event]:
         """The events one engine output makes; an engine failure raises."""

@@ -218,6 +218,7 @@ TIMELINE_STEPS = [
     ("admitted", "admitted (budget held)"),
     ("queued", "queued"),
     ("taken", "taken"),
+    ("submitted", "in the engine"),
     ("first_token", "first token"),
     ("last_token", "last token"),
 ]

@@ -143,7 +143,7 @@ def refill_from_ledger(
     if until is not None:
         rows = rows.filter(created_at__lte=until)
     timelines = [
-        Timeline(t["worker"], t["queued"], t["taken"], t["last_token"])
+        Timeline(t["worker"], t["queued"], t["taken"], t["last_token"], t.get("submitted"))
         for t in rows.order_by().values_list("timeline", flat=True).iterator()
         if all(k in t for k in ("worker", "queued", "taken", "last_token"))
     ]

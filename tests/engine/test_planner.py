@@ -290,6 +290,18 @@ def test_reserved_slots_take_only_realtime_requests():
     )
 
 
+def test_a_slot_freed_while_another_waits_for_its_refill_waits_too():
+    """A worker of 2 slots with a backlog, steps of 1 ms, a refill of 1 s: each slot turns
+    over once a second or so. Had the second slot freed (one short of full, the first still
+    waiting for its refill) been refilled at once, it would turn over every 17 ms."""
+    model = StepTimeModel(0.001, 0.0, 0.0, 0.0)
+    mix = Mix((RequestClass((1, 1), (16, 17)),))
+    slow = simulate(
+        model, ServerShape(max_num_seqs=2, refill_s=1.0), mix, math.inf, num_requests=40
+    )
+    assert 1.5 < slow.throughput_rps < 2.5
+
+
 def test_the_refill_is_read_from_requests_that_ended_on_a_full_worker_with_others_waiting():
     """The gap from a request's end to its worker's next take counts only where the worker was
     full and the next request was already waiting; other workers' takes, a worker with room and
@@ -314,3 +326,24 @@ def test_the_refill_is_read_from_requests_that_ended_on_a_full_worker_with_other
     assert refill_seconds(rows, full=2) == pytest.approx(0.015)
     assert refill_seconds([r for r in rows if r.worker != "a"], full=2) is None
     assert refill_seconds(rows[: 2 * (MIN_GAPS // 2)], full=2) is None
+
+
+def test_slots_freed_together_are_refilled_in_turn_and_the_gap_is_their_mean():
+    """Two slots of a full worker freed 1 ms apart: the first is refilled 10 ms after its end,
+    the second 20 ms after its own (the puller took for the first meanwhile). The second end
+    leaves the worker one short of full with a refill pending: it counts, paired with the
+    second take. The figure is the mean (15 ms), not the median of the takes' nearest ends;
+    the engine's receipt (`submitted`), where recorded, ends the gap instead of the take."""
+    from workers.engine.planner.refill import MIN_GAPS, Timeline, refill_seconds
+
+    rows = [Timeline("w", 0.0, 0.0, 1.0), Timeline("w", 0.0, 0.0, 1.001)]
+    for i in range(1, MIN_GAPS):
+        start = float(i)  # the pair freed at `start` is refilled at +10 ms and +21 ms
+        rows += [
+            Timeline("w", start - 0.5, start + 0.010, start + 1.0),
+            Timeline("w", start - 0.5, start + 0.021, start + 1.001),
+        ]
+    assert refill_seconds(rows, full=2) == pytest.approx(0.015)
+    # the runner handed each to the engine 2 ms after its take
+    late = [Timeline(r.worker, r.queued, r.taken, r.last_token, r.taken + 0.002) for r in rows]
+    assert refill_seconds(late, full=2) == pytest.approx(0.017)

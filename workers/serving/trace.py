@@ -12,8 +12,8 @@ row; each unit of work on the way is a span of it.
 - A request's timeline, the steps the ops dashboard shows, rides in `Job.timeline`
   as epoch seconds under these keys: received (the API has it), admitted (its budget held),
   queued (put on the fair queue; with `lane` and `position`), taken (by the worker or the
-  remote backend in `worker`), first_token, last_token. The ledger row's `created_at` is
-  when it was settled.
+  remote backend in `worker`), submitted (handed to the worker's own engine), first_token,
+  last_token. The ledger row's `created_at` is when it was settled.
 """
 
 from __future__ import annotations

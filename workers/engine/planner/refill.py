@@ -2,20 +2,23 @@
 
 When a request ends on a worker that was full, the worker's acknowledgement wakes its puller,
 which reads the engine between two steps, takes the next request from the fair queue and hands
-it to a runner thread: the slot stays empty meanwhile (about 13 ms on `tiny` on the 2-core
-machine, three or four of its steps). The simulation leaves a slot freed while the worker was
-full empty this long (``ServerShape.refill_s``); this module measures it from the ledger's
-timelines (each request's ``queued``, ``taken`` and ``last_token``, and its ``worker``).
+it to a runner thread, which submits it to the engine: the slot stays empty meanwhile (about
+20 ms on `tiny` on the 2-core machine, four or five of its steps). One puller refills the slots
+one after another, so a slot freed while an earlier one still waits for its refill waits longer
+(25-30 ms on `tiny`). The simulation leaves a slot freed while the worker was full (counting the
+slots still waiting for their refill as taken) empty this long (``ServerShape.refill_s``); this
+module measures it from the ledger's timelines (each request's ``queued``, ``taken``,
+``submitted`` and ``last_token``, and its ``worker``).
 """
 
 from __future__ import annotations
 
-import bisect
 import statistics
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-# Fewer gaps than this and the median says little: no figure (the simulation's default).
+# Fewer gaps than this and the mean says little: no figure (the simulation's default).
 MIN_GAPS = 20
 
 
@@ -25,27 +28,44 @@ class Timeline:
     queued: float
     taken: float
     last_token: float
+    # When the runner thread handed it to the engine (the timeline's `submitted`); rows
+    # written before it was recorded have none, and their take stands in for it.
+    submitted: float | None = None
+
+    @property
+    def entered(self) -> float:
+        return self.taken if self.submitted is None else self.submitted
 
 
 def refill_seconds(timelines: Iterable[Timeline], *, full: int) -> float | None:
-    """The median time from a request's end, on a worker then running `full` requests or more,
-    to that worker's next take, counting only ends with a request already queued (so the slot
-    waited for the puller, not for an arrival); None with fewer than MIN_GAPS such ends."""
+    """The mean time a slot freed on a worker then holding `full` requests or more (its slots
+    still waiting for a refill counted in) stayed empty: from the request's end until the
+    worker's engine received the request that refilled it, the freed slots refilled in the
+    order they were freed. A refill by a request that arrived after the slot was freed waited
+    for that arrival, not for the puller: it is left out. The mean, not the median: the slot
+    time lost, which is what the worker's throughput pays, is the sum of the gaps. None with
+    fewer than MIN_GAPS gaps."""
     by_worker: dict[str, list[Timeline]] = {}
     for timeline in timelines:
         by_worker.setdefault(timeline.worker, []).append(timeline)
     gaps = []
     for rows in by_worker.values():
-        rows.sort(key=lambda t: t.taken)
-        takes = [t.taken for t in rows]
-        ends = sorted(t.last_token for t in rows)
-        for row in rows:
-            end = row.last_token
-            running = bisect.bisect_left(takes, end) - bisect.bisect_left(ends, end)
-            following = bisect.bisect_right(takes, end)
-            if running < full or following == len(rows):
+        # (time, 0 for an end or 1 for an entry, the row): an end at the very moment of an
+        # entry frees its slot first
+        events = sorted(
+            [(row.last_token, 0, row) for row in rows] + [(row.entered, 1, row) for row in rows],
+            key=lambda event: event[:2],
+        )
+        running, freed = 0, deque[float]()
+        for at, kind, row in events:
+            if kind == 1:
+                running += 1
+                if freed:
+                    end = freed.popleft()
+                    if row.queued < end:  # it waited in the queue while the slot was empty
+                        gaps.append(at - end)
                 continue
-            nxt = rows[following]  # the next it took: queued before the end, so it waited
-            if nxt.queued < end:
-                gaps.append(nxt.taken - end)
-    return statistics.median(gaps) if len(gaps) >= MIN_GAPS else None
+            if running + len(freed) >= full:
+                freed.append(at)
+            running -= 1
+    return statistics.fmean(gaps) if len(gaps) >= MIN_GAPS else None

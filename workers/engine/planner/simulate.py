@@ -12,9 +12,10 @@ prompt token; each later step that decodes it adds one. Arrivals during a step w
 next one, as they do in the engine's loop.
 
 The worker's puller is modelled too: a worker's last ``reserved_slots`` take realtime
-requests only, and a slot freed while the worker was full is refilled ``refill_s`` later (the
-worker's acknowledgement wakes its puller, which reads the engine between steps and hands the
-next request to a runner thread; ``refill.py`` measures it from the ledger's timelines).
+requests only, and a slot freed while the worker was full (its slots still waiting for a
+refill counted as taken) is refilled ``refill_s`` later (the worker's acknowledgement wakes its
+puller, which reads the engine between steps and hands the next request to a runner thread,
+which submits it; ``refill.py`` measures the mean gap from the ledger's timelines).
 
 Not modelled: KV-pool exhaustion and preemption (the pool is assumed large enough for
 ``max_num_seqs`` sequences), prefix-cache hits, speculative decoding, per-tenant virtual
@@ -81,8 +82,9 @@ class ServerShape:
     # The worker's last slots take only this lane's requests (FAIRLANE_REALTIME_RESERVED_SLOTS).
     reserved_slots: int = 0
     reserved_lane: str = "realtime"
-    # A slot freed while the worker was full stays empty this long before its puller fills it
-    # (workers/engine/planner/refill.py measures it).
+    # A slot freed while the worker was full (a slot still waiting for its refill counted as
+    # taken) stays empty this long before its puller fills it (workers/engine/planner/refill.py
+    # measures it).
     refill_s: float = 0.0
     # Each lane's minimum share of recent dispatches while a lane above it is backlogged
     # (FAIRLANE_MIN_SHARE_STANDARD, _BULK; by `lanes`), the counts decayed by `share_decay` at
@@ -294,7 +296,8 @@ class _Pool:
     def step_end(self, worker: _Worker, now: float) -> list[_Request]:
         """Apply the step's work; the requests it finished."""
         finished = []
-        in_flight = len(worker.running) + len(worker.waiting)
+        worker.refills = [t for t in worker.refills if t > now]
+        in_flight = len(worker.running) + len(worker.waiting) + len(worker.refills)
         was_full = in_flight >= self.shape.max_num_seqs - self.shape.reserved_slots
         for request, n in worker.plan:
             if request.is_prefilling:
