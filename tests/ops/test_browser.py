@@ -167,8 +167,10 @@ def test_an_operator_sees_the_figures_move_under_load(live, acme, make_user, pag
     page.get_by_label("Request id").fill(request_id)
     page.get_by_role("button", name="Look up").click()
     found = page.locator(f"section[data-request='{request_id}']")
-    # the embedded mode has no fair queue: received, admitted, taken, tokens, settled
-    expect(found.locator("tr[data-step]")).to_have_count(6)
+    # the embedded mode has no fair queue: received, admitted, taken, in the engine, tokens,
+    # settled
+    expect(found.locator("tr[data-step]")).to_have_count(7)
+    expect(found.locator("tr[data-step=submitted]")).to_contain_text("in the engine")
     expect(found.locator("tr[data-step=taken]")).to_contain_text("by worker embedded")
     expect(found).to_contain_text(raw.headers["x-fairlane-trace-id"])
     shot(page, "request")
