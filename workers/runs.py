@@ -152,7 +152,8 @@ class EngineRun:
             self.remaining += 1
             if self._is_cancelled.is_set():
                 self.engine.abort(engine_id)
-        job.timeline.setdefault("submitted", time.time())
+        if self.engine_ids:  # (a resumed request whose choices had all finished submits none)
+            job.timeline["submitted"] = time.time()  # this worker's, as `taken` is
 
     def absorb(self, index: int, item: RequestOutput | BaseException) -> list[Event]:
         """The events one engine output makes; an engine failure raises."""
