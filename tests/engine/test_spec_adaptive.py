@@ -458,6 +458,80 @@ def test_with_nothing_waiting_the_batch_decides_on_the_engines_acceptance(
     assert spec.num_waiting == 0
 
 
+def test_a_batch_decides_on_its_recent_tries_not_on_one_unlucky_step(make_engine, prompts):
+    engine = make_engine(speculative=SpeculativeConfig("ngram"))
+    spec = engine.speculator
+    _with_costs(engine, 16, plain_s=2e-3, draft_s=0.5e-3)  # break-even acceptance 0.25
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    # Texts that repeat themselves: prompt lookup has something to propose for each.
+    seqs = [_decoding(engine, prompts[8 + i % 8][:20] * 3, params) for i in range(16)]
+    # Two hundred tries: 4 drafts each, 1 or 2 accepted in turn (0.375).
+    for i in range(200):
+        spec.record_verification(seqs[i % 16], 4, 1 + i % 2)
+    assert spec.batch_acceptance == pytest.approx(0.375, abs=0.01)
+    # One step's sixteen verifications accept nothing: the last 20 verifications' acceptance
+    # (a step and a bit at batch 16) falls far below break-even, the tries' does not.
+    for seq in seqs:
+        spec.record_verification(seq, 4, 0)
+    assert spec.acceptance_prior < 0.2
+    assert spec.batch_acceptance > 0.3
+    spec.start_step(num_waiting=0)
+    assert all(spec.lookahead(seq, 16) > 0 for seq in seqs), "the batch keeps drafting"
+    spec.end_step()
+    # A lasting fall switches it off: a hundred more tries that accept nothing.
+    for i in range(100):
+        spec.record_verification(seqs[i % 16], 4, 0)
+    assert spec.batch_acceptance < 0.2
+    spec.num_decided[16] = 3
+    spec.start_step(num_waiting=0)
+    assert [spec.lookahead(seq, 16) for seq in seqs] == [0] * 16
+    spec.end_step()
+
+
+def test_prompt_lookup_switched_off_keeps_scoring_the_text_and_switches_back_on(
+    make_engine, prompts
+):
+    engine = make_engine(speculative=SpeculativeConfig("ngram"))
+    spec = engine.speculator
+    _with_costs(engine, 1, plain_s=2e-3, draft_s=0.6e-3)  # break-even acceptance 0.3
+    # Its recent tries accepted nothing: off.
+    spec.acceptance_prior = 0.0
+    for _ in range(300):
+        spec.record_try(4, 0)
+    half = prompts[10][:30]
+    seq = _decoding(engine, half + half, SamplingParams(max_tokens=400, temperature=0.0))
+    seq.spec_is_on = False
+    # From here the target emits what prompt lookup would propose: the text repeats itself.
+    switched_on = None
+    for step in range(300):
+        spec.num_decided[1] = 3  # no exploring step: only the shadow can tell
+        spec.start_step()
+        k = spec.lookahead(seq, 1)
+        spec.end_step()
+        if k:
+            switched_on = step
+            break
+        pending = seq.spec_shadow
+        assert pending is not None and len(pending[1]) == 4, "a proposal to score, from here"
+        assert pending[0] <= len(seq.token_ids)
+        seq.token_ids.append(pending[1][len(seq.token_ids) - pending[0]])
+        seq.num_computed_tokens = seq.num_tokens - 1
+    # Every shadow try accepted its 4 tokens: the tries' acceptance passed break-even (plus the
+    # hysteresis) after about 40 of them, one every 4 tokens.
+    assert switched_on is not None and 100 <= switched_on <= 250
+    assert spec.batch_acceptance > 0.3 * (1 + SWITCH_MARGIN)
+    assert spec.stats.num_drafts == 0, "shadow tries are not drafts (vLLM's counters)"
+    # A sampled request's text is a draw: nothing to score it on.
+    sampled = _decoding(engine, half + half, SamplingParams(max_tokens=400, temperature=1.0))
+    spec.acceptance_prior = 0.0
+    for _ in range(300):
+        spec.record_try(4, 0)
+    spec.num_decided[1] = 3
+    spec.start_step()
+    assert spec.lookahead(sampled, 1) == 0 and sampled.spec_shadow is None
+    spec.end_step()
+
+
 class _StepClock:
     """A clock for the cost model that moves on by the next of ``durations`` at each reading:
     a step measured from one reading to the next took that long."""

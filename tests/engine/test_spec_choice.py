@@ -16,7 +16,7 @@ from workers.engine.spec.choice import (
     MethodChoice,
 )
 from workers.engine.spec.costs import tokens_per_second
-from workers.engine.spec.speculator import Speculator
+from workers.engine.spec.speculator import PRIOR_SMOOTHING, Speculator
 
 from .spec_helpers import always
 
@@ -275,9 +275,13 @@ def test_prompt_lookup_is_scored_on_the_text_of_sequences_the_draft_model_serves
     step()  # not known yet: the fourth token is not there
     assert lookup.tries_yield is None and seq.spec_shadow[0] == 60
     seq.token_ids.append(half[3])
+    own, prior = seq.spec_acceptance, lookup.acceptance_prior
     step()
     # Scored: 4 proposed, 2 accepted (a draft stops at its first miss); a new proposal from 64.
     assert lookup.tries_yield == pytest.approx((4.0, 2.0))
+    # Prompt lookup's acceptance follows (0.5); the sequence's own is the draft model's.
+    assert lookup.acceptance_prior == pytest.approx(prior + PRIOR_SMOOTHING * (0.5 - prior))
+    assert seq.spec_acceptance == own
     assert seq.spec_shadow is not None and seq.spec_shadow[0] == 64
     # Prompt lookup never ran, and a sampled request is not scored (its text is a draw).
     assert not any(name == "ngram" for name, _ in choice.num_method_steps)

@@ -51,7 +51,7 @@ import torch
 from workers.engine.scheduler import ScheduledBatch
 from workers.engine.sequence import Sequence
 from workers.engine.spec.costs import cost_bucket, tokens_per_second
-from workers.engine.spec.ngram import NgramProposer, ngram_propose
+from workers.engine.spec.ngram import NgramProposer
 from workers.engine.spec.rejection import verify
 from workers.engine.spec.speculator import SpecStats, Speculator
 
@@ -134,30 +134,14 @@ class MethodChoice:
 
     def _shadow(self, seq: Sequence) -> None:
         """Prompt lookup's yield on a greedy sequence another method serves, for next to
-        nothing: what it would propose now is scored against the tokens the target emits there
-        (a greedy text is the same whichever method drafts), as a try of prompt lookup's."""
+        nothing (``Speculator.shadow``): a try of prompt lookup's, and its engine-wide
+        acceptance; the sequence's own is the serving method's."""
         if self._lookup is None:
             return
-        lookup = self.methods[self._lookup]
-        pending = seq.spec_shadow
-        if pending is not None:
-            position, proposal = pending
-            if len(seq.token_ids) < position + max(len(proposal), 1):
-                return  # not known yet
-            emitted = seq.token_ids[position : position + len(proposal)]
-            accepted = 0
-            for proposed, token in zip(proposal, emitted, strict=True):
-                if proposed != token:
-                    break
-                accepted += 1
-            lookup.record_try(len(proposal), accepted)
-        proposer = lookup.proposer
-        assert isinstance(proposer, NgramProposer)
         k = min(
             self.config.num_speculative_tokens, seq.params.max_tokens - seq.num_output_tokens - 1
         )
-        proposal = ngram_propose(seq.token_ids, k=k, min_n=proposer.min_n, max_n=proposer.max_n)
-        seq.spec_shadow = (len(seq.token_ids), proposal) if k > 0 else None
+        self.methods[self._lookup].shadow(seq, k, own=False)
 
     def _lookahead(self, name: str, seq: Sequence, num_running: int) -> int:
         if seq.spec_method != name:

@@ -7,7 +7,8 @@ acceptance pause), then, when the config is adaptive, the measured costs: a sequ
 when its smoothed acceptance makes a step with drafts yield more tokens per second than one
 without at the current batch size (``costs.speculation_pays``; a new sequence's acceptance
 starts from the engine's recent one; with no request waiting for a slot, every sequence
-decides on the engine's acceptance, see ``decision_acceptance``), with hysteresis: a sequence
+decides on the acceptance of the method's last hundred or so tries, see
+``decision_acceptance``), with hysteresis: a sequence
 that speculated last time stops only once the rule fails by ``SWITCH_MARGIN``, one that did not
 starts only once it passes by as much. A sequence whose draft model would first have to catch
 up (its prompt, or the tokens of its steps without drafts) starts only if its drafts would save
@@ -18,7 +19,12 @@ acceptance stay measured (the interval doubles, up to ``EXPLORE_BACKOFF_MAX`` ti
 exploration leaves the rule's verdict as it was, and is back at ``explore_interval`` once one
 changes it), except that an exploring step switches on at most one sequence that
 would have to catch up: that is the one-off work the rule declined, and paying it for every
-sequence of the batch cost more than speculation could win back at large batch sizes."""
+sequence of the batch cost more than speculation could win back at large batch sizes.
+
+Prompt lookup needs no exploration to keep its acceptance measured where the rule switched it
+off: on a greedy sequence, what it would propose is scored against the tokens the target emits
+(``shadow``), for next to nothing, so a batch switched off on a stretch of text that repeats
+less switches back on when the text does again."""
 
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ from workers.engine.spec.costs import (
     speculation_pays,
     switching_on_pays,
 )
+from workers.engine.spec.ngram import NgramProposer, ngram_propose
 from workers.engine.spec.rejection import verify
 
 # How fast a request's acceptance rate follows its latest verifications (an exponential average).
@@ -159,6 +166,7 @@ class Speculator:
         # Set by the method choice (spec/choice.py) for its probing steps of this method: every
         # eligible sequence drafts, at most one that must catch up in two steps.
         self.is_probing = False
+        self._declined = False  # see ``_is_speculating``
 
     def lookahead(self, seq: Sequence, num_running: int) -> int:
         """Draft slots for a decoding sequence this step; 0: it decodes one token as usual."""
@@ -169,8 +177,14 @@ class Speculator:
             seq.params.max_tokens - seq.num_output_tokens - 1,
             self.max_model_len - seq.num_tokens,
         )
-        if k <= 0 or not self._is_speculating(seq, num_running):
+        if k <= 0:
             return 0
+        if not self._is_speculating(seq, num_running):
+            if self._declined and seq.params.is_greedy and self.shadows:
+                self.shadow(seq, k, own=True)
+            return 0
+        if self.shadows:
+            seq.spec_shadow = None  # it drafts: its verifications measure the acceptance
         n = self.proposer.lookahead(seq, k)
         if n == 0:  # nothing to propose: a try that drafted and gained nothing
             self.record_try(0, 0)
@@ -183,6 +197,54 @@ class Speculator:
         self._tries_weight += TRIES_SMOOTHING * (1.0 - self._tries_weight)
 
     @property
+    def shadows(self) -> bool:
+        """Whether this method's yield can be scored where it does not draft, for next to
+        nothing: prompt lookup's proposals need no model (``shadow``)."""
+        return isinstance(self.proposer, NgramProposer)
+
+    def shadow(self, seq: Sequence, k: int, *, own: bool) -> None:
+        """Score prompt lookup where it does not draft: on a greedy sequence (whose text is the
+        target's whichever method drafts, or none), what it proposed at an earlier position is
+        compared with the tokens the target emitted there, once they are known, as a try and a
+        verification of this method's (``own``: the sequence is this method's, so its own
+        acceptance follows too); then a new proposal of ``k`` tokens is made from here.
+
+        Without it, an adaptive batch switched off by a few unlucky verifications learned
+        nothing more until its next exploration (every ``explore_interval`` steps and more once
+        backed off): the sweep's batch 16 ran 66 of its 114 steps plainly that way."""
+        proposer = self.proposer
+        assert isinstance(proposer, NgramProposer)
+        pending = seq.spec_shadow
+        if pending is not None:
+            position, proposal = pending
+            if len(seq.token_ids) < position + max(len(proposal), 1):
+                return  # not known yet
+            emitted = seq.token_ids[position : position + len(proposal)]
+            accepted = 0
+            for proposed, token in zip(proposal, emitted, strict=True):
+                if proposed != token:
+                    break
+                accepted += 1
+            self.record_try(len(proposal), accepted)
+            if proposal:
+                self._record_acceptance(seq if own else None, accepted / len(proposal))
+        proposal = ngram_propose(seq.token_ids, k=k, min_n=proposer.min_n, max_n=proposer.max_n)
+        seq.spec_shadow = (len(seq.token_ids), proposal) if k > 0 else None
+
+    @property
+    def batch_acceptance(self) -> float:
+        """The acceptance a batch with nothing waiting decides on: accepted over drafted tokens
+        of the method's recent tries (``TRIES_SMOOTHING``, about the last 100), shadow ones
+        included; the engine's acceptance before any try drafted.
+
+        ``acceptance_prior`` follows the last 20 verifications, a step and a bit at batch 16:
+        one step of text that repeats less (the edit workload's per-step mean swings by 0.1 and
+        more around 0.4) switched a whole batch off where drafting still paid."""
+        if self._drafted <= 0.0:
+            return self.acceptance_prior
+        return self._accepted / self._drafted
+
+    @property
     def tries_yield(self) -> tuple[float, float] | None:
         """Draft tokens verified and tokens accepted per try, smoothed (None: no try yet)."""
         if not self._tries_weight:
@@ -190,7 +252,11 @@ class Speculator:
         return self._drafted / self._tries_weight, self._accepted / self._tries_weight
 
     def _is_speculating(self, seq: Sequence, num_running: int) -> bool:
+        """Whether ``seq`` drafts this step; ``_declined`` says afterwards whether a False came
+        from the batch cap, a pause or the cost rule (the sequence may draft another time)
+        rather than from what the request is."""
         params = seq.params
+        self._declined = False
         if (
             not params.is_speculative
             or params.has_penalties
@@ -203,6 +269,7 @@ class Speculator:
             # A seeded sampled request speculates or not by its model's config alone, never by
             # load: its draws, hence its text, must not depend on what else was running.
             return True
+        self._declined = True
         limit = self.config.disable_by_batch_size
         if (limit is not None and num_running > limit) or seq.spec_paused_until > self.step_index:
             return False
@@ -240,7 +307,7 @@ class Speculator:
 
     def decision_acceptance(self, seq: Sequence) -> float:
         """The acceptance the cost rule weighs for ``seq``: its own while requests wait for a
-        slot, else the engine's.
+        slot, else that of the method's recent tries (``batch_acceptance``).
 
         The rule values a token at a sequence's share of a step, which is what finishing early
         is worth when a waiting request takes the slot. With nothing waiting it frees nothing:
@@ -251,8 +318,9 @@ class Speculator:
         runs plainly at batch 1 or 2: the sweep measured draft adaptive below both forced draft
         and ``none`` that way. Drafting together or not at all, on the acceptance of every
         recent verification, is what the rule's comparison means for a batch, and it is far
-        less noisy than one sequence's."""
-        return seq.spec_acceptance if self.num_waiting else self.acceptance_prior
+        less noisy than one sequence's; the tries' acceptance is steadier than the last 20
+        verifications' (``acceptance_prior``, a step and a bit at batch 16)."""
+        return seq.spec_acceptance if self.num_waiting else self.batch_acceptance
 
     def extra_catch_up(self, seq: Sequence) -> int:
         """Tokens the proposer must catch up on for ``seq`` before drafting, beyond the steady
@@ -306,10 +374,11 @@ class Speculator:
 
     def _explored(self, bucket: int) -> None:
         """The second step of an exploration of ``bucket`` is measured: back the interval off
-        if the rule's verdict, at the engine's acceptance, is the one the last exploration left
-        (the first only records it), else start again from ``explore_interval``."""
+        if the rule's verdict, at the batch's acceptance (``batch_acceptance``), is the one the
+        last exploration left (the first only records it), else start again from
+        ``explore_interval``."""
         costs = self.costs.buckets[bucket]
-        verdict = speculation_pays(self.acceptance_prior, costs.plain_s, costs.draft_s)
+        verdict = speculation_pays(self.batch_acceptance, costs.plain_s, costs.draft_s)
         last = self._explore_verdicts.get(bucket)
         if last is not None:
             backoff = self._explore_backoff.get(bucket, 1)
@@ -351,13 +420,18 @@ class Speculator:
     def record_verification(self, seq: Sequence, k: int, num_accepted: int) -> None:
         """``seq`` verified ``k`` drafts and ``num_accepted`` of them were accepted."""
         self.stats.record(k, num_accepted)
-        rate = num_accepted / k
-        seq.spec_acceptance += ACCEPTANCE_SMOOTHING * (rate - seq.spec_acceptance)
-        self.acceptance_prior += PRIOR_SMOOTHING * (rate - self.acceptance_prior)
         self.record_try(k, num_accepted)
+        self._record_acceptance(seq, num_accepted / k)
         if seq.spec_acceptance < self.config.min_acceptance_rate:
             seq.spec_paused_until = self.step_index + self.config.pause_steps
             seq.spec_acceptance = 1.0  # after the pause it gets a fresh chance
+
+    def _record_acceptance(self, seq: Sequence | None, rate: float) -> None:
+        """A verification (or a shadow one) accepted ``rate`` of its drafts: the engine's
+        acceptance follows, and ``seq``'s own if given."""
+        if seq is not None:
+            seq.spec_acceptance += ACCEPTANCE_SMOOTHING * (rate - seq.spec_acceptance)
+        self.acceptance_prior += PRIOR_SMOOTHING * (rate - self.acceptance_prior)
 
     def rolled_back(self, seq: Sequence) -> None:
         """After verification: the draft keeps K/V only for tokens the target accepted."""
