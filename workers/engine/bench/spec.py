@@ -67,6 +67,38 @@ def _run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: in
     return sum(map(len, outputs)) / elapsed, outputs, cpu, (drafts, drafted, accepted)
 
 
+def _interleaved(
+    engines: dict[str, LLMEngine],
+    prompts: list[list[int]],
+    batch: int,
+    max_tokens: int,
+    *,
+    offset: int = 0,
+) -> dict[str, tuple]:
+    """``_run`` for every engine on the same prompts, interleaved: each group of ``batch``
+    requests runs on every engine in turn (starting one further along each group, from
+    ``offset``) before the next group starts, so a machine that slows down or speeds up within
+    the run does so for every engine alike. Per engine, ``_run``'s tuple over all groups."""
+    names = list(engines)
+    totals: dict[str, list] = {n: [0, 0.0, [], 0.0, [0, 0, 0]] for n in names}
+    for g, i in enumerate(range(0, len(prompts), batch)):
+        start = (offset + g) % len(names)
+        for name in names[start:] + names[:start]:
+            group = prompts[i : i + batch]
+            tok_s, outputs, cpu, spec = _run(engines[name], group, batch, max_tokens)
+            total = totals[name]
+            tokens = sum(map(len, outputs))
+            total[0] += tokens
+            total[1] += tokens / tok_s if tok_s else 0.0
+            total[2] += outputs
+            total[3] += cpu
+            total[4] = [a + b for a, b in zip(total[4], spec, strict=True)]
+    return {
+        name: (tokens / elapsed if elapsed else 0.0, outputs, cpu, tuple(spec))
+        for name, (tokens, elapsed, outputs, cpu, spec) in totals.items()
+    }
+
+
 def spec_engines(target: Path, draft: Path, k: int, warmup: list[int]) -> dict[str, LLMEngine]:
     """One engine per mode, each warmed up (one-time costs out of the timing)."""
     engines = {
@@ -138,9 +170,10 @@ def spec_sweep(
     repeat: int,
     max_tokens: int,
 ) -> dict[str, Any]:
-    """Every mode at every batch size, ``repeat`` rounds. Within a round every mode runs once,
-    one after another (starting one further along each round), so drift on a shared machine
-    hits them alike; each run's tok/s, and its process CPU seconds, are compared with
+    """Every mode at every batch size, ``repeat`` rounds. Within a round every mode runs the
+    cell once, interleaved by groups of ``batch`` requests (``_interleaved``: each group on
+    every mode in turn, starting one further along each group and round), so drift on a shared
+    machine hits them alike; each run's tok/s, and its process CPU seconds, are compared with
     ``none``'s of the same round. Per mode and batch size: the median ratio and its spread
     (min-max over rounds), on wall time and on CPU seconds; per adaptive mode and measure,
     whether it is at least ``none``, at least 0.95x its own forced method and at least 0.95x
@@ -156,8 +189,7 @@ def spec_sweep(
             runs: dict[str, list[tuple]] = {n: [] for n in names}
             load = [_load()]
             for r in range(repeat):
-                for name in names[r % len(names) :] + names[: r % len(names)]:
-                    run = _run(engines[name], cell, batch, max_tokens)
+                for name, run in _interleaved(engines, cell, batch, max_tokens, offset=r).items():
                     runs[name].append(run)
                     print(
                         f"[spec sweep] {workload} batch {batch} round {r + 1}: {name}"
