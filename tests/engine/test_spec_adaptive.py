@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from workers.engine import LLMEngine, SamplingParams
-from workers.engine.bench.spec import SWEEP_BATCHES, spec_print, spec_section
+from workers.engine.bench.spec import SWEEP_BATCHES, _interleaved, spec_print, spec_section
 from workers.engine.config import SpeculativeConfig
 from workers.engine.spec.choice import MethodChoice
 from workers.engine.spec.costs import (
@@ -720,6 +720,39 @@ def _heldout_files(root: Path) -> list[Path]:
         path.write_text(body)
         files.append(path)
     return files
+
+
+def test_the_sweep_interleaves_the_modes_by_groups_and_sums_each_modes_runs(make_engine, prompts):
+    engines = {
+        "none": make_engine(),
+        "ngram": make_engine(speculative=SpeculativeConfig("ngram", prompt_lookup_min=1)),
+    }
+    order: list[tuple[str, int]] = []
+    for name, engine in engines.items():
+        generate = engine.generate
+
+        def recorded(group, params, name=name, generate=generate):
+            order.append((name, len(group)))
+            return generate(group, params)
+
+        engine.generate = recorded
+    cell = list(prompts[2:8])  # 6 requests, 2 in flight: 3 groups
+    runs = _interleaved(engines, cell, 2, 8, offset=1)
+    # Each group on every mode before the next group, starting one further along each group.
+    assert order == [
+        ("ngram", 2),
+        ("none", 2),
+        ("none", 2),
+        ("ngram", 2),
+        ("ngram", 2),
+        ("none", 2),
+    ]
+    for tok_s, outputs, cpu, _ in runs.values():
+        assert len(outputs) == 6 and all(len(o) == 8 for o in outputs) and tok_s > 0 and cpu > 0
+    assert runs["ngram"][1] == runs["none"][1], "greedy: the same text, group by group"
+    drafts, drafted, accepted = runs["ngram"][3]
+    assert drafted == engines["ngram"].stats()["spec_decode_num_draft_tokens"] > 0
+    assert runs["none"][3] == (0, 0, 0)
 
 
 def test_the_bench_sweep_runs_quick_with_a_ratio_and_spread_per_mode_and_batch(
